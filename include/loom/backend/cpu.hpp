@@ -1,0 +1,99 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// The CPU execution space: loom::cpu. Element-wise kernel bodies (backend/kernels/) run through
+// its launcher on the OpenMP pool; matrix products and convolutions go to oneDNN.
+
+#include <cstddef>
+#include <cstring>
+
+#include "loom/backend/cpu/conv2d.hpp"
+#include "loom/backend/cpu/dnnl_support.hpp"
+#include "loom/backend/cpu/gemm.hpp"
+#include "loom/backend/cpu/launch.hpp"
+#include "loom/backend/cpu/pool2d.hpp"
+#include "loom/backend/cpu/runtime.hpp"
+#include "loom/core/memory.hpp"
+#include "loom/core/shape.hpp"
+
+namespace loom {
+
+/// Execution on the host's cores. Memory lives in host_space.
+struct cpu {
+  static constexpr const char* name = "cpu";
+  using memory_space = host_space;
+  /// The physical layout of an activation (plain, or one oneDNN chose).
+  using format = cpu_format;
+  template <class T>
+  using conv2d_plan = cpu_conv2d_plan<T>;
+  template <class T>
+  using pool2d_plan = cpu_pool2d_plan<T>;
+
+  /// Runs f(i) for every i in [0, n).
+  template <class F>
+  static void for_each(std::size_t n, F f) {
+    detail::cpu_for_each(n, f);
+  }
+  /// The sum of f(i) over [0, n), in double.
+  template <class F>
+  static double sum(std::size_t n, F f) {
+    return detail::cpu_sum(n, f);
+  }
+  /// Row-major C = alpha op(A) op(B) + beta C.
+  template <class T>
+  static void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, T alpha, const T* a,
+                   std::size_t lda, const T* b, std::size_t ldb, T beta, T* c, std::size_t ldc) {
+    detail::cpu_gemm<T>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+  template <class T>
+  static void copy(T* dst, const T* src, std::size_t n) {
+    if (n && dst != src) std::memcpy(dst, src, n * sizeof(T));
+  }
+  template <class T>
+  static void zero(T* dst, std::size_t n) {
+    if (n) std::memset(dst, 0, n * sizeof(T));
+  }
+
+  /// Converts between the layout of a (batch, Shape) activation and plain row-major. Reorders
+  /// are cached in `cache`; a plain activation is passed through without a copy.
+  class layout_converter {
+   public:
+    template <class T, class Shape>
+    const T* to_plain(const T* x, const format& f, std::size_t batch) {
+      if (f.plain()) return x;
+      if constexpr (std::is_same_v<T, float> && Shape::rank == 3) {
+        float* out = plain_.get(batch * Shape::size);
+        cache_.run(f.desc, x, detail::plain_nchw(batch, Shape::dims[0], Shape::dims[1], Shape::dims[2]), out);
+        return out;
+      } else {
+        throw backend_error("loom: internal error: a non-plain layout on a tensor that cannot have one");
+      }
+    }
+    /// Writes plain data `src` into `dst` in layout f (a copy when f is plain).
+    template <class T, class Shape>
+    void from_plain(const T* src, const format& f, T* dst, std::size_t batch) {
+      if (f.plain()) return copy(dst, src, batch * Shape::size);
+      if constexpr (std::is_same_v<T, float> && Shape::rank == 3) {
+        cache_.run(detail::plain_nchw(batch, Shape::dims[0], Shape::dims[1], Shape::dims[2]), src, f.desc, dst);
+      } else {
+        throw backend_error("loom: internal error: a non-plain layout on a tensor that cannot have one");
+      }
+    }
+    /// Copies src in layout `from` to dst in layout `to`.
+    template <class T, class Shape>
+    void convert(const T* src, const format& from, T* dst, const format& to, std::size_t batch) {
+      if (from == to) return copy(dst, src, batch * Shape::size);
+      if constexpr (std::is_same_v<T, float> && Shape::rank == 3) {
+        cache_.run(detail::desc_of(from, batch, Shape::dims[0], Shape::dims[1], Shape::dims[2]), src,
+                   detail::desc_of(to, batch, Shape::dims[0], Shape::dims[1], Shape::dims[2]), dst);
+      } else {
+        throw backend_error("loom: internal error: a non-plain layout on a tensor that cannot have one");
+      }
+    }
+
+   private:
+    detail::reorder_cache cache_;
+    detail::scratch plain_;
+  };
+};
+
+}  // namespace loom

@@ -1,0 +1,258 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// 2-D convolution on the CPU: forward, backward-data and backward-weights. float runs oneDNN
+// primitives (created once per batch size and input layout, then reused) and keeps the output
+// in the layout oneDNN prefers; double, for gradient checks, runs a direct reference loop.
+
+#include <cstddef>
+#include <cstring>
+#include <memory>
+#include <type_traits>
+#include <vector>
+
+#include "loom/backend/cpu/dnnl_support.hpp"
+#include "loom/core/geometry.hpp"
+#include "loom/core/memory.hpp"
+
+namespace loom {
+
+namespace detail {
+
+/// Reference convolution over plain NCHW data, in any scalar type.
+template <class T>
+struct conv2d_reference {
+  static void forward(const conv2d_geometry& g, std::size_t batch, const T* x, const T* w, const T* b, T* y) {
+    const std::size_t oh = g.oh(), ow = g.ow();
+    for (std::size_t n = 0; n < batch; ++n)
+      for (std::size_t o = 0; o < g.oc; ++o)
+        for (std::size_t i = 0; i < oh; ++i)
+          for (std::size_t j = 0; j < ow; ++j) {
+            T s = b ? b[o] : T(0);
+            for (std::size_t c = 0; c < g.c; ++c)
+              for (std::size_t p = 0; p < g.k; ++p)
+                for (std::size_t q = 0; q < g.k; ++q) {
+                  const std::ptrdiff_t yy = static_cast<std::ptrdiff_t>(i * g.stride + p) - static_cast<std::ptrdiff_t>(g.pad);
+                  const std::ptrdiff_t xx = static_cast<std::ptrdiff_t>(j * g.stride + q) - static_cast<std::ptrdiff_t>(g.pad);
+                  if (yy < 0 || xx < 0 || yy >= static_cast<std::ptrdiff_t>(g.h) || xx >= static_cast<std::ptrdiff_t>(g.w)) continue;
+                  s += x[((n * g.c + c) * g.h + static_cast<std::size_t>(yy)) * g.w + static_cast<std::size_t>(xx)] *
+                       w[((o * g.c + c) * g.k + p) * g.k + q];
+                }
+            y[((n * g.oc + o) * oh + i) * ow + j] = s;
+          }
+  }
+  /// dx (if non-null) is overwritten; dw, db are overwritten or added to (accumulate).
+  static void backward(const conv2d_geometry& g, std::size_t batch, const T* x, const T* w, const T* dy, T* dx, T* dw,
+                       T* db, bool accumulate) {
+    const std::size_t oh = g.oh(), ow = g.ow();
+    if (dx) std::memset(dx, 0, batch * g.c * g.h * g.w * sizeof(T));
+    if (!accumulate) {
+      std::memset(dw, 0, g.weight_count() * sizeof(T));
+      if (db) std::memset(db, 0, g.oc * sizeof(T));
+    }
+    for (std::size_t n = 0; n < batch; ++n)
+      for (std::size_t o = 0; o < g.oc; ++o)
+        for (std::size_t i = 0; i < oh; ++i)
+          for (std::size_t j = 0; j < ow; ++j) {
+            const T d = dy[((n * g.oc + o) * oh + i) * ow + j];
+            if (db) db[o] += d;
+            for (std::size_t c = 0; c < g.c; ++c)
+              for (std::size_t p = 0; p < g.k; ++p)
+                for (std::size_t q = 0; q < g.k; ++q) {
+                  const std::ptrdiff_t yy = static_cast<std::ptrdiff_t>(i * g.stride + p) - static_cast<std::ptrdiff_t>(g.pad);
+                  const std::ptrdiff_t xx = static_cast<std::ptrdiff_t>(j * g.stride + q) - static_cast<std::ptrdiff_t>(g.pad);
+                  if (yy < 0 || xx < 0 || yy >= static_cast<std::ptrdiff_t>(g.h) || xx >= static_cast<std::ptrdiff_t>(g.w)) continue;
+                  const std::size_t xi = ((n * g.c + c) * g.h + static_cast<std::size_t>(yy)) * g.w + static_cast<std::size_t>(xx);
+                  const std::size_t wi = ((o * g.c + c) * g.k + p) * g.k + q;
+                  dw[wi] += d * x[xi];
+                  if (dx) dx[xi] += d * w[wi];
+                }
+          }
+  }
+};
+
+}  // namespace detail
+
+/// A convolution of fixed geometry, ready to run on batches. One per conv2d layer.
+template <class T>
+class cpu_conv2d_plan {
+ public:
+  explicit cpu_conv2d_plan(conv2d_geometry g) : g_(g) {}
+
+  /// y = conv(x, w) + b. x is in layout xf; returns the layout y was written in.
+  cpu_format forward(const T* x, const cpu_format& xf, const T* w, const T* b, T* y, std::size_t batch) {
+    if constexpr (!std::is_same_v<T, float>) {
+      (void)xf;
+      detail::conv2d_reference<T>::forward(g_, batch, x, w, b, y);
+      return {};
+    } else {
+      entry& e = get(batch, xf);
+      const float* src = x;
+      if (!(e.src_given == e.fwd_pd.src_desc())) {
+        e.reorders.run(e.src_given, x, e.fwd_pd.src_desc(), e.src_scratch.get(e.fwd_pd.src_desc().get_size() / 4));
+        src = e.src_scratch.get(0);
+      }
+      const float* wts = weights_in(e, w, e.fwd_pd.weights_desc(), e.w_fwd_scratch);
+      auto& eng = detail::dnnl_engine();
+      dnnl::memory ms(e.fwd_pd.src_desc(), eng, const_cast<float*>(src));
+      dnnl::memory mw(e.fwd_pd.weights_desc(), eng, const_cast<float*>(wts));
+      dnnl::memory mb(e.fwd_pd.bias_desc(), eng, const_cast<float*>(b));
+      dnnl::memory md(e.fwd_pd.dst_desc(), eng, y);
+      detail::dnnl_checked("running a convolution forward", [&] {
+        e.fwd.execute(detail::dnnl_stream(), {{DNNL_ARG_SRC, ms}, {DNNL_ARG_WEIGHTS, mw}, {DNNL_ARG_BIAS, mb}, {DNNL_ARG_DST, md}});
+        detail::dnnl_stream().wait();
+      });
+      return e.dst_format;
+    }
+  }
+
+  /// Given dy (in the layout forward returned), writes dx (in layout xf) when dx is non-null,
+  /// and dw, db — overwritten, or added to when accumulate is true. x is forward's input.
+  void backward(const T* x, const cpu_format& xf, const T* w, const T* dy, T* dx, T* dw, T* db, std::size_t batch,
+                bool accumulate) {
+    if constexpr (!std::is_same_v<T, float>) {
+      (void)xf;
+      detail::conv2d_reference<T>::backward(g_, batch, x, w, dy, dx, dw, db, accumulate);
+    } else {
+      entry& e = get(batch, xf);
+      auto& eng = detail::dnnl_engine();
+      // diff_dst arrives in the forward dst layout; the backward primitives may want another.
+      auto diff_dst_for = [&](const dnnl::memory::desc& want, detail::scratch& s) -> const float* {
+        if (want == e.fwd_pd.dst_desc()) return dy;
+        float* p = s.get(want.get_size() / 4);
+        e.reorders.run(e.fwd_pd.dst_desc(), dy, want, p);
+        return p;
+      };
+      if (dx) {
+        const float* wts = weights_in(e, w, e.bwd_data_pd.weights_desc(), e.w_bwd_scratch);
+        const float* ddst = diff_dst_for(e.bwd_data_pd.diff_dst_desc(), e.ddst_scratch);
+        const bool direct = e.bwd_data_pd.diff_src_desc() == e.src_given;
+        float* dsrc = direct ? dx : e.dsrc_scratch.get(e.bwd_data_pd.diff_src_desc().get_size() / 4);
+        dnnl::memory mdd(e.bwd_data_pd.diff_dst_desc(), eng, const_cast<float*>(ddst));
+        dnnl::memory mw(e.bwd_data_pd.weights_desc(), eng, const_cast<float*>(wts));
+        dnnl::memory mds(e.bwd_data_pd.diff_src_desc(), eng, dsrc);
+        detail::dnnl_checked("running a convolution backward-data", [&] {
+          e.bwd_data.execute(detail::dnnl_stream(), {{DNNL_ARG_DIFF_DST, mdd}, {DNNL_ARG_WEIGHTS, mw}, {DNNL_ARG_DIFF_SRC, mds}});
+          detail::dnnl_stream().wait();
+        });
+        if (!direct) e.reorders.run(e.bwd_data_pd.diff_src_desc(), dsrc, e.src_given, dx);
+      }
+      // backward-weights
+      const float* src = x;
+      if (!(e.bwd_w_pd.src_desc() == e.src_given)) {
+        float* p = e.src_scratch.get(e.bwd_w_pd.src_desc().get_size() / 4);
+        e.reorders.run(e.src_given, x, e.bwd_w_pd.src_desc(), p);
+        src = p;
+      }
+      const float* ddst = diff_dst_for(e.bwd_w_pd.diff_dst_desc(), e.ddst_scratch);
+      const auto plain_w = plain_weights();
+      const bool w_direct = !accumulate && e.bwd_w_pd.diff_weights_desc() == plain_w;
+      float* dwts = w_direct ? dw : e.dw_scratch.get(e.bwd_w_pd.diff_weights_desc().get_size() / 4);
+      float* dbias = accumulate ? e.db_scratch.get(g_.oc) : db;
+      dnnl::memory ms(e.bwd_w_pd.src_desc(), eng, const_cast<float*>(src));
+      dnnl::memory mdd(e.bwd_w_pd.diff_dst_desc(), eng, const_cast<float*>(ddst));
+      dnnl::memory mdw(e.bwd_w_pd.diff_weights_desc(), eng, dwts);
+      dnnl::memory mdb(e.bwd_w_pd.diff_bias_desc(), eng, dbias);
+      detail::dnnl_checked("running a convolution backward-weights", [&] {
+        e.bwd_w.execute(detail::dnnl_stream(), {{DNNL_ARG_SRC, ms}, {DNNL_ARG_DIFF_DST, mdd}, {DNNL_ARG_DIFF_WEIGHTS, mdw},
+                                                {DNNL_ARG_DIFF_BIAS, mdb}});
+        detail::dnnl_stream().wait();
+      });
+      if (!w_direct) {
+        if (accumulate) {
+          float* tmp = e.dw_plain_scratch.get(g_.weight_count());
+          if (e.bwd_w_pd.diff_weights_desc() == plain_w)
+            std::memcpy(tmp, dwts, g_.weight_count() * sizeof(float));
+          else
+            e.reorders.run(e.bwd_w_pd.diff_weights_desc(), dwts, plain_w, tmp);
+          for (std::size_t i = 0; i < g_.weight_count(); ++i) dw[i] += tmp[i];
+        } else {
+          e.reorders.run(e.bwd_w_pd.diff_weights_desc(), dwts, plain_w, dw);
+        }
+      }
+      if (accumulate && db)
+        for (std::size_t i = 0; i < g_.oc; ++i) db[i] += dbias[i];
+    }
+  }
+
+  const conv2d_geometry& geometry() const { return g_; }
+
+ private:
+  struct entry {
+    std::size_t batch;
+    dnnl::memory::desc src_given;  // the layout x arrives in
+    cpu_format dst_format;
+    dnnl::convolution_forward::primitive_desc fwd_pd;
+    dnnl::convolution_forward fwd;
+    dnnl::convolution_backward_data::primitive_desc bwd_data_pd;
+    dnnl::convolution_backward_data bwd_data;
+    dnnl::convolution_backward_weights::primitive_desc bwd_w_pd;
+    dnnl::convolution_backward_weights bwd_w;
+    detail::reorder_cache reorders;
+    detail::scratch src_scratch, w_fwd_scratch, w_bwd_scratch, ddst_scratch, dsrc_scratch, dw_scratch, dw_plain_scratch,
+        db_scratch;
+  };
+
+  dnnl::memory::desc plain_weights() const {
+    using dt = dnnl::memory::dim;
+    return {{static_cast<dt>(g_.oc), static_cast<dt>(g_.c), static_cast<dt>(g_.k), static_cast<dt>(g_.k)},
+            dnnl::memory::data_type::f32,
+            dnnl::memory::format_tag::oihw};
+  }
+
+  const float* weights_in(entry& e, const float* w, const dnnl::memory::desc& want, detail::scratch& s) {
+    const auto plain = plain_weights();
+    if (want == plain) return w;
+    float* p = s.get(want.get_size() / 4);
+    e.reorders.run(plain, w, want, p);
+    return p;
+  }
+
+  entry& get(std::size_t batch, const cpu_format& xf) {
+    const auto given = detail::desc_of(xf, batch, g_.c, g_.h, g_.w);
+    for (auto& e : entries_)
+      if (e->batch == batch && e->src_given == given) return *e;
+    return detail::dnnl_checked("creating convolution primitives", [&]() -> entry& {
+      using dt = dnnl::memory::dim;
+      using tag = dnnl::memory::format_tag;
+      using f32 = dnnl::memory::data_type;
+      const dt n = static_cast<dt>(batch), oh = static_cast<dt>(g_.oh()), ow = static_cast<dt>(g_.ow());
+      dnnl::memory::desc src_any({n, static_cast<dt>(g_.c), static_cast<dt>(g_.h), static_cast<dt>(g_.w)}, f32::f32, tag::any);
+      dnnl::memory::desc w_any({static_cast<dt>(g_.oc), static_cast<dt>(g_.c), static_cast<dt>(g_.k), static_cast<dt>(g_.k)},
+                               f32::f32, tag::any);
+      dnnl::memory::desc b_md({static_cast<dt>(g_.oc)}, f32::f32, tag::x);
+      dnnl::memory::desc dst_any({n, static_cast<dt>(g_.oc), oh, ow}, f32::f32, tag::any);
+      const dnnl::memory::dims strides{static_cast<dt>(g_.stride), static_cast<dt>(g_.stride)};
+      const dnnl::memory::dims pad{static_cast<dt>(g_.pad), static_cast<dt>(g_.pad)};
+      auto& eng = detail::dnnl_engine();
+      auto make_fwd = [&](const dnnl::memory::desc& dst) {
+        return dnnl::convolution_forward::primitive_desc(
+            dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, src_any,
+                                            w_any, b_md, dst, strides, pad, pad),
+            eng);
+      };
+      auto fwd_pd = make_fwd(dst_any);
+      const std::size_t out_elems = batch * g_.oc * g_.oh() * g_.ow();
+      if (!detail::unpadded(fwd_pd.dst_desc(), out_elems)) fwd_pd = make_fwd(detail::plain_nchw(batch, g_.oc, g_.oh(), g_.ow()));
+      cpu_format dst_format;
+      if (!(fwd_pd.dst_desc() == detail::plain_nchw(batch, g_.oc, g_.oh(), g_.ow()))) dst_format.desc = fwd_pd.dst_desc();
+      auto bwd_data_pd = dnnl::convolution_backward_data::primitive_desc(
+          dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, src_any, w_any, fwd_pd.dst_desc(),
+                                                strides, pad, pad),
+          eng, fwd_pd);
+      auto bwd_w_pd = dnnl::convolution_backward_weights::primitive_desc(
+          dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src_any, w_any, b_md,
+                                                   fwd_pd.dst_desc(), strides, pad, pad),
+          eng, fwd_pd);
+      entries_.push_back(std::make_unique<entry>(entry{batch, given, dst_format, fwd_pd, dnnl::convolution_forward(fwd_pd),
+                                                       bwd_data_pd, dnnl::convolution_backward_data(bwd_data_pd), bwd_w_pd,
+                                                       dnnl::convolution_backward_weights(bwd_w_pd), {}, {}, {}, {}, {},
+                                                       {}, {}, {}, {}}));
+      return *entries_.back();
+    });
+  }
+
+  conv2d_geometry g_;
+  std::vector<std::unique_ptr<entry>> entries_;
+};
+
+}  // namespace loom

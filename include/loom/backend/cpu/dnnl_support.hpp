@@ -1,0 +1,111 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// oneDNN plumbing for the CPU backend: the engine and stream, the activation format (the
+// physical layout oneDNN chose for a (batch, C, H, W) tensor), reorders and error wrapping.
+
+#include <dnnl.hpp>
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "loom/core/error.hpp"
+#include "loom/core/memory.hpp"
+
+namespace loom {
+
+/// The physical layout of a CPU activation. Empty: plain row-major (batch, features...).
+/// Otherwise a oneDNN layout (e.g. nChw16c) chosen by a convolution or pooling primitive and
+/// kept between layers so no reorder runs on every call. loom only keeps layouts without
+/// padding, so a buffer always holds exactly batch * sample_size elements and element-wise
+/// layers can work on it as a flat array.
+struct cpu_format {
+  dnnl::memory::desc desc;  // zero desc = plain
+  bool plain() const { return desc.is_zero(); }
+  friend bool operator==(const cpu_format& a, const cpu_format& b) {
+    if (a.plain() || b.plain()) return a.plain() == b.plain();
+    return a.desc == b.desc;
+  }
+};
+
+namespace detail {
+
+inline dnnl::engine& dnnl_engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+inline dnnl::stream& dnnl_stream() {
+  static dnnl::stream s(dnnl_engine());
+  return s;
+}
+
+/// Runs f, turning a oneDNN failure into loom::backend_error naming what loom was doing.
+template <class F>
+decltype(auto) dnnl_checked(const char* what, F&& f) {
+  try {
+    return f();
+  } catch (const dnnl::error& e) {
+    throw backend_error(std::string("loom: oneDNN failed while ") + what + ": " + e.what() +
+                        " (status " + std::to_string(static_cast<int>(e.status)) + ")");
+  }
+}
+
+inline dnnl::memory::desc plain_nchw(std::size_t n, std::size_t c, std::size_t h, std::size_t w) {
+  using dt = dnnl::memory::dim;
+  return {{static_cast<dt>(n), static_cast<dt>(c), static_cast<dt>(h), static_cast<dt>(w)},
+          dnnl::memory::data_type::f32,
+          dnnl::memory::format_tag::nchw};
+}
+
+/// The desc of a (n, c, h, w) activation in format f.
+inline dnnl::memory::desc desc_of(const cpu_format& f, std::size_t n, std::size_t c, std::size_t h, std::size_t w) {
+  return f.plain() ? plain_nchw(n, c, h, w) : f.desc;
+}
+
+/// True when a layout holds exactly the logical elements (no padding of blocked dimensions).
+inline bool unpadded(const dnnl::memory::desc& d, std::size_t elements) {
+  return d.get_size() == elements * sizeof(float);
+}
+
+/// Copies src (layout `from`) into dst (layout `to`) with a cached reorder primitive.
+class reorder_cache {
+ public:
+  void run(const dnnl::memory::desc& from, const float* src, const dnnl::memory::desc& to, float* dst) {
+    for (auto& e : entries_)
+      if (e.from == from && e.to == to) return exec(e, src, dst);
+    entries_.push_back(dnnl_checked("creating a reorder", [&] {
+      return entry{from, to, dnnl::reorder(dnnl::reorder::primitive_desc(dnnl_engine(), from, dnnl_engine(), to))};
+    }));
+    exec(entries_.back(), src, dst);
+  }
+
+ private:
+  struct entry {
+    dnnl::memory::desc from, to;
+    dnnl::reorder prim;
+  };
+  static void exec(entry& e, const float* src, float* dst) {
+    dnnl::memory s(e.from, dnnl_engine(), const_cast<float*>(src));
+    dnnl::memory d(e.to, dnnl_engine(), dst);
+    dnnl_checked("running a reorder", [&] {
+      e.prim.execute(dnnl_stream(), s, d);
+      dnnl_stream().wait();
+    });
+  }
+  std::vector<entry> entries_;
+};
+
+/// Scratch storage that grows on demand and is reused across steps.
+class scratch {
+ public:
+  float* get(std::size_t n) {
+    buf_.reserve_discard(n);
+    return buf_.data();
+  }
+
+ private:
+  buffer<float> buf_;
+};
+
+}  // namespace detail
+}  // namespace loom

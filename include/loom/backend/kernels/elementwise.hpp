@@ -1,0 +1,60 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Small element-wise kernel bodies shared by several layers: bias broadcast and reduction,
+// addition, dropout masks. Written once; every backend's launcher runs them.
+
+#include <cstddef>
+#include <cstdint>
+
+#include "loom/core/config.hpp"
+#include "loom/core/random.hpp"
+
+namespace loom::kernels {
+
+/// y[n, j] = b[j] for a (batch, width) y: the start of y = x W^T + b.
+template <class T>
+struct broadcast_rows {
+  const T* b;
+  T* y;
+  std::size_t width;
+  LOOM_HD void operator()(std::size_t i) const { y[i] = b[i % width]; }
+};
+
+/// db[j] (+)= sum over n of dy[n, j], for a (batch, width) dy.
+template <class T>
+struct sum_rows {
+  const T* dy;
+  T* db;
+  std::size_t batch, width;
+  bool accumulate;
+  LOOM_HD void operator()(std::size_t j) const {
+    T s = 0;
+    for (std::size_t n = 0; n < batch; ++n) s += dy[n * width + j];
+    db[j] = accumulate ? db[j] + s : s;
+  }
+};
+
+/// z = x + y.
+template <class T>
+struct add {
+  const T* x;
+  const T* y;
+  T* z;
+  LOOM_HD void operator()(std::size_t i) const { z[i] = x[i] + y[i]; }
+};
+
+/// Inverted dropout: keeps an element with probability 1 - rate and scales it by 1 / (1 - rate).
+/// The mask is a pure function of (seed, stream, index), so backward recomputes it.
+template <class T>
+struct dropout_apply {
+  const T* in;
+  T* out;
+  std::uint64_t seed, stream;
+  double rate;
+  LOOM_HD void operator()(std::size_t i) const {
+    const bool keep = uniform01(counter_hash(seed, stream, i)) >= rate;
+    out[i] = keep ? static_cast<T>(in[i] / (1.0 - rate)) : T(0);
+  }
+};
+
+}  // namespace loom::kernels

@@ -1,0 +1,71 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Kernel bodies of the losses, one sample per call: loss value, gradient and whether the
+// prediction was right, fused in one pass over the row.
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "loom/core/config.hpp"
+
+namespace loom::kernels {
+
+/// Softmax cross-entropy of one row of logits, stable (max subtracted before exp).
+/// loss[n] = logsumexp(z) - z[label]; grad[n, j] = (softmax(z)_j - [j == label]) * scale.
+template <class T, std::size_t Classes>
+struct softmax_cross_entropy_row {
+  const T* logits;            // (batch, Classes)
+  const std::int32_t* labels; // (batch)
+  T* grad;                    // (batch, Classes) or null
+  double* loss;               // (batch)
+  std::uint8_t* correct;      // (batch)
+  T scale;
+  LOOM_HD void operator()(std::size_t n) const {
+    const T* z = logits + n * Classes;
+    T m = z[0];
+    std::size_t arg = 0;
+    for (std::size_t j = 1; j < Classes; ++j)
+      if (z[j] > m) m = z[j], arg = j;
+    T s = 0;
+    for (std::size_t j = 0; j < Classes; ++j) s += std::exp(z[j] - m);
+    const auto label = static_cast<std::size_t>(labels[n]);
+    const T lse = m + std::log(s);
+    loss[n] = static_cast<double>(lse - z[label]);
+    correct[n] = arg == label;
+    if (grad) {
+      T* g = grad + n * Classes;
+      const T inv = T(1) / s;
+      for (std::size_t j = 0; j < Classes; ++j) g[j] = (std::exp(z[j] - m) * inv - (j == label ? T(1) : T(0))) * scale;
+    }
+  }
+};
+
+/// Squared error of one row against a target row (or the one-hot of a label when target is
+/// null). loss[n] = sum_j (y - t)^2; grad = 2 (y - t) * scale.
+template <class T, std::size_t Width>
+struct squared_error_row {
+  const T* y;
+  const T* target;            // (batch, Width) or null
+  const std::int32_t* labels; // used when target is null
+  T* grad;
+  double* loss;
+  std::uint8_t* correct;
+  T scale;
+  LOOM_HD void operator()(std::size_t n) const {
+    const T* r = y + n * Width;
+    double s = 0;
+    std::size_t arg = 0;
+    for (std::size_t j = 0; j < Width; ++j) {
+      const T t = target ? target[n * Width + j] : (static_cast<std::size_t>(labels[n]) == j ? T(1) : T(0));
+      const T d = r[j] - t;
+      s += static_cast<double>(d) * static_cast<double>(d);
+      if (grad) grad[n * Width + j] = T(2) * d * scale;
+      if (r[j] > r[arg]) arg = j;
+    }
+    loss[n] = s;
+    correct[n] = labels ? (arg == static_cast<std::size_t>(labels[n])) : 0;
+  }
+};
+
+}  // namespace loom::kernels

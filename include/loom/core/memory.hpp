@@ -1,0 +1,84 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Memory spaces and the owning, aligned buffer every tensor and flat parameter block sits in.
+// Only the host space lives here; the CUDA space comes with the CUDA backend's own header.
+
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <type_traits>
+#include <utility>
+
+namespace loom {
+
+/// Ordinary host memory, 64-byte aligned so vector units and oneDNN get whole cache lines.
+struct host_space {
+  static constexpr const char* name = "host";
+  static constexpr std::size_t alignment = 64;
+  static void* allocate(std::size_t bytes) {
+    if (bytes == 0) return nullptr;
+    std::size_t rounded = (bytes + alignment - 1) / alignment * alignment;
+    void* p = std::aligned_alloc(alignment, rounded);
+    if (!p) throw std::bad_alloc();
+    return p;
+  }
+  static void deallocate(void* p, std::size_t) noexcept { std::free(p); }
+  static void zero(void* p, std::size_t bytes) {
+    if (bytes) std::memset(p, 0, bytes);
+  }
+};
+
+/// An owning, contiguous, aligned array of T in memory space Space. Move-only.
+template <class T, class Space = host_space>
+class buffer {
+  static_assert(std::is_trivially_copyable_v<T>, "loom::buffer holds trivially copyable scalars only");
+
+ public:
+  using value_type = T;
+  using memory_space = Space;
+
+  buffer() = default;
+  /// Allocates n elements, zero-filled.
+  explicit buffer(std::size_t n) : data_(static_cast<T*>(Space::allocate(n * sizeof(T)))), size_(n) {
+    Space::zero(data_, n * sizeof(T));
+  }
+  buffer(buffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  buffer& operator=(buffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      data_ = std::exchange(o.data_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+    }
+    return *this;
+  }
+  buffer(const buffer&) = delete;
+  buffer& operator=(const buffer&) = delete;
+  ~buffer() { release(); }
+
+  /// Grows to at least n elements (contents are not kept); never shrinks.
+  void reserve_discard(std::size_t n) {
+    if (n > size_) *this = buffer(n);
+  }
+
+  T* data() noexcept { return data_; }
+  const T* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return size_; }
+  T& operator[](std::size_t i) noexcept { return data_[i]; }
+  const T& operator[](std::size_t i) const noexcept { return data_[i]; }
+  T* begin() noexcept { return data_; }
+  T* end() noexcept { return data_ + size_; }
+  const T* begin() const noexcept { return data_; }
+  const T* end() const noexcept { return data_ + size_; }
+
+ private:
+  void release() noexcept {
+    if (data_) Space::deallocate(data_, size_ * sizeof(T));
+    data_ = nullptr;
+    size_ = 0;
+  }
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+}  // namespace loom

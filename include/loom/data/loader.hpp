@@ -1,0 +1,157 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// A seeded, shuffling mini-batch iterator over an in-memory image set. The order of every
+// epoch is a function of (seed, epoch) alone, identical on every platform and compiler.
+
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <numeric>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "loom/core/error.hpp"
+#include "loom/core/shape.hpp"
+
+namespace loom::data {
+
+namespace detail {
+
+/// splitmix64's finaliser: a bijective 64-bit mix.
+constexpr std::uint64_t mix64(std::uint64_t z) noexcept {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+/// splitmix64 (Steele, Lea, Flood 2014): a small, fully specified 64-bit generator.
+class splitmix64 {
+ public:
+  constexpr explicit splitmix64(std::uint64_t seed) noexcept : state_(seed) {}
+
+  constexpr std::uint64_t next() noexcept {
+    state_ += 0x9E3779B97F4A7C15ull;
+    return mix64(state_);
+  }
+
+  /// Uniform in 0..bound-1, without modulo bias (rejection sampling). Requires: bound >= 1.
+  constexpr std::uint64_t below(std::uint64_t bound) noexcept {
+    const std::uint64_t threshold = (0 - bound) % bound;  // 2^64 mod bound
+    for (;;) {
+      const std::uint64_t r = next();
+      if (r >= threshold) return r % bound;
+    }
+  }
+
+ private:
+  std::uint64_t state_;
+};
+
+/// What batch_loader needs of a data set (loom::labelled_images has it).
+template <class D>
+concept image_dataset = requires(const D& d, std::size_t i) {
+  requires shape_type<typename D::sample_shape>;
+  { d.size() } -> std::convertible_to<std::size_t>;
+  { d.pixels(i) } -> std::convertible_to<const std::uint8_t*>;
+  { d.label(i) } -> std::convertible_to<std::int32_t>;
+};
+
+}  // namespace detail
+
+/// Hands out a data set in mini-batches, in an order reshuffled each epoch.
+///
+/// Order: with shuffle, epoch e visits the samples in a Fisher–Yates permutation drawn from a
+/// splitmix64 generator seeded from (seed, e) only, so the same seed and epoch give the same
+/// order on every platform, and different epochs give different orders; without shuffle, in
+/// index order. Every sample is visited exactly once per epoch.
+///
+/// Tail: no sample is dropped. With size() = q * batch + r and r > 0, the last batch of an
+/// epoch holds r samples; batches_per_epoch() counts it.
+///
+/// The loader keeps a reference to the data set, which must outlive it. Batches allocate
+/// nothing; only construction allocates (the permutation).
+template <class Dataset>
+class batch_loader {
+  static_assert(detail::image_dataset<Dataset>,
+                "batch_loader needs a data set with sample_shape, size(), pixels(i), label(i)");
+
+ public:
+  using sample_shape = typename Dataset::sample_shape;
+
+  /// A loader over `data` in batches of `batch` samples, positioned at the start of epoch 0.
+  ///
+  /// Throws: loom::invalid_argument when batch is 0.
+  batch_loader(const Dataset& data, std::size_t batch, std::uint64_t seed, bool shuffle = true)
+      : data_(&data), batch_(batch), seed_(seed), shuffle_(shuffle), order_(data.size()) {
+    if (batch_ == 0) {
+      throw invalid_argument("loom: batch_loader: expected a batch size of at least 1, found 0");
+    }
+    start_epoch(0);
+  }
+  /// A temporary data set would dangle.
+  batch_loader(const Dataset&&, std::size_t, std::uint64_t, bool = true) = delete;
+
+  /// Restarts at the first batch of `epoch`, in that epoch's order.
+  void start_epoch(std::size_t epoch) {
+    std::iota(order_.begin(), order_.end(), std::size_t{0});
+    if (shuffle_ && order_.size() > 1) {
+      detail::splitmix64 gen(
+          detail::mix64(seed_) ^
+          detail::mix64(static_cast<std::uint64_t>(epoch) + 0x632BE59BD9B4E019ull));
+      for (std::size_t i = order_.size() - 1; i > 0; --i) {
+        const std::size_t j =
+            static_cast<std::size_t>(gen.below(static_cast<std::uint64_t>(i) + 1));
+        std::swap(order_[i], order_[j]);
+      }
+    }
+    epoch_ = epoch;
+    pos_ = 0;
+  }
+
+  /// The number of batches in one epoch, the short last one included: ceil(size / batch).
+  std::size_t batches_per_epoch() const noexcept { return (order_.size() + batch_ - 1) / batch_; }
+
+  /// The batch size given at construction.
+  std::size_t batch_size() const noexcept { return batch_; }
+
+  /// The epoch started last.
+  std::size_t epoch() const noexcept { return epoch_; }
+
+  /// Writes the next n samples of the epoch: x as (n, sample_shape::size) values pixel / 255
+  /// in [0, 1], labels as n class indices. Returns n: batch, less for the last batch of the
+  /// epoch when batch does not divide the size, 0 once the epoch is done (until start_epoch).
+  ///
+  /// Requires: x has room for batch * sample_shape::size values, labels for batch values;
+  /// T is a floating-point type or constructible from float.
+  template <class T>
+  std::size_t next(T* x, std::int32_t* labels) {
+    using compute_t = std::conditional_t<std::is_floating_point_v<T>, T, float>;
+    constexpr std::size_t sample = sample_shape::size;
+    const std::size_t n = std::min(batch_, order_.size() - pos_);
+    for (std::size_t k = 0; k < n; ++k) {
+      const std::size_t idx = order_[pos_ + k];
+      const std::uint8_t* px = data_->pixels(idx);
+      T* dst = x + k * sample;
+      for (std::size_t j = 0; j < sample; ++j) {
+        dst[j] = static_cast<T>(static_cast<compute_t>(px[j]) / static_cast<compute_t>(255));
+      }
+      labels[k] = static_cast<std::int32_t>(data_->label(idx));
+    }
+    pos_ += n;
+    return n;
+  }
+
+ private:
+  const Dataset* data_;
+  std::size_t batch_;
+  std::uint64_t seed_;
+  bool shuffle_;
+  std::vector<std::size_t> order_;
+  std::size_t epoch_ = 0;
+  std::size_t pos_ = 0;
+};
+
+}  // namespace loom::data

@@ -1,0 +1,86 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// loom::conv2d<OutChannels, Kernel, Stride, Pad>: a 2-D convolution over (C, H, W) inputs with
+// square windows and equal padding on every side. Weights are (OutChannels, C, K, K), then
+// OutChannels biases. The backend runs it (oneDNN on the CPU).
+
+#include <cstddef>
+
+#include "loom/core/geometry.hpp"
+#include "loom/layers/layer.hpp"
+
+namespace loom {
+
+/// 2-D convolution. Input shape<C, H, W>; output shape<OutChannels, OH, OW> with
+/// OH = (H + 2 Pad - Kernel) / Stride + 1 (likewise OW). Init: He normal weights, zero biases.
+template <std::size_t OutChannels, std::size_t Kernel, std::size_t Stride = 1, std::size_t Pad = 0, class Init = init::he>
+struct conv2d {
+  static_assert(OutChannels > 0 && Kernel > 0 && Stride > 0, "loom::conv2d needs OutChannels, Kernel and Stride > 0");
+  static constexpr bool is_loom_layer = true;
+  static constexpr const char* name = "conv2d";
+
+  template <class In>
+  static constexpr bool fits() {
+    if constexpr (In::rank != 3) return false;
+    else return Kernel <= In::dims[1] + 2 * Pad && Kernel <= In::dims[2] + 2 * Pad;
+  }
+  template <class In>
+  static constexpr bool accepts = fits<In>();
+
+  template <std::size_t Index, class In>
+  static constexpr bool check() {
+    static_assert(In::rank == 3,
+                  "loom::conv2d needs a 3-D input (channels, height, width): give loom::input<C, H, W> "
+                  "(the layer index and the input shape are in the loom::diagnostic:: name the compiler prints)");
+    if constexpr (In::rank != 3) {
+      return detail::fail_with<diagnostic::conv2d_at_layer_needs_a_3d_input_but_got<Index, In>>();
+    } else {
+      static_assert(fits<In>(),
+                    "loom::conv2d's window is larger than its padded input: use a smaller Kernel, more padding, "
+                    "or fewer pooling layers before it (layer index, input shape, kernel and padding are in the "
+                    "loom::diagnostic:: name the compiler prints)");
+      if constexpr (!fits<In>())
+        return detail::fail_with<diagnostic::conv2d_window_larger_than_padded_input_at_layer<Index, In, Kernel, Pad>>();
+      return true;
+    }
+  }
+
+  template <class In>
+  static constexpr conv2d_geometry geometry{In::dims[0], In::dims[1], In::dims[2], OutChannels, Kernel, Stride, Pad};
+  template <class In>
+  using output_shape = shape<OutChannels, geometry<In>.oh(), geometry<In>.ow()>;
+  template <class In>
+  static constexpr std::size_t parameter_count = OutChannels * In::dims[0] * Kernel * Kernel + OutChannels;
+  template <class In>
+  static constexpr double flops = 2.0 * OutChannels * geometry<In>.oh() * geometry<In>.ow() * In::dims[0] * Kernel * Kernel;
+
+  template <class In, class T, class Backend>
+  class impl {
+    static constexpr conv2d_geometry g_ = geometry<In>;
+
+   public:
+    explicit impl(layer_site site) : site_(site), plan_(g_) {}
+
+    void initialize(T* params, std::uint64_t seed) const {
+      const std::size_t fan_in = g_.c * Kernel * Kernel, fan_out = OutChannels * Kernel * Kernel;
+      detail::fill_normal(params, g_.weight_count(), Init::stddev(fan_in, fan_out), seed, site_.stream);
+      Backend::zero(params + g_.weight_count(), OutChannels);
+    }
+
+    void forward(const run_context&, const T* params, activation<const T, Backend> x, activation<T, Backend>& y,
+                 std::size_t batch) {
+      y.format = plan_.forward(x.data, x.format, params, params + g_.weight_count(), y.data, batch);
+    }
+
+    void backward(const run_context& ctx, const T* params, activation<const T, Backend> x, activation<const T, Backend>,
+                  const T* dy, T* dx, T* dparams, std::size_t batch) {
+      plan_.backward(x.data, x.format, params, dy, dx, dparams, dparams + g_.weight_count(), batch, ctx.accumulate);
+    }
+
+   private:
+    layer_site site_;
+    typename Backend::template conv2d_plan<T> plan_;
+  };
+};
+
+}  // namespace loom

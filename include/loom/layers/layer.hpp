@@ -1,0 +1,132 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// What every layer is: a descriptor type (loom::linear<128>) that, bound to an input shape,
+// states its output shape and parameter count as compile-time facts, checks its input with
+// readable static_asserts, and names the implementation that runs forward and backward on a
+// backend. The layers themselves live beside this file.
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+#include "loom/core/config.hpp"
+#include "loom/core/random.hpp"
+#include "loom/core/shape.hpp"
+
+namespace loom {
+
+/// A batch of activations on a backend: the data and its physical layout.
+template <class T, class Backend>
+struct activation {
+  T* data = nullptr;
+  typename Backend::format format{};
+
+  activation() = default;
+  activation(T* d, typename Backend::format f = {}) : data(d), format(std::move(f)) {}
+  /// A mutable activation is readable as a const one.
+  template <class U>
+    requires(std::is_same_v<const U, T> && !std::is_same_v<U, T>)
+  activation(const activation<U, Backend>& o) : data(o.data), format(o.format) {}
+};
+
+/// What a forward or backward call needs to know besides the data.
+struct run_context {
+  /// Training (dropout active, saving for backward) or evaluation.
+  bool training = true;
+  /// Add parameter gradients to the gradient buffer instead of overwriting it.
+  bool accumulate = false;
+  /// Seed of the run; with `step` it makes dropout masks reproducible.
+  std::uint64_t seed = 0;
+  /// Index of the training step (micro-step) being run.
+  std::uint64_t step = 0;
+};
+
+/// Parameter initialisation schemes for layers with weights.
+namespace init {
+/// He (Kaiming) normal: N(0, 2 / fan_in). For layers followed by ReLU-like activations.
+struct he {
+  static constexpr double stddev(std::size_t fan_in, std::size_t) { return sqrt_(2.0 / static_cast<double>(fan_in)); }
+  static constexpr double sqrt_(double v) {
+    double x = v > 1 ? v : 1.0;
+    for (int i = 0; i < 64; ++i) x = 0.5 * (x + v / x);
+    return x;
+  }
+};
+/// Xavier (Glorot) normal: N(0, 2 / (fan_in + fan_out)). For tanh / sigmoid networks.
+struct xavier {
+  static constexpr double stddev(std::size_t fan_in, std::size_t fan_out) {
+    return he::sqrt_(2.0 / static_cast<double>(fan_in + fan_out));
+  }
+};
+}  // namespace init
+
+/// Where a layer sits: its index in the network (nested layers use their index in the inner
+/// stack, offset by the residual's stream) and the random stream of its parameters. The stream
+/// depends only on the layer's position in the model, never on how the model is run or split.
+struct layer_site {
+  std::size_t index = 0;
+  std::uint64_t stream = 0;
+};
+
+namespace detail {
+/// Fills w[0, n) with N(0, stddev^2) values drawn by counter from (seed, stream).
+template <class T>
+void fill_normal(T* w, std::size_t n, double stddev, std::uint64_t seed, std::uint64_t stream) {
+  for (std::size_t i = 0; i < n; ++i) w[i] = static_cast<T>(stddev * normal_at(seed, stream, i));
+}
+}  // namespace detail
+
+/// A layer descriptor L accepts input shape In. Every layer has:
+///   template <class In> static constexpr bool accepts;         — whether In is a valid input
+///   template <std::size_t Index, class In> static constexpr bool check();  — the same, with
+///         static_asserts that say why not (Index is the layer's position for the message)
+///   template <class In> using output_shape;                     — valid only when accepts<In>
+///   template <class In> static constexpr std::size_t parameter_count;
+///   template <class In, class T, class Backend> class impl;     — forward / backward
+template <class L, class In>
+concept layer_for = shape_type<In> && requires {
+  { L::template accepts<In> } -> std::convertible_to<bool>;
+  { L::template parameter_count<In> } -> std::convertible_to<std::size_t>;
+  typename L::template output_shape<In>;
+};
+
+/// Marker templates: never defined. When a composition is wrong, loom names one of these in a
+/// failing expression so the compiler prints the layer index and the shapes involved — search
+/// the compiler output for "loom::diagnostic::".
+namespace diagnostic {
+template <std::size_t LayerIndex, class InputShape>
+struct linear_at_layer_needs_a_1d_input_but_got;
+template <std::size_t LayerIndex, class InputShape>
+struct conv2d_at_layer_needs_a_3d_input_but_got;
+template <std::size_t LayerIndex, class InputShape, std::size_t Kernel, std::size_t Padding>
+struct conv2d_window_larger_than_padded_input_at_layer;
+template <std::size_t LayerIndex, class InputShape>
+struct pool2d_at_layer_needs_a_3d_input_but_got;
+template <std::size_t LayerIndex, class InputShape, std::size_t Kernel>
+struct pool2d_window_larger_than_input_at_layer;
+template <std::size_t LayerIndex, class InputShape, class InnerOutputShape>
+struct residual_at_layer_changes_the_shape;
+template <std::size_t LayerIndex, class Layer>
+struct not_a_loom_layer_at_layer;
+template <class NetworkOutputShape, std::size_t Classes>
+struct loss_width_does_not_match_classes;
+template <class NetworkInputShape, class SampleShape>
+struct network_input_does_not_match_samples;
+template <std::size_t LayerIndex, class InputShape>
+struct layer_norm_at_layer_has_nothing_to_normalise;
+}  // namespace diagnostic
+
+namespace detail {
+/// Instantiating this fails with the marker's name (and values) in the message. The error is a
+/// declaration, not part of the returned value, so the call stays a constant expression
+/// (false) and the compiler (GCC and Clang) reports nothing more about the code that asked.
+template <class Marker>
+constexpr bool fail_with() {
+  using marker_is_never_defined = typename Marker::loom_diagnostic;
+  return false;
+}
+}  // namespace detail
+
+}  // namespace loom

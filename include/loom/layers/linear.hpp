@@ -1,0 +1,78 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// loom::linear<Out>: y = x W^T + b on a 1-D input. W is (Out, In) row-major, then b (Out),
+// in the network's flat parameter buffer. Matrix products go to the backend's GEMM.
+
+#include <cstddef>
+
+#include "loom/backend/kernels/elementwise.hpp"
+#include "loom/layers/layer.hpp"
+
+namespace loom {
+
+/// A fully connected layer with Out outputs. Input: a 1-D shape<In>; output: shape<Out>.
+/// Parameters: Out * In weights, then Out biases. Init: Init (default He normal) for the
+/// weights, zero biases.
+template <std::size_t Out, class Init = init::he>
+struct linear {
+  static_assert(Out > 0, "loom::linear<Out> needs Out > 0");
+  static constexpr bool is_loom_layer = true;
+  static constexpr const char* name = "linear";
+
+  template <class In>
+  static constexpr bool accepts = In::rank == 1;
+
+  template <std::size_t Index, class In>
+  static constexpr bool check() {
+    static_assert(In::rank == 1,
+                  "loom::linear needs a 1-D input but gets a multi-dimensional one: add loom::flatten before it "
+                  "(the layer index and the input shape are in the loom::diagnostic:: name the compiler prints)");
+    if constexpr (In::rank != 1) return detail::fail_with<diagnostic::linear_at_layer_needs_a_1d_input_but_got<Index, In>>();
+    return In::rank == 1;
+  }
+
+  template <class In>
+  using output_shape = shape<Out>;
+  template <class In>
+  static constexpr std::size_t parameter_count = In::size * Out + Out;
+  /// Multiply-adds x 2 per sample, forward only.
+  template <class In>
+  static constexpr double flops = 2.0 * In::size * Out;
+
+  template <class In, class T, class Backend>
+  class impl {
+    static constexpr std::size_t in_ = In::size;
+
+   public:
+    explicit impl(layer_site site) : site_(site) {}
+
+    void initialize(T* params, std::uint64_t seed) const {
+      detail::fill_normal(params, Out * in_, Init::stddev(in_, Out), seed, site_.stream);
+      Backend::zero(params + Out * in_, Out);
+    }
+
+    void forward(const run_context&, const T* params, activation<const T, Backend> x, activation<T, Backend>& y,
+                 std::size_t batch) {
+      const T* w = params;  // (Out, In)
+      const T* b = params + Out * in_;
+      Backend::for_each(batch * Out, kernels::broadcast_rows<T>{b, y.data, Out});
+      Backend::gemm(false, true, batch, Out, in_, T(1), x.data, in_, w, in_, T(1), y.data, Out);  // (batch, Out)
+      y.format = {};
+    }
+
+    void backward(const run_context& ctx, const T* params, activation<const T, Backend> x, activation<const T, Backend>,
+                  const T* dy, T* dx, T* dparams, std::size_t batch) {
+      const T* w = params;
+      T* dw = dparams;
+      T* db = dparams + Out * in_;
+      Backend::gemm(true, false, Out, in_, batch, T(1), dy, Out, x.data, in_, ctx.accumulate ? T(1) : T(0), dw, in_);
+      Backend::for_each(Out, kernels::sum_rows<T>{dy, db, batch, Out, ctx.accumulate});
+      if (dx) Backend::gemm(false, false, batch, in_, Out, T(1), dy, Out, w, in_, T(0), dx, in_);  // (batch, In)
+    }
+
+   private:
+    layer_site site_;
+  };
+};
+
+}  // namespace loom

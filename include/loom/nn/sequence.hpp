@@ -1,0 +1,131 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// The run-time side of a layer chain: the layers' implementation objects, one output buffer
+// per layer (kept for backward), and the forward and backward passes over flat parameter and
+// gradient buffers. A network is one sequence; a residual holds another inside.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "loom/core/memory.hpp"
+#include "loom/core/random.hpp"
+#include "loom/nn/chain.hpp"
+
+namespace loom {
+
+/// Called after each layer's backward with the layer's index; the default does nothing.
+struct no_backward_hook {
+  void operator()(std::size_t) const noexcept {}
+};
+
+template <class T, class Backend, shape_type In, class... Layers>
+class sequence {
+ public:
+  using chain = layer_chain<In, Layers...>;
+  static constexpr std::size_t layer_count = chain::layer_count;
+  using output_shape = typename chain::output_shape;
+  static constexpr std::size_t parameter_count = chain::parameter_count;
+
+ private:
+  template <std::size_t I>
+  using impl_at = typename at<I, type_list<Layers...>>::template impl<typename chain::template input_of<I>, T, Backend>;
+  // A chain that fails its checks has already said why in a static_assert; it gets no layer
+  // implementations (and its passes do nothing), so the compiler adds no errors of its own.
+  template <std::size_t... I>
+  static auto impls_type(std::index_sequence<I...>) {
+    if constexpr (chain::ok) return std::type_identity<std::tuple<impl_at<I>...>>{};
+    else return std::type_identity<std::tuple<>>{};
+  }
+  using impls = typename decltype(impls_type(std::index_sequence_for<Layers...>{}))::type;
+  using space = typename Backend::memory_space;
+
+ public:
+  /// stream: the random stream of this sequence (0 for a whole network); layer i gets its own
+  /// stream derived from it and from first_index + i, its index in the whole model.
+  explicit sequence(std::uint64_t stream = 0, std::size_t first_index = 0)
+      : impls_(make(stream, first_index, std::index_sequence_for<Layers...>{})) {}
+
+  /// Initialises the parameters params[0, parameter_count) from seed.
+  void initialize(T* params, std::uint64_t seed) const {
+    if constexpr (chain::ok) each([&](auto i) { std::get<i>(impls_).initialize(params + chain::parameter_offsets[i], seed); });
+  }
+
+  /// Runs every layer on x (batch samples) and returns the last output (kept until the next
+  /// forward). In training mode everything backward needs is kept.
+  activation<T, Backend> forward(const run_context& ctx, const T* params, activation<const T, Backend> x, std::size_t batch) {
+    batch_ = batch;
+    if constexpr (chain::ok) each([&](auto i) {
+      constexpr std::size_t k = i;
+      outputs_[k].reserve_discard(batch * chain::template output_of<k>::size);
+      activation<T, Backend> y{outputs_[k].data(), {}};
+      std::get<k>(impls_).forward(ctx, params + chain::parameter_offsets[k], input(k, x), y, batch);
+      formats_[k] = y.format;
+    });
+    return {outputs_[layer_count - 1].data(), formats_[layer_count - 1]};
+  }
+
+  /// The output of the last forward.
+  activation<T, Backend> output() { return {outputs_[layer_count - 1].data(), formats_[layer_count - 1]}; }
+
+  /// Backward through every layer, last first. dy is the gradient of the output (in the
+  /// output's layout); writes the parameter gradients into dparams (overwritten, or added to
+  /// when ctx.accumulate) and, when dx is non-null, the input gradient in x's layout.
+  /// hook(i) runs as soon as layer i's gradients are complete.
+  template <class Hook = no_backward_hook>
+  void backward(const run_context& ctx, const T* params, activation<const T, Backend> x, const T* dy, T* dx, T* dparams,
+                Hook&& hook = {}) {
+    const std::size_t batch = batch_;
+    const T* grad = dy;
+    if constexpr (chain::ok) each_reverse([&](auto i) {
+      constexpr std::size_t k = i;
+      T* out = nullptr;
+      if constexpr (k == 0) {
+        out = dx;
+      } else {
+        auto& g = grads_[k % 2];
+        g.reserve_discard(batch * chain::template input_of<k>::size);
+        out = g.data();
+      }
+      activation<const T, Backend> y{outputs_[k].data(), formats_[k]};
+      std::get<k>(impls_).backward(ctx, params + chain::parameter_offsets[k], input(k, x), y, grad, out,
+                                   dparams + chain::parameter_offsets[k], batch);
+      hook(k);
+      grad = out;
+    });
+  }
+
+ private:
+  template <std::size_t... I>
+  static impls make(std::uint64_t stream, std::size_t first, std::index_sequence<I...>) {
+    if constexpr (!chain::ok) return impls{};
+    else return impls{impl_at<I>(layer_site{first + I, counter_hash(0x6c6f6f6dULL, stream, first + I)})...};
+  }
+  template <class F>
+  void each(F&& f) const {
+    [&]<std::size_t... I>(std::index_sequence<I...>) { (f(std::integral_constant<std::size_t, I>{}), ...); }
+    (std::index_sequence_for<Layers...>{});
+  }
+  template <class F>
+  void each_reverse(F&& f) const {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (f(std::integral_constant<std::size_t, layer_count - 1 - I>{}), ...);
+    }
+    (std::index_sequence_for<Layers...>{});
+  }
+  activation<const T, Backend> input(std::size_t k, activation<const T, Backend> x) const {
+    if (k == 0) return x;
+    return {outputs_[k - 1].data(), formats_[k - 1]};
+  }
+
+  mutable impls impls_;
+  std::array<buffer<T, space>, layer_count> outputs_;
+  std::array<typename Backend::format, layer_count> formats_{};
+  std::array<buffer<T, space>, 2> grads_;
+  std::size_t batch_ = 0;
+};
+
+}  // namespace loom

@@ -1,0 +1,132 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Adam (L2 weight decay added to the gradient, as torch.optim.Adam) and AdamW (decoupled weight
+// decay, as torch.optim.AdamW), over one flat parameter buffer. amsgrad is not offered. The
+// arithmetic is the adam_update body in backend/kernels/optim.hpp; this file holds options,
+// state, step counting and bias correction.
+
+#include <cmath>
+#include <cstddef>
+#include <span>
+
+#include "loom/backend/kernels/optim.hpp"
+#include "loom/core/memory.hpp"
+#include "loom/optim/validate.hpp"
+
+namespace loom {
+
+namespace detail {
+
+/// The state shared by adam and adamw; Optimizer is the tag (adam or adamw), which supplies
+/// options, name and whether weight decay is decoupled.
+template <class Optimizer, class T, class Backend>
+class adam_state {
+ public:
+  using options = typename Optimizer::options;
+
+  adam_state(const options& o, std::size_t n) : opts_(o), size_(n), moments_(2 * n) {
+    const char* who = Optimizer::qualified_name;
+    require_in_range(positive_finite(o.lr), who, "option lr", "finite and > 0", o.lr);
+    require_in_range(unit_interval_open_right(o.beta1), who, "option beta1", "in [0, 1)", o.beta1);
+    require_in_range(unit_interval_open_right(o.beta2), who, "option beta2", "in [0, 1)", o.beta2);
+    require_in_range(positive_finite(o.eps), who, "option eps", "finite and > 0", o.eps);
+    require_in_range(non_negative_finite(o.weight_decay), who, "option weight_decay", "finite and >= 0",
+                     o.weight_decay);
+  }
+
+  void step(T* params, const T* grads, std::size_t n, float lr) {
+    check_step_arguments(Optimizer::qualified_name, n, size_, lr);
+    ++steps_;
+    // Host-side scalars in double, as PyTorch computes them in Python floats.
+    const double t = static_cast<double>(steps_);
+    const double beta1 = opts_.beta1;
+    const double beta2 = opts_.beta2;
+    const double wd = opts_.weight_decay;
+    const double bias_correction1 = 1.0 - std::pow(beta1, t);
+    const double bias_correction2 = 1.0 - std::pow(beta2, t);
+    const double step_size = static_cast<double>(lr) / bias_correction1;
+    const double decay_factor = Optimizer::decoupled ? 1.0 - static_cast<double>(lr) * wd : 1.0;
+    const double l2 = Optimizer::decoupled ? 0.0 : wd;
+    const detail::adam_update<T> body{params,
+                                      grads,
+                                      moments_.data(),
+                                      moments_.data() + size_,
+                                      static_cast<T>(beta1),
+                                      static_cast<T>(beta2),
+                                      static_cast<T>(1.0 - beta1),
+                                      static_cast<T>(1.0 - beta2),
+                                      static_cast<T>(opts_.eps),
+                                      static_cast<T>(l2),
+                                      static_cast<T>(decay_factor),
+                                      static_cast<T>(step_size),
+                                      static_cast<T>(std::sqrt(bias_correction2))};
+    Backend::for_each(n, body);
+  }
+
+  const options& opts() const noexcept { return opts_; }
+  std::span<T> buffers() noexcept { return {moments_.data(), moments_.size()}; }
+  std::span<const T> buffers() const noexcept { return {moments_.data(), moments_.size()}; }
+  std::size_t steps() const noexcept { return steps_; }
+  void set_steps(std::size_t s) noexcept { steps_ = s; }
+
+ private:
+  options opts_;
+  std::size_t size_;
+  buffer<T, typename Backend::memory_space> moments_;  // (2, n): exp_avg then exp_avg_sq
+  std::size_t steps_ = 0;
+};
+
+}  // namespace detail
+
+/// Adam (Kingma & Ba), as torch.optim.Adam with amsgrad off; weight_decay is an L2 term added to
+/// the gradient before the moments. For step t (from 1):
+///   g += weight_decay * p;  m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2;
+///   p -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps).
+struct adam {
+  /// Hyper-parameters. lr is the base learning rate a schedule scales.
+  struct options {
+    float lr = 1e-3f;           ///< base learning rate, > 0
+    float beta1 = 0.9f;         ///< first-moment decay, in [0, 1)
+    float beta2 = 0.999f;       ///< second-moment decay, in [0, 1)
+    float eps = 1e-8f;          ///< added to the denominator, > 0
+    float weight_decay = 0.0f;  ///< L2 penalty added to the gradient (torch.optim.Adam), >= 0
+  };
+  static constexpr const char* name = "adam";
+  static constexpr const char* qualified_name = "loom::adam";
+  static constexpr bool decoupled = false;
+
+  /// The optimizer state for n parameters of type T in Backend's memory space: the first and
+  /// second moments (zero-initialised) and the step counter.
+  ///   state(o, n): checks o; throws loom::invalid_argument naming the option, expected range
+  ///                and value found.
+  ///   step(params, grads, n, lr): one update at the scheduled learning rate lr; requires n as
+  ///                built and lr finite and >= 0 (throws loom::invalid_argument otherwise).
+  ///   opts(): the options; buffers(): exp_avg (n) then exp_avg_sq (n) as one flat span;
+  ///   steps() / set_steps(s): the step counter bias correction uses (for checkpoints).
+  template <class T, class Backend>
+  using state = detail::adam_state<adam, T, Backend>;
+};
+
+/// AdamW (Loshchilov & Hutter), as torch.optim.AdamW with amsgrad off; weight decay is decoupled
+/// from the gradient and scaled by the scheduled learning rate. For step t (from 1):
+///   p *= 1 - lr * weight_decay;  m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2;
+///   p -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps).
+struct adamw {
+  /// Hyper-parameters. lr is the base learning rate a schedule scales.
+  struct options {
+    float lr = 1e-3f;            ///< base learning rate, > 0
+    float beta1 = 0.9f;          ///< first-moment decay, in [0, 1)
+    float beta2 = 0.999f;        ///< second-moment decay, in [0, 1)
+    float eps = 1e-8f;           ///< added to the denominator, > 0
+    float weight_decay = 1e-2f;  ///< decoupled decay (torch.optim.AdamW), >= 0
+  };
+  static constexpr const char* name = "adamw";
+  static constexpr const char* qualified_name = "loom::adamw";
+  static constexpr bool decoupled = true;
+
+  /// The optimizer state; the same interface as adam::state.
+  template <class T, class Backend>
+  using state = detail::adam_state<adamw, T, Backend>;
+};
+
+}  // namespace loom

@@ -1,0 +1,83 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Stochastic gradient descent with optional (Nesterov) momentum and L2 weight decay, over one
+// flat parameter buffer, with torch.optim.SGD's semantics (dampening 0). The arithmetic is the
+// sgd_update body in backend/kernels/optim.hpp; this file holds options, state and checks.
+
+#include <cstddef>
+#include <span>
+
+#include "loom/backend/kernels/optim.hpp"
+#include "loom/core/memory.hpp"
+#include "loom/optim/validate.hpp"
+
+namespace loom {
+
+/// Stochastic gradient descent, as torch.optim.SGD with dampening 0:
+///   d = g + weight_decay * p;  buf = momentum * buf + d (buf = d on the first step);
+///   p -= lr * (nesterov ? d + momentum * buf : buf)     (p -= lr * d without momentum).
+struct sgd {
+  /// Hyper-parameters. lr is the base learning rate a schedule scales.
+  struct options {
+    float lr = 0.01f;            ///< base learning rate, > 0
+    float momentum = 0.0f;       ///< in [0, 1); 0 disables the momentum buffer
+    bool nesterov = false;       ///< Nesterov momentum; requires momentum > 0
+    float weight_decay = 0.0f;   ///< L2 penalty added to the gradient, >= 0
+  };
+  static constexpr const char* name = "sgd";
+
+  /// The optimizer state for n parameters of type T whose memory lives in Backend's space.
+  template <class T, class Backend>
+  class state {
+   public:
+    /// Checks the options and allocates the momentum buffer (n elements, zero) when momentum > 0.
+    /// Throws: loom::invalid_argument naming the option, its expected range and the value found.
+    state(const options& o, std::size_t n) : opts_(o), size_(n) {
+      constexpr const char* who = "loom::sgd";
+      detail::require_in_range(detail::positive_finite(o.lr), who, "option lr", "finite and > 0", o.lr);
+      detail::require_in_range(detail::unit_interval_open_right(o.momentum), who, "option momentum", "in [0, 1)",
+                               o.momentum);
+      if (o.nesterov && !(o.momentum > 0))
+        detail::throw_out_of_range(who, "option momentum", "> 0 when nesterov is true",
+                                   detail::format_number(o.momentum));
+      detail::require_in_range(detail::non_negative_finite(o.weight_decay), who, "option weight_decay",
+                               "finite and >= 0", o.weight_decay);
+      if (o.momentum > 0) velocity_ = buffer<T, typename Backend::memory_space>(n);
+    }
+
+    /// One update of params (n elements) with grads, at learning rate lr (the scheduled rate for
+    /// this step, not necessarily opts().lr). params and grads live in Backend's memory space.
+    /// Requires: n equals the n given at construction; lr finite and >= 0.
+    /// Throws: loom::invalid_argument when either does not hold.
+    void step(T* params, const T* grads, std::size_t n, float lr) {
+      detail::check_step_arguments("loom::sgd", n, size_, lr);
+      const detail::sgd_update<T> body{params,
+                                       grads,
+                                       velocity_.size() ? velocity_.data() : nullptr,
+                                       static_cast<T>(lr),
+                                       static_cast<T>(opts_.momentum),
+                                       static_cast<T>(opts_.weight_decay),
+                                       opts_.nesterov};
+      Backend::for_each(n, body);
+      ++steps_;
+    }
+
+    /// The options this state was built with.
+    const options& opts() const noexcept { return opts_; }
+    /// The momentum buffer as one flat span of n elements; empty without momentum.
+    std::span<T> buffers() noexcept { return {velocity_.data(), velocity_.size()}; }
+    std::span<const T> buffers() const noexcept { return {velocity_.data(), velocity_.size()}; }
+    /// Steps taken so far (for checkpoints; SGD's arithmetic does not depend on it).
+    std::size_t steps() const noexcept { return steps_; }
+    /// Restores the step count when loading a checkpoint.
+    void set_steps(std::size_t s) noexcept { steps_ = s; }
+
+   private:
+    options opts_;
+    std::size_t size_;
+    buffer<T, typename Backend::memory_space> velocity_;  // (n) or empty
+    std::size_t steps_ = 0;
+  };
+};
+
+}  // namespace loom

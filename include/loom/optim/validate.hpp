@@ -1,0 +1,50 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Argument checks shared by the optimizers, schedules and clipping: each failure throws a
+// loom::invalid_argument naming who complained, the argument, the expected range and the value
+// found. Internal to loom/optim/.
+
+#include <cmath>
+#include <cstddef>
+#include <sstream>
+#include <string>
+
+#include "loom/core/error.hpp"
+
+namespace loom::detail {
+
+/// "1.5", "1e-08", "nan": a number as a message shows it.
+inline std::string format_number(double v) {
+  std::ostringstream out;
+  out << v;
+  return out.str();
+}
+
+/// Throws "<who>: <what> must be <expected>, but is <found>".
+[[noreturn]] inline void throw_out_of_range(const char* who, const char* what, const char* expected,
+                                            const std::string& found) {
+  throw invalid_argument(std::string(who) + ": " + what + " must be " + expected + ", but is " + found);
+}
+
+/// Requires ok; otherwise throws naming `what`, the expected range and the value.
+inline void require_in_range(bool ok, const char* who, const char* what, const char* expected, double found) {
+  if (!ok) throw_out_of_range(who, what, expected, format_number(found));
+}
+
+/// True for a finite v > 0 (NaN fails).
+inline bool positive_finite(double v) { return v > 0 && std::isfinite(v); }
+/// True for a finite v >= 0 (NaN fails).
+inline bool non_negative_finite(double v) { return v >= 0 && std::isfinite(v); }
+/// True for v in [0, 1) (NaN fails).
+inline bool unit_interval_open_right(double v) { return v >= 0 && v < 1; }
+
+/// The step() precondition every optimizer state shares: the learning rate is finite and >= 0
+/// (a schedule may reach 0) and the parameter count is the one the state was built for.
+inline void check_step_arguments(const char* who, std::size_t n, std::size_t expected_n, float lr) {
+  if (n != expected_n)
+    throw invalid_argument(std::string(who) + ": step() was given " + std::to_string(n) +
+                           " parameters, but the state was built for " + std::to_string(expected_n));
+  require_in_range(non_negative_finite(lr), who, "the learning rate passed to step()", "finite and >= 0", lr);
+}
+
+}  // namespace loom::detail
