@@ -55,7 +55,7 @@ struct linear {
                  std::size_t batch) {
       const T* w = params;  // (Out, In)
       const T* b = params + Out * in_;
-      Backend::for_each(batch * Out, kernels::broadcast_rows<T>{b, y.data, Out});
+      Backend::for_each(batch, kernels::broadcast_row<T, Out>{b, y.data});
       Backend::gemm(false, true, batch, Out, in_, T(1), x.data, in_, w, in_, T(1), y.data, Out);  // (batch, Out)
       y.format = {};
     }

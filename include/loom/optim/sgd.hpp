@@ -51,14 +51,17 @@ struct sgd {
     /// Throws: loom::invalid_argument when either does not hold.
     void step(T* params, const T* grads, std::size_t n, float lr) {
       detail::check_step_arguments("loom::sgd", n, size_, lr);
-      const detail::sgd_update<T> body{params,
-                                       grads,
-                                       velocity_.size() ? velocity_.data() : nullptr,
-                                       static_cast<T>(lr),
-                                       static_cast<T>(opts_.momentum),
-                                       static_cast<T>(opts_.weight_decay),
-                                       opts_.nesterov};
-      Backend::for_each(n, body);
+      const T lr_t = static_cast<T>(lr), mom = static_cast<T>(opts_.momentum), wd = static_cast<T>(opts_.weight_decay);
+      auto run = [&]<bool WD, bool M, bool N>() {
+        Backend::for_each(n, detail::sgd_update<T, WD, M, N>{params, grads, velocity_.data(), lr_t, mom, wd});
+      };
+      const bool decay = opts_.weight_decay != 0.0f, momentum = velocity_.size() != 0;
+      if (momentum && opts_.nesterov)
+        decay ? run.template operator()<true, true, true>() : run.template operator()<false, true, true>();
+      else if (momentum)
+        decay ? run.template operator()<true, true, false>() : run.template operator()<false, true, false>();
+      else
+        decay ? run.template operator()<true, false, false>() : run.template operator()<false, false, false>();
       ++steps_;
     }
 

@@ -11,13 +11,15 @@
 
 namespace loom::kernels {
 
-/// y[n, j] = b[j] for a (batch, width) y: the start of y = x W^T + b.
-template <class T>
-struct broadcast_rows {
+/// y[n, j] = b[j] for a (batch, Width) y: the start of y = x W^T + b. One row per call.
+template <class T, std::size_t Width>
+struct broadcast_row {
   const T* b;
   T* y;
-  std::size_t width;
-  LOOM_HD void operator()(std::size_t i) const { y[i] = b[i % width]; }
+  LOOM_HD void operator()(std::size_t n) const {
+    T* r = y + n * Width;
+    for (std::size_t j = 0; j < Width; ++j) r[j] = b[j];
+  }
 };
 
 /// db[j] (+)= sum over n of dy[n, j], for a (batch, width) dy.

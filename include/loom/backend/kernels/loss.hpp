@@ -30,8 +30,9 @@ struct softmax_cross_entropy_row {
     T s = 0;
     for (std::size_t j = 0; j < Classes; ++j) s += std::exp(z[j] - m);
     const auto label = static_cast<std::size_t>(labels[n]);
-    const T lse = m + std::log(s);
-    loss[n] = static_cast<double>(lse - z[label]);
+    // (m - z[label]) first: forming m + log(s) would round log(s) to the ulp of m (6e-5 at
+    // |m| = 1000 in float) before z[label] cancels m.
+    loss[n] = static_cast<double>((m - z[label]) + std::log(s));
     correct[n] = arg == label;
     if (grad) {
       T* g = grad + n * Classes;

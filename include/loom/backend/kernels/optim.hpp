@@ -20,36 +20,32 @@ namespace loom::detail {
 /// PyTorch sets buf = d on the first step; with buf zero-initialised, momentum * 0 + d is that
 /// same value exactly, so no first-step flag is needed.
 /// Requires: velocity is null exactly when momentum == 0.
-template <class T>
+/// SGD's step. The choices (weight decay, momentum, Nesterov) are template arguments so that
+/// each variant is a branch-free loop the compiler vectorises.
+template <class T, bool WeightDecay, bool Momentum, bool Nesterov>
 struct sgd_update {
   T* param;
   const T* grad;
-  T* velocity;  // the momentum buffer; null without momentum
+  T* velocity;  // the momentum buffer; unused without momentum
   T lr;
   T momentum;
   T weight_decay;
-  bool nesterov;
 
   LOOM_HD void operator()(std::size_t i) const {
     T d = grad[i];
-    if (weight_decay != T(0)) d = d + weight_decay * param[i];
-    if (velocity != nullptr) {
+    if constexpr (WeightDecay) d = d + weight_decay * param[i];
+    if constexpr (Momentum) {
       const T buf = momentum * velocity[i] + d;
       velocity[i] = buf;
-      d = nesterov ? d + momentum * buf : buf;
+      if constexpr (Nesterov)
+        d = d + momentum * buf;
+      else
+        d = buf;
     }
     param[i] = param[i] - lr * d;
   }
 };
 
-/// One Adam / AdamW step on element i, as torch.optim.Adam and torch.optim.AdamW (amsgrad off):
-///   p = p * decay_factor                            (AdamW: 1 - lr * weight_decay; Adam: 1)
-///   g = g + l2 * p                                  (Adam: weight_decay; AdamW: 0)
-///   m = beta1 * m + (1 - beta1) * g
-///   v = beta2 * v + (1 - beta2) * g * g
-///   p = p - step_size * m / (sqrt(v) / bias_correction2_sqrt + eps)
-/// with step_size = lr / (1 - beta1^t) and bias_correction2_sqrt = sqrt(1 - beta2^t), both
-/// computed on the host for step t (counting from 1).
 template <class T>
 struct adam_update {
   T* param;
