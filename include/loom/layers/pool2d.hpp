@@ -56,13 +56,13 @@ struct pool2d_layer {
    public:
     explicit impl(layer_site) : plan_(geometry<In>, Kind) {}
     void initialize(T*, std::uint64_t) const {}
-    void forward(const run_context& ctx, const T*, activation<const T, Backend> x, activation<T, Backend>& y,
+    void forward(const run_context&, const T*, activation<const T, Backend> x, activation<T, Backend>& y,
                  std::size_t batch) {
-      y.format = plan_.forward(x.data, x.format, y.data, batch, ctx.training);
+      y.format = plan_.forward(x.data, x.format, y.data, batch);
     }
     void backward(const run_context&, const T*, activation<const T, Backend> x, activation<const T, Backend>, const T* dy,
                   T* dx, T*, std::size_t batch) {
-      if (dx) plan_.backward(x.format, dy, dx, batch);
+      if (dx) plan_.backward(x.data, x.format, dy, dx, batch);
     }
 
    private:

@@ -70,7 +70,11 @@ struct pointwise_backward {
   const T* y;
   const T* dy;
   T* dx;
-  LOOM_HD void operator()(std::size_t i) const { dx[i] = dy[i] * Op::df(x[i], y[i]); }
+  LOOM_HD void operator()(std::size_t i) const {
+    const T xi = x[i], yi = y[i];
+    const T slope = Op::df(xi, yi);
+    dx[i] = dy[i] * slope;
+  }
 };
 
 }  // namespace loom::kernels
