@@ -7,9 +7,9 @@
 #   cmake -D... -P LoomCompileFail.cmake   run by CTest: builds one case and judges the output.
 #
 # A case is one .cpp. Its expectations are comment lines at the start of a line:
-#   // expect: REGEX        the compiler output must match REGEX (every such line must match;
-#                           the first one must match the first compiler error, so the loom
-#                           message is what the user reads first)
+#   // expect: REGEX        the compiler output must match REGEX (every such line must match,
+#                           and the first one must match the first compiler error, so the loom
+#                           message is what the user reads first). No ';' in REGEX.
 #   // max-errors: N        at most N compiler errors (guards against cascades of errors)
 # Each case is an OBJECT library, excluded from `all`, linked to loom::loom (so it compiles
 # with the flags and include directories of loom and its dependencies); its test builds it.
@@ -87,8 +87,10 @@ if(rc EQUAL 0)
   message(FATAL_ERROR "${case} compiles but must not: the check it tests is missing")
 endif()
 
-# The compiler's error lines, in order ("file:line:col: error: ..." from GCC and Clang).
-string(REGEX MATCHALL "[^\n]*error: [^\n]*" errors "${out}")
+# The compiler's error lines, in order ("file:line:col: error: ..." from GCC and Clang); a ';'
+# in a message would split it in two list items.
+string(REPLACE ";" "," flat "${out}")
+string(REGEX MATCHALL "[^\n]*error: [^\n]*" errors "${flat}")
 list(LENGTH errors error_count)
 if(error_count EQUAL 0)
   message(FATAL_ERROR "${case}: the build failed without a compiler error (exit code ${rc})")

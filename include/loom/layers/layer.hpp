@@ -119,11 +119,12 @@ struct layer_norm_at_layer_has_nothing_to_normalise;
 }  // namespace diagnostic
 
 namespace detail {
-/// Instantiating this fails with the marker's name (and values) in the message. The error is a
-/// declaration, not part of the returned value, so the call stays a constant expression
-/// (false) and the compiler (GCC and Clang) reports nothing more about the code that asked.
+/// Calling this fails with the marker's name (and values) in the message. consteval: the call
+/// is evaluated (so the error is reported) where it is written, even in a run-time function.
+/// The error is a declaration, not the returned value, so the call still gives a constant
+/// (false) and GCC and Clang report nothing more about the code that asked.
 template <class Marker>
-constexpr bool fail_with() {
+consteval bool fail_with() {
   using marker_is_never_defined = typename Marker::loom_diagnostic;
   return false;
 }

@@ -169,16 +169,16 @@ class trainer {
   template <class Dataset>
   static constexpr void check_dataset() {
     using sample = typename Dataset::sample_shape;
-    static_assert(sample::size == Network::input_shape::size,
+    static_assert(!Network::chain::ok || sample::size == Network::input_shape::size,
                   "loom::trainer: the data set's samples do not have the network's input size (the network input "
                   "shape and the sample shape are in the loom::diagnostic:: name the compiler prints)");
-    if constexpr (sample::size != Network::input_shape::size)
+    if constexpr (Network::chain::ok && sample::size != Network::input_shape::size)
       detail::fail_with<diagnostic::network_input_does_not_match_samples<typename Network::input_shape, sample>>();
-    static_assert(out_width == Dataset::classes,
+    static_assert(!Network::chain::ok || out_width == Dataset::classes,
                   "loom::trainer: the loss's width (the network's output size) does not match the number of classes "
                   "of the data set's labels: end the network with loom::linear<Classes> (both numbers are in the "
                   "loom::diagnostic:: name the compiler prints)");
-    if constexpr (out_width != Dataset::classes)
+    if constexpr (Network::chain::ok && out_width != Dataset::classes)
       detail::fail_with<diagnostic::loss_width_does_not_match_classes<typename Network::output_shape, Dataset::classes>>();
   }
 
