@@ -5,8 +5,10 @@
 
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "gradient_check.hpp"
@@ -191,6 +193,7 @@ TEST_CASE("softmax_cross_entropy's gradient is that of the mean loss", "[layers]
   const auto r = loom::testing::check_loss_gradients<softmax_cross_entropy, 5>(z, labels);
   INFO(r.str());
   CHECK(r.inputs_checked == 20);
+  CHECK(r.model_mismatch < 1e-14);  // loom's loss value against a long double reference
   CHECK(r.max_error() < tolerance);
   CHECK(r.max_abs_gradient > 0);
 }
@@ -200,6 +203,7 @@ TEST_CASE("mse's gradient is that of the mean loss", "[layers][loss][gradient]")
   const std::vector<std::int32_t> labels{1, 0, 3};
   const auto r = loom::testing::check_loss_gradients<mse, 4>(y, labels);
   INFO(r.str());
+  CHECK(r.model_mismatch < 1e-14);
   CHECK(r.max_error() < tolerance);
   CHECK(r.max_abs_gradient > 0);
 }
@@ -209,4 +213,46 @@ TEST_CASE("networks trained through a loss have correct gradients", "[layers][lo
   const std::vector<std::int32_t> labels{4, 0, 2};
   CHECK_GRADIENTS((check<net>(3, {}, loom::testing::loss_objective<softmax_cross_entropy, 5>(labels), true)));
   CHECK_GRADIENTS((check<net>(3, {}, loom::testing::loss_objective<mse, 5>(labels), true)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The checker itself
+
+namespace {
+/// weighted_sum with a gradient off by a relative 1e-5: the check must see it.
+struct slightly_wrong_objective : loom::testing::weighted_sum {
+  void gradient(const double* y, double* dy, std::size_t n) {
+    weighted_sum::gradient(y, dy, n);
+    for (std::size_t i = 0; i < n; ++i) dy[i] *= 1 + 1e-5;
+  }
+};
+}  // namespace
+
+TEST_CASE("the gradient checker notices a gradient off by 1e-5", "[layers][gradient][support]") {
+  const auto r = check<network<input<6>, linear<4>, loom::tanh>>(2, {}, slightly_wrong_objective{});
+  INFO(r.str());
+  // rel = 1e-5 |g| / (2 |g|) = 5e-6 on every component well above the floor.
+  CHECK(r.parameter_error > 4e-6);
+  CHECK(r.input_error > 4e-6);
+  CHECK(r.max_error() > tolerance);
+}
+
+TEST_CASE("relative_error is symmetric, bounded and floored", "[layers][support]") {
+  using loom::testing::relative_error;
+  CHECK(relative_error(1.0, 1.0) == 0);
+  CHECK(relative_error(0.0, 0.0) == 0);
+  CHECK(relative_error(1.0, 1.1) == Approx(0.1 / 2.1));
+  CHECK(relative_error(1.1, 1.0) == relative_error(1.0, 1.1));
+  CHECK(relative_error(1.0, -1.0) == 1);
+  CHECK(relative_error(1e-12, 0.0) == 1);
+  CHECK(relative_error(1e-12, 0.0, 1e-6) == Approx(1e-6));
+  CHECK(relative_error(std::nan(""), 1.0) == std::numeric_limits<double>::infinity());
+  const std::vector<float> a{1, 2, 3};
+  const std::vector<double> b{1, 2, 3.003};
+  const auto c = loom::testing::compare_relative(a, b);
+  CHECK(c.worst == 2);
+  CHECK(c.max_error == Approx(0.003 / 6.003));
+  CHECK_THAT(loom::testing::values_of(a), loom::testing::relatively_equals<float>(b, 1e-3));
+  CHECK_THAT(loom::testing::values_of(a), !loom::testing::relatively_equals<float>(b, 1e-4));
+  CHECK(loom::testing::compare_relative(a, std::vector<double>{1, 2}).max_error == std::numeric_limits<double>::infinity());
 }

@@ -37,6 +37,7 @@
 #include <stdexcept>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "loom/backend/cpu.hpp"
@@ -101,16 +102,40 @@ class weighted_sum {
   std::vector<double> w_;
 };
 
-/// A loom loss as objective: the mean loss over the batch, the gradient computed by the loss
-/// with grad_scale = 1 / batch. Loss is softmax_cross_entropy or mse.
+/// The mean loss over a batch in long double, written out independently of loom's kernels:
+/// softmax_cross_entropy: log-sum-exp(z) - z[label]; mse: sum_j (y_j - [j == label])^2 / Width.
+template <class Loss, std::size_t Classes>
+long double reference_mean_loss(const double* y, const std::int32_t* labels, std::size_t batch) {
+  long double s = 0;
+  for (std::size_t n = 0; n < batch; ++n) {
+    const double* z = y + n * Classes;
+    const auto label = static_cast<std::size_t>(labels[n]);
+    if constexpr (std::is_same_v<Loss, softmax_cross_entropy>) {
+      long double m = z[0], e = 0;
+      for (std::size_t j = 1; j < Classes; ++j) m = std::max(m, static_cast<long double>(z[j]));
+      for (std::size_t j = 0; j < Classes; ++j) e += std::exp(static_cast<long double>(z[j]) - m);
+      s += m + std::log(e) - static_cast<long double>(z[label]);
+    } else {
+      static_assert(std::is_same_v<Loss, mse>, "reference_mean_loss knows softmax_cross_entropy and mse");
+      for (std::size_t j = 0; j < Classes; ++j) {
+        const long double d = static_cast<long double>(z[j]) - (j == label ? 1.0L : 0.0L);
+        s += d * d / static_cast<long double>(Classes);
+      }
+    }
+  }
+  return s / static_cast<long double>(batch);
+}
+
+/// A loom loss as objective: the mean loss over the batch, its gradient computed by the loss
+/// (Loss::compute with grad_scale = 1 / batch). The value is reference_mean_loss, in long
+/// double: loom's own loss value is a double sum, whose rounding divided by 2h (~1e-10) would
+/// swamp gradients of 1e-5. (check_loss_gradients checks loom's value itself.)
 template <class Loss, std::size_t Classes>
 class loss_objective {
  public:
   explicit loss_objective(std::vector<std::int32_t> labels) : labels_(std::move(labels)) {}
   long double value(const double* y, std::size_t n) {
-    const std::size_t batch = n / Classes;
-    const auto v = Loss::template compute<cpu, Classes>(y, labels_.data(), static_cast<double*>(nullptr), batch, 1.0, ws_);
-    return static_cast<long double>(v.sum) / static_cast<long double>(batch);
+    return reference_mean_loss<Loss, Classes>(y, labels_.data(), n / Classes);
   }
   void gradient(const double* y, double* dy, std::size_t n) {
     const std::size_t batch = n / Classes;
@@ -142,8 +167,9 @@ struct gradient_check_report {
   std::size_t parameters_checked = 0, inputs_checked = 0;
   std::string worst;  // where the largest error is, with both values
   double max_abs_gradient = 0;  // the largest |analytic gradient| seen (0 hints at a dead check)
-  /// model overloads: the largest |difference| between model::backward's gradients and the
+  /// check_gradients: the largest |difference| between model::backward's gradients and the
   /// checker's own backward through the sequence (0 expected: the same code runs).
+  /// check_loss_gradients: the relative difference of loom's mean loss and the reference.
   double model_mismatch = 0;
   /// The analytic parameter gradients the check compared (df/dparams).
   std::vector<double> parameter_gradients;
@@ -234,19 +260,26 @@ gradient_check_report check_network_gradients(std::span<double> params, std::spa
 }
 
 /// Checks a loss's gradient of the logits: Loss::compute<cpu, Classes> with grad_scale =
-/// 1 / batch against finite differences of the mean loss (sum / batch). Reported as inputs.
+/// 1 / batch against finite differences of loom's own mean loss (its sum / batch). Reported as
+/// inputs. The loss value itself must match reference_mean_loss (report.model_mismatch holds
+/// the relative difference).
 template <class Loss, std::size_t Classes>
 gradient_check_report check_loss_gradients(std::span<const double> logits, const std::vector<std::int32_t>& labels,
                                            const gradient_check_options& opt = {}) {
   const std::size_t batch = labels.size();
   if (logits.size() != batch * Classes) throw std::invalid_argument("check_loss_gradients: logits and labels differ in batch");
-  loss_objective<Loss, Classes> obj(labels);
   std::vector<double> z(logits.begin(), logits.end()), grad(z.size(), std::numeric_limits<double>::quiet_NaN());
-  obj.gradient(z.data(), grad.data(), z.size());
+  loss_workspace<cpu> ws;
+  auto mean_loss = [&]() -> long double {
+    const auto v = Loss::template compute<cpu, Classes>(z.data(), labels.data(), static_cast<double*>(nullptr), batch, 1.0, ws);
+    return static_cast<long double>(v.sum) / static_cast<long double>(batch);
+  };
+  Loss::template compute<cpu, Classes>(z.data(), labels.data(), grad.data(), batch, 1.0 / static_cast<double>(batch), ws);
   gradient_check_report r;
+  r.model_mismatch = relative_error(static_cast<double>(mean_loss()),
+                                    static_cast<double>(reference_mean_loss<Loss, Classes>(z.data(), labels.data(), batch)));
   double worst_error = -1;
-  detail::compare_with_differences(std::span<double>(z), grad, [&] { return obj.value(z.data(), z.size()); }, opt,
-                                   "logit", r, r.input_error, worst_error);
+  detail::compare_with_differences(std::span<double>(z), grad, mean_loss, opt, "logit", r, r.input_error, worst_error);
   r.inputs_checked = z.size();
   return r;
 }

@@ -55,7 +55,7 @@ class splitmix64 {
   /// Uniform integer in [0, bound), bound > 0, without modulo bias (Lemire's method).
   constexpr std::uint64_t below(std::uint64_t bound) noexcept {
     while (true) {
-      const unsigned __int128 m = static_cast<unsigned __int128>((*this)()) * bound;
+      __extension__ const unsigned __int128 m = static_cast<unsigned __int128>((*this)()) * bound;
       const auto low = static_cast<std::uint64_t>(m);
       if (low >= bound || low >= (-bound) % bound) return static_cast<std::uint64_t>(m >> 64);
     }

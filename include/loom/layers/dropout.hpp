@@ -44,7 +44,7 @@ struct dropout_rate {
     void backward(const run_context& ctx, const T*, activation<const T, Backend>, activation<const T, Backend>, const T* dy,
                   T* dx, T*, std::size_t batch) {
       if (!dx) return;
-      if (Percent == 0) return Backend::copy(dx, dy, batch * In::size);
+      if (!ctx.training || Percent == 0) return Backend::copy(dx, dy, batch * In::size);
       Backend::for_each(batch * In::size, kernels::dropout_apply<T>{dy, dx, mask_seed(ctx), site_.stream, rate});
     }
 

@@ -125,7 +125,7 @@ namespace detail {
 /// (false) and GCC and Clang report nothing more about the code that asked.
 template <class Marker>
 consteval bool fail_with() {
-  using marker_is_never_defined = typename Marker::loom_diagnostic;
+  using marker_is_never_defined [[maybe_unused]] = typename Marker::loom_diagnostic;
   return false;
 }
 }  // namespace detail
