@@ -14,41 +14,12 @@
 #include <vector>
 
 #include "loom/core/error.hpp"
+#include "loom/core/random.hpp"
 #include "loom/core/shape.hpp"
 
 namespace loom::data {
 
 namespace detail {
-
-/// splitmix64's finaliser: a bijective 64-bit mix.
-constexpr std::uint64_t mix64(std::uint64_t z) noexcept {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-/// splitmix64 (Steele, Lea, Flood 2014): a small, fully specified 64-bit generator.
-class splitmix64 {
- public:
-  constexpr explicit splitmix64(std::uint64_t seed) noexcept : state_(seed) {}
-
-  constexpr std::uint64_t next() noexcept {
-    state_ += 0x9E3779B97F4A7C15ull;
-    return mix64(state_);
-  }
-
-  /// Uniform in 0..bound-1, without modulo bias (rejection sampling). Requires: bound >= 1.
-  constexpr std::uint64_t below(std::uint64_t bound) noexcept {
-    const std::uint64_t threshold = (0 - bound) % bound;  // 2^64 mod bound
-    for (;;) {
-      const std::uint64_t r = next();
-      if (r >= threshold) return r % bound;
-    }
-  }
-
- private:
-  std::uint64_t state_;
-};
 
 /// What batch_loader needs of a data set (loom::labelled_images has it).
 template <class D>
@@ -80,6 +51,8 @@ class batch_loader {
 
  public:
   using sample_shape = typename Dataset::sample_shape;
+  /// The random stream of epoch orders ("shuf"), apart from those of initialisation and dropout.
+  static constexpr std::uint64_t shuffle_stream = 0x73687566ULL;
 
   /// A loader over `data` in batches of `batch` samples, positioned at the start of epoch 0.
   ///
@@ -98,9 +71,7 @@ class batch_loader {
   void start_epoch(std::size_t epoch) {
     std::iota(order_.begin(), order_.end(), std::size_t{0});
     if (shuffle_ && order_.size() > 1) {
-      detail::splitmix64 gen(
-          detail::mix64(seed_) ^
-          detail::mix64(static_cast<std::uint64_t>(epoch) + 0x632BE59BD9B4E019ull));
+      splitmix64 gen(counter_hash(seed_, shuffle_stream, static_cast<std::uint64_t>(epoch)));
       for (std::size_t i = order_.size() - 1; i > 0; --i) {
         const std::size_t j =
             static_cast<std::size_t>(gen.below(static_cast<std::uint64_t>(i) + 1));
