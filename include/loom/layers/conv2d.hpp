@@ -61,6 +61,10 @@ struct conv2d {
    public:
     explicit impl(layer_site site) : site_(site), plan_(g_) {}
 
+    /// The network calls this when a loom::relu follows: forward then writes the ReLU's output
+    /// (one pass over the activation instead of two) and the relu layer passes it through.
+    void fuse_relu() { plan_.fuse_relu(); }
+
     void initialize(T* params, std::uint64_t seed) const {
       const std::size_t fan_in = g_.c * Kernel * Kernel, fan_out = OutChannels * Kernel * Kernel;
       detail::fill_normal(params, g_.weight_count(), Init::stddev(fan_in, fan_out), seed, site_.stream);

@@ -13,6 +13,7 @@
 
 #include "loom/core/memory.hpp"
 #include "loom/core/random.hpp"
+#include "loom/layers/activation.hpp"
 #include "loom/nn/chain.hpp"
 
 namespace loom {
@@ -43,11 +44,27 @@ class sequence {
   using impls = typename decltype(impls_type(std::index_sequence_for<Layers...>{}))::type;
   using space = typename Backend::memory_space;
 
+  /// Layer K is a loom::relu fused into the layer before it (which then writes the ReLU's
+  /// output itself): decided at compile time from the layer list.
+  template <std::size_t K>
+  static constexpr bool relu_fused() {
+    if constexpr (K == 0 || !chain::ok) {
+      return false;
+    } else {
+      return std::is_same_v<at<K, type_list<Layers...>>, relu> && requires(impl_at<K - 1>& i) { i.fuse_relu(); };
+    }
+  }
+
  public:
   /// stream: the random stream of this sequence (0 for a whole network); layer i gets its own
   /// stream derived from it and from first_index + i, its index in the whole model.
   explicit sequence(std::uint64_t stream = 0, std::size_t first_index = 0)
-      : impls_(make(stream, first_index, std::index_sequence_for<Layers...>{})) {}
+      : impls_(make(stream, first_index, std::index_sequence_for<Layers...>{})) {
+    if constexpr (chain::ok) each([&](auto i) {
+      constexpr std::size_t k = i;
+      if constexpr (sequence::template relu_fused<(k + 1 < layer_count ? k + 1 : 0)>()) std::get<k>(impls_).fuse_relu();
+    });
+  }
 
   /// Initialises the parameters params[0, parameter_count) from seed.
   void initialize(T* params, std::uint64_t seed) const {
@@ -60,16 +77,22 @@ class sequence {
     batch_ = batch;
     if constexpr (chain::ok) each([&](auto i) {
       constexpr std::size_t k = i;
-      outputs_[k].reserve_discard(batch * chain::template output_of<k>::size);
-      activation<T, Backend> y{outputs_[k].data(), {}};
-      std::get<k>(impls_).forward(ctx, params + chain::parameter_offsets[k], input(k, x), y, batch);
-      formats_[k] = y.format;
+      if constexpr (sequence::template relu_fused<k>()) {
+        out_[k] = out_[k - 1];  // the layer before already wrote relu(.)
+        formats_[k] = formats_[k - 1];
+      } else {
+        outputs_[k].reserve_discard(batch * chain::template output_of<k>::size);
+        activation<T, Backend> y{outputs_[k].data(), {}};
+        std::get<k>(impls_).forward(ctx, params + chain::parameter_offsets[k], input(k, x), y, batch);
+        out_[k] = outputs_[k].data();
+        formats_[k] = y.format;
+      }
     });
-    return {outputs_[layer_count - 1].data(), formats_[layer_count - 1]};
+    return {out_[layer_count - 1], formats_[layer_count - 1]};
   }
 
   /// The output of the last forward.
-  activation<T, Backend> output() { return {outputs_[layer_count - 1].data(), formats_[layer_count - 1]}; }
+  activation<T, Backend> output() { return {out_[layer_count - 1], formats_[layer_count - 1]}; }
 
   /// Backward through every layer, last first. dy is the gradient of the output (in the
   /// output's layout); writes the parameter gradients into dparams (overwritten, or added to
@@ -90,7 +113,9 @@ class sequence {
         g.reserve_discard(batch * chain::template input_of<k>::size);
         out = g.data();
       }
-      activation<const T, Backend> y{outputs_[k].data(), formats_[k]};
+      // A fused relu's input is the fused output itself; relu'(x) = relu'(relu(x)), so its
+      // backward is unchanged.
+      activation<const T, Backend> y{out_[k], formats_[k]};
       std::get<k>(impls_).backward(ctx, params + chain::parameter_offsets[k], input(k, x), y, grad, out,
                                    dparams + chain::parameter_offsets[k], batch);
       hook(k);
@@ -118,11 +143,12 @@ class sequence {
   }
   activation<const T, Backend> input(std::size_t k, activation<const T, Backend> x) const {
     if (k == 0) return x;
-    return {outputs_[k - 1].data(), formats_[k - 1]};
+    return {out_[k - 1], formats_[k - 1]};
   }
 
   mutable impls impls_;
   std::array<buffer<T, space>, layer_count> outputs_;
+  std::array<T*, layer_count> out_{};  // where each layer's output is: its buffer, or the one before for a fused relu
   std::array<typename Backend::format, layer_count> formats_{};
   std::array<buffer<T, space>, 2> grads_;
   std::size_t batch_ = 0;

@@ -78,11 +78,20 @@ class cpu_conv2d_plan {
  public:
   explicit cpu_conv2d_plan(conv2d_geometry g) : g_(g) {}
 
+  /// Makes forward write relu(conv(x) + b): the ReLU of the next layer, fused so the output
+  /// is written once. Call before the first forward.
+  void fuse_relu() {
+    relu_ = true;
+    entries_.clear();
+  }
+
   /// y = conv(x, w) + b. x is in layout xf; returns the layout y was written in.
   cpu_format forward(const T* x, const cpu_format& xf, const T* w, const T* b, T* y, std::size_t batch) {
     if constexpr (!std::is_same_v<T, float>) {
       (void)xf;
       detail::conv2d_reference<T>::forward(g_, batch, x, w, b, y);
+      if (relu_)
+        for (std::size_t i = 0; i < batch * g_.oc * g_.oh() * g_.ow(); ++i) y[i] = y[i] > T(0) ? y[i] : T(0);
       return {};
     } else {
       entry& e = get(batch, xf);
@@ -224,11 +233,17 @@ class cpu_conv2d_plan {
       const dnnl::memory::dims strides{static_cast<dt>(g_.stride), static_cast<dt>(g_.stride)};
       const dnnl::memory::dims pad{static_cast<dt>(g_.pad), static_cast<dt>(g_.pad)};
       auto& eng = detail::dnnl_engine();
+      dnnl::primitive_attr attr;
+      if (relu_) {
+        dnnl::post_ops ops;
+        ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+        attr.set_post_ops(ops);
+      }
       auto make_fwd = [&](const dnnl::memory::desc& dst) {
         return dnnl::convolution_forward::primitive_desc(
             dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, src_any,
                                             w_any, b_md, dst, strides, pad, pad),
-            eng);
+            attr, eng);
       };
       auto fwd_pd = make_fwd(dst_any);
       const std::size_t out_elems = batch * g_.oc * g_.oh() * g_.ow();
@@ -252,6 +267,7 @@ class cpu_conv2d_plan {
   }
 
   conv2d_geometry g_;
+  bool relu_ = false;
   std::vector<std::unique_ptr<entry>> entries_;
 };
 

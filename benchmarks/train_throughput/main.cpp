@@ -1,0 +1,347 @@
+// SPDX-License-Identifier: Apache-2.0
+// Training throughput of loom on the real Fashion-MNIST: samples per second of the example's
+// mlp and cnn (the same networks as examples/fashion_mnist) trained with SGD (lr 0.02, momentum
+// 0.9) through loom::trainer::fit, for each (model, batch, threads) row. Each row: a warm-up,
+// then `--repeats` timed runs of a fixed number of steps (sized to last about `--seconds`),
+// and the median. The same run measures the ceiling: oneDNN sgemm (256 x 784 x 256) on the same
+// thread count. One machine-readable `row:` line per row on stdout, one `ceiling:` line per
+// thread count; notes go to stderr. benchmarks/train_throughput/torch_peer.py is the PyTorch
+// side with the same rows and method; run.sh runs both and prints the table.
+
+#include <dnnl.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "loom/loom.hpp"
+
+namespace {
+
+using mlp = loom::network<loom::input<784>,
+                          loom::linear<256>, loom::relu,
+                          loom::linear<128>, loom::relu,
+                          loom::linear<10>>;
+
+using cnn = loom::network<loom::input<1, 28, 28>,
+                          loom::conv2d<32, 3, 1, 1>, loom::relu, loom::max_pool2d<2>,
+                          loom::conv2d<64, 3, 1, 1>, loom::relu, loom::max_pool2d<2>,
+                          loom::flatten,
+                          loom::linear<128>, loom::relu,
+                          loom::linear<10>>;
+
+// FLOP of one training step per sample, counting the matrix products and convolutions only
+// (2 per multiply-add): forward, the weight gradient (as much again) and the input gradient
+// (as much again, except for the first layer, whose input needs none).
+template <class Net, std::size_t First, std::size_t... Rest>
+constexpr double train_flops_per_sample() {
+  const double first = Net::layer_flops[First];
+  const double rest = (0.0 + ... + Net::layer_flops[Rest]);
+  return 3 * (first + rest) - first;
+}
+constexpr double mlp_flops = train_flops_per_sample<mlp, 0, 2, 4>();     // linear layers
+constexpr double cnn_flops = train_flops_per_sample<cnn, 0, 3, 7, 9>();  // conv, conv, linear, linear
+static_assert(mlp_flops > 1.00e6 && mlp_flops < 1.01e6, "mlp: 1.007 MFLOP per sample and step");
+static_assert(cnn_flops > 24.9e6 && cnn_flops < 25.1e6, "cnn: 25.0 MFLOP per sample and step");
+
+using clock_type = std::chrono::steady_clock;
+double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n == 0 ? 0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// How busy the machine was with other work: CPU seconds all processes used (/proc/stat) minus
+// this process's own (getrusage), per second of wall time, i.e. cores taken by others.
+struct cpu_snapshot {
+  double machine_busy_s = 0, own_s = 0;
+  clock_type::time_point at = clock_type::now();
+  static cpu_snapshot now() {
+    cpu_snapshot c;
+    std::ifstream stat("/proc/stat");
+    std::string cpu;
+    double v[8] = {};
+    if (stat >> cpu && cpu == "cpu")
+      for (double& x : v) stat >> x;  // user nice system idle iowait irq softirq steal
+    const double tick = double(::sysconf(_SC_CLK_TCK));
+    c.machine_busy_s = (v[0] + v[1] + v[2] + v[5] + v[6]) / tick;
+    rusage ru{};
+    ::getrusage(RUSAGE_SELF, &ru);
+    c.own_s = double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + 1e-6 * double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+    return c;
+  }
+  static double others_cores(const cpu_snapshot& a, const cpu_snapshot& b) {
+    const double wall = std::chrono::duration<double>(b.at - a.at).count();
+    const double others = (b.machine_busy_s - a.machine_busy_s) - (b.own_s - a.own_s);
+    return wall > 0 ? std::max(0.0, others / wall) : 0.0;
+  }
+};
+
+struct flags {
+  std::vector<std::string> models{"mlp", "cnn"};
+  std::vector<std::size_t> batches{64, 256};
+  std::vector<int> threads{1, 2};
+  double seconds = 2.0;  // per timed repeat
+  double warmup = 0.5;   // seconds of warm-up steps per row
+  std::size_t repeats = 3;
+  std::uint64_t seed = 1;
+  bool ceiling = true;
+  bool ceiling_only = false;
+  std::string data = loom::data::default_fashion_mnist_dir;
+};
+
+constexpr const char* usage = R"(usage: bench_train_throughput [flags]
+  --model LIST       models, comma-separated: mlp,cnn (default both)
+  --batch LIST       batch sizes, comma-separated (default 64,256)
+  --threads LIST     thread counts, comma-separated (default 1,2)
+  --seconds X        length of one timed repeat in seconds (default 2)
+  --warmup X         seconds of warm-up steps before the repeats (default 0.5)
+  --repeats N        timed repeats per row; the median is reported (default 3)
+  --seed N           initialisation and shuffling seed (default 1)
+  --no-ceiling       do not measure the oneDNN sgemm ceiling
+  --ceiling-only     only measure the ceiling for each thread count
+  --data DIR         Fashion-MNIST IDX files (default /usr/share/datasets/fashion-mnist)
+Prints per row on stdout:
+  row: impl=loom model=M batch=B threads=T samples_per_s=S (median) runs=S1,S2,.. steps=N
+       mflop_per_sample=F gflops=G ceiling_gflops=C ceiling_fraction=G/C nominal_fraction=G/(160*T)
+       train_loss=L others_cores=O (CPU cores other processes used during the timed runs)
+and per thread count `ceiling: threads=T gflops=C shape=256x784x256`.
+)";
+
+[[noreturn]] void bad_flag(const std::string& msg) {
+  std::cerr << "bench_train_throughput: " << msg << "\n\n" << usage;
+  std::exit(2);
+}
+
+template <class N>
+N number(std::string_view flag, std::string_view text) {
+  N v{};
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc{} || p != text.data() + text.size())
+    bad_flag("--" + std::string(flag) + " needs a number, got '" + std::string(text) + "'");
+  return v;
+}
+
+template <class N>
+std::vector<N> number_list(std::string_view flag, std::string_view text) {
+  std::vector<N> out;
+  while (!text.empty()) {
+    const auto comma = text.find(',');
+    out.push_back(number<N>(flag, text.substr(0, comma)));
+    text = comma == std::string_view::npos ? std::string_view{} : text.substr(comma + 1);
+  }
+  if (out.empty()) bad_flag("--" + std::string(flag) + " needs at least one value");
+  return out;
+}
+
+flags parse(int argc, char** argv) {
+  flags f;
+  for (int i = 1; i < argc; ++i) {
+    std::string_view a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::cout << usage;
+      std::exit(0);
+    }
+    if (a == "--no-ceiling") {
+      f.ceiling = false;
+      continue;
+    }
+    if (a == "--ceiling-only") {
+      f.ceiling_only = true;
+      continue;
+    }
+    if (a.substr(0, 2) != "--") bad_flag("unexpected argument '" + std::string(a) + "'");
+    std::string_view name = a.substr(2), value;
+    if (auto eq = name.find('='); eq != std::string_view::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    } else {
+      if (i + 1 >= argc) bad_flag("--" + std::string(name) + " needs a value");
+      value = argv[++i];
+    }
+    if (name == "model") {
+      f.models.clear();
+      std::string_view t = value;
+      while (!t.empty()) {
+        const auto comma = t.find(',');
+        std::string m(t.substr(0, comma));
+        if (m != "mlp" && m != "cnn") bad_flag("--model takes mlp and/or cnn, got '" + m + "'");
+        f.models.push_back(m);
+        t = comma == std::string_view::npos ? std::string_view{} : t.substr(comma + 1);
+      }
+    } else if (name == "batch") f.batches = number_list<std::size_t>(name, value);
+    else if (name == "threads") f.threads = number_list<int>(name, value);
+    else if (name == "seconds") f.seconds = number<double>(name, value);
+    else if (name == "warmup") f.warmup = number<double>(name, value);
+    else if (name == "repeats") f.repeats = number<std::size_t>(name, value);
+    else if (name == "seed") f.seed = number<std::uint64_t>(name, value);
+    else if (name == "data") f.data = value;
+    else bad_flag("unknown flag --" + std::string(name));
+  }
+  if (f.models.empty()) bad_flag("--model needs at least one model");
+  for (auto b : f.batches)
+    if (b == 0) bad_flag("--batch values must be at least 1");
+  for (auto t : f.threads)
+    if (t <= 0) bad_flag("--threads values must be at least 1");
+  if (!(f.seconds > 0)) bad_flag("--seconds must be > 0");
+  if (f.repeats == 0) bad_flag("--repeats must be at least 1");
+  return f;
+}
+
+// The ceiling: oneDNN's sgemm on a representative training GEMM (batch 256, 784 -> 256, the
+// mlp's first layer), on the current thread count; median GFLOP/s of 3 runs of ~0.3 s each.
+double sgemm_ceiling(std::size_t m = 256, std::size_t k = 784, std::size_t n = 256) {
+  std::vector<float> a(m * k), b(k * n), c(m * n);
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = float((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = float((i * 40503u) % 1000) / 1000.0f - 0.5f;
+  auto gemm = [&] {
+    const auto st = dnnl_sgemm('N', 'N', dnnl_dim_t(m), dnnl_dim_t(n), dnnl_dim_t(k), 1.0f, a.data(), dnnl_dim_t(k),
+                               b.data(), dnnl_dim_t(n), 0.0f, c.data(), dnnl_dim_t(n));
+    if (st != dnnl_success) {
+      std::cerr << "bench_train_throughput: dnnl_sgemm failed (status " << int(st) << ")\n";
+      std::exit(1);
+    }
+  };
+  const double flop = 2.0 * double(m) * double(n) * double(k);
+  for (int i = 0; i < 20; ++i) gemm();
+  std::vector<double> rates;
+  for (int r = 0; r < 3; ++r) {
+    std::size_t calls = 0;
+    const auto t0 = clock_type::now();
+    double s = 0;
+    do {
+      for (int i = 0; i < 10; ++i) gemm();
+      calls += 10;
+      s = since(t0);
+    } while (s < 0.3);
+    rates.push_back(flop * double(calls) / s / 1e9);
+  }
+  return median(rates);
+}
+
+// Variables that tune other libraries' kernels or thread pools; loom needs none of them, and
+// run.sh starts this program without them. Their presence is printed, not obeyed.
+std::string foreign_env() {
+  std::string out;
+  for (const char* v : {"OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
+                        "MKL_NUM_THREADS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "GOMP_SPINCOUNT", "OMP_WAIT_POLICY"})
+    if (std::getenv(v)) {
+      if (!out.empty()) out += ',';
+      out += v;
+    }
+  return out.empty() ? "none" : out;
+}
+
+struct row_result {
+  double median = 0;
+  std::vector<double> runs;
+  std::size_t steps = 0;
+  double train_loss = 0;
+  double others_cores = 0;
+};
+
+template <class Net>
+row_result measure(const flags& f, const loom::data::fashion_mnist_set& train, std::size_t batch, int threads) {
+  loom::trainer<Net, loom::softmax_cross_entropy, loom::sgd> t{{.lr = 0.02f, .momentum = 0.9f},
+                                                                {.seed = f.seed, .threads = threads}};
+  loom::fit_options fo;
+  fo.epochs = std::size_t(1) << 40;  // bounded by max_steps
+  fo.batch = batch;
+  fo.progress = nullptr;
+  double last_loss = 0;
+  // Runs exactly n more steps; returns samples per second over the whole fit() call (loader
+  // set-up and batch gathering included, as they are part of training).
+  auto run_steps = [&](std::size_t n, std::size_t* samples = nullptr) {
+    fo.max_steps = t.steps() + n;
+    const auto t0 = clock_type::now();
+    const loom::fit_result r = t.fit(train, fo);
+    const double s = since(t0);
+    last_loss = r.train_loss;
+    if (samples) *samples = r.samples;
+    return double(r.samples) / s;
+  };
+  // Warm-up: chunks of steps until f.warmup seconds have passed, and at least two chunks (the
+  // first pays one-time set-up); the last chunk's rate sizes the timed repeats.
+  double rate = 0;
+  const auto w0 = clock_type::now();
+  std::size_t chunk = 4;
+  for (int chunks = 0; chunks < 2 || since(w0) < f.warmup; ++chunks) {
+    rate = run_steps(chunk);
+    chunk = std::min<std::size_t>(chunk * 2, 256);
+  }
+  row_result r;
+  r.steps = std::max<std::size_t>(5, std::size_t(std::llround(f.seconds * rate / double(batch))));
+  const auto c0 = cpu_snapshot::now();
+  for (std::size_t i = 0; i < f.repeats; ++i) r.runs.push_back(run_steps(r.steps));
+  r.others_cores = cpu_snapshot::others_cores(c0, cpu_snapshot::now());
+  r.median = median(r.runs);
+  r.train_loss = last_loss;
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const flags f = parse(argc, argv);
+  try {
+    std::cerr << "bench_train_throughput: foreign tuning variables in the environment: " << foreign_env() << "\n";
+    std::vector<double> ceilings(f.threads.size(), 0.0);
+    if (f.ceiling || f.ceiling_only) {
+      for (std::size_t i = 0; i < f.threads.size(); ++i) {
+        loom::set_threads(f.threads[i]);
+        ceilings[i] = sgemm_ceiling();
+        std::printf("ceiling: threads=%d gflops=%.1f shape=256x784x256 what=oneDNN_sgemm\n", f.threads[i], ceilings[i]);
+        std::fflush(stdout);
+      }
+    }
+    if (f.ceiling_only) return 0;
+
+    const auto train = loom::data::fashion_mnist(f.data, loom::data::split::train);
+    for (const auto& model : f.models) {
+      const double flop = model == "cnn" ? cnn_flops : mlp_flops;
+      for (std::size_t batch : f.batches) {
+        for (std::size_t ti = 0; ti < f.threads.size(); ++ti) {
+          const int threads = f.threads[ti];
+          const row_result r = model == "cnn" ? measure<cnn>(f, train, batch, threads)
+                                              : measure<mlp>(f, train, batch, threads);
+          const double gflops = r.median * flop / 1e9;
+          std::string runs;
+          for (double v : r.runs) {
+            if (!runs.empty()) runs += ',';
+            runs += std::to_string(std::lround(v));
+          }
+          std::printf(
+              "row: impl=loom model=%s batch=%zu threads=%d samples_per_s=%.0f runs=%s steps=%zu "
+              "mflop_per_sample=%.3f gflops=%.2f ceiling_gflops=%.1f ceiling_fraction=%.3f nominal_fraction=%.3f "
+              "train_loss=%.4f others_cores=%.2f env=%s\n",
+              model.c_str(), batch, threads, r.median, runs.c_str(), r.steps, flop / 1e6, gflops, ceilings[ti],
+              ceilings[ti] > 0 ? gflops / ceilings[ti] : 0.0, gflops / (160.0 * threads), r.train_loss, r.others_cores,
+              foreign_env().c_str());
+          std::fflush(stdout);
+          if (!std::isfinite(r.train_loss)) {
+            std::cerr << "bench_train_throughput: training diverged (loss " << r.train_loss << ")\n";
+            return 1;
+          }
+        }
+      }
+    }
+  } catch (const loom::error& e) {
+    std::cerr << "bench_train_throughput: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
