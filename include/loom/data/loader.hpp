@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// A seeded, shuffling mini-batch iterator over an in-memory image set. The order of every
-// epoch is a function of (seed, epoch) alone, identical on every platform and compiler.
+// A seeded, shuffling mini-batch iterator over an image set, in memory or mapped. The order of
+// every epoch is a function of (seed, epoch) alone, identical on every platform and compiler.
 
 #include <algorithm>
 #include <concepts>
@@ -30,6 +30,39 @@ concept image_dataset = requires(const D& d, std::size_t i) {
   { d.label(i) } -> std::convertible_to<std::int32_t>;
 };
 
+/// The random stream of epoch orders ("shuf"), apart from those of initialisation and dropout.
+inline constexpr std::uint64_t shuffle_stream = 0x73687566ULL;
+
+/// Fills `order` (resized to n; allocates only when it grows) with the order in which epoch
+/// `epoch` visits samples 0..n-1: a Fisher–Yates permutation drawn from a splitmix64 generator
+/// seeded from (seed, epoch) only, or index order without shuffle. batch_loader and
+/// distributed_loader both take their order from here, so that they agree sample for sample.
+inline void epoch_order(std::vector<std::size_t>& order, std::size_t n, std::uint64_t seed,
+                        std::size_t epoch, bool shuffle) {
+  order.resize(n);
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  if (shuffle && n > 1) {
+    splitmix64 gen(counter_hash(seed, shuffle_stream, static_cast<std::uint64_t>(epoch)));
+    for (std::size_t i = n - 1; i > 0; --i) {
+      const std::size_t j = static_cast<std::size_t>(gen.below(static_cast<std::uint64_t>(i) + 1));
+      std::swap(order[i], order[j]);
+    }
+  }
+}
+
+/// Writes sample `idx` of `data` to dst as Dataset::sample_shape::size values pixel / 255 and
+/// its label to *label: the one conversion every loader uses.
+template <class T, class Dataset>
+void write_sample(const Dataset& data, std::size_t idx, T* dst, std::int32_t* label) {
+  using compute_t = std::conditional_t<std::is_floating_point_v<T>, T, float>;
+  constexpr std::size_t sample = Dataset::sample_shape::size;
+  const std::uint8_t* px = data.pixels(idx);
+  for (std::size_t j = 0; j < sample; ++j) {
+    dst[j] = static_cast<T>(static_cast<compute_t>(px[j]) / static_cast<compute_t>(255));
+  }
+  *label = static_cast<std::int32_t>(data.label(idx));
+}
+
 }  // namespace detail
 
 /// Hands out a data set in mini-batches, in an order reshuffled each epoch.
@@ -52,7 +85,7 @@ class batch_loader {
  public:
   using sample_shape = typename Dataset::sample_shape;
   /// The random stream of epoch orders ("shuf"), apart from those of initialisation and dropout.
-  static constexpr std::uint64_t shuffle_stream = 0x73687566ULL;
+  static constexpr std::uint64_t shuffle_stream = detail::shuffle_stream;
 
   /// A loader over `data` in batches of `batch` samples, positioned at the start of epoch 0.
   ///
@@ -69,15 +102,7 @@ class batch_loader {
 
   /// Restarts at the first batch of `epoch`, in that epoch's order.
   void start_epoch(std::size_t epoch) {
-    std::iota(order_.begin(), order_.end(), std::size_t{0});
-    if (shuffle_ && order_.size() > 1) {
-      splitmix64 gen(counter_hash(seed_, shuffle_stream, static_cast<std::uint64_t>(epoch)));
-      for (std::size_t i = order_.size() - 1; i > 0; --i) {
-        const std::size_t j =
-            static_cast<std::size_t>(gen.below(static_cast<std::uint64_t>(i) + 1));
-        std::swap(order_[i], order_[j]);
-      }
-    }
+    detail::epoch_order(order_, order_.size(), seed_, epoch, shuffle_);
     epoch_ = epoch;
     pos_ = 0;
   }
@@ -99,17 +124,10 @@ class batch_loader {
   /// T is a floating-point type or constructible from float.
   template <class T>
   std::size_t next(T* x, std::int32_t* labels) {
-    using compute_t = std::conditional_t<std::is_floating_point_v<T>, T, float>;
     constexpr std::size_t sample = sample_shape::size;
     const std::size_t n = std::min(batch_, order_.size() - pos_);
     for (std::size_t k = 0; k < n; ++k) {
-      const std::size_t idx = order_[pos_ + k];
-      const std::uint8_t* px = data_->pixels(idx);
-      T* dst = x + k * sample;
-      for (std::size_t j = 0; j < sample; ++j) {
-        dst[j] = static_cast<T>(static_cast<compute_t>(px[j]) / static_cast<compute_t>(255));
-      }
-      labels[k] = static_cast<std::int32_t>(data_->label(idx));
+      detail::write_sample(*data_, order_[pos_ + k], x + k * sample, labels + k);
     }
     pos_ += n;
     return n;

@@ -1,0 +1,663 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Labelled image sets over memory-mapped IDX files: a process touches only the pages of the
+// samples it reads, so data-parallel ranks read their own samples where they lie instead of each
+// loading the whole set. Gzip'd images are decompressed once into an on-disk cache. POSIX only.
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "loom/core/error.hpp"
+#include "loom/core/shape.hpp"
+#include "loom/data/dataset.hpp"
+#include "loom/data/idx.hpp"
+
+namespace loom::data {
+
+/// The directory where gzip'd images are decompressed for mapping, when no other is given:
+/// $LOOM_CACHE_DIR, else $XDG_CACHE_HOME/loom, else $HOME/.cache/loom, else
+/// /tmp/loom-cache-UID (an empty variable counts as unset). Nothing is created here. Where other
+/// users share /tmp, set LOOM_CACHE_DIR rather than rely on the last choice.
+inline std::filesystem::path default_cache_dir() {
+  const auto env = [](const char* name) -> std::string {
+    const char* v = std::getenv(name);
+    return v ? std::string(v) : std::string();
+  };
+  if (std::string d = env("LOOM_CACHE_DIR"); !d.empty()) return d;
+  if (std::string d = env("XDG_CACHE_HOME"); !d.empty()) return std::filesystem::path(d) / "loom";
+  if (std::string d = env("HOME"); !d.empty()) return std::filesystem::path(d) / ".cache" / "loom";
+  return std::filesystem::path("/tmp") / ("loom-cache-" + std::to_string(::getuid()));
+}
+
+namespace detail {
+
+inline std::string errno_text(int err) { return err ? std::strerror(err) : "unknown error"; }
+
+/// An owned POSIX file descriptor.
+class unique_fd {
+ public:
+  unique_fd() = default;
+  explicit unique_fd(int fd) noexcept : fd_(fd) {}
+  unique_fd(unique_fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  unique_fd& operator=(unique_fd&& o) noexcept {
+    if (this != &o) {
+      reset();
+      fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+  }
+  ~unique_fd() { reset(); }
+  int get() const noexcept { return fd_; }
+  explicit operator bool() const noexcept { return fd_ >= 0; }
+  void reset() noexcept {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  /// Closes and reports close()'s error (0 if none): on NFS a failed write can surface here.
+  int close() noexcept {
+    const int fd = std::exchange(fd_, -1);
+    return fd >= 0 && ::close(fd) != 0 ? (errno ? errno : EIO) : 0;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+/// Reads a file from the start with pread, reporting failures as idx_input does.
+class pread_input {
+ public:
+  pread_input(int fd, const std::filesystem::path& file) : fd_(fd), path_(&file) {}
+
+  /// Reads up to n bytes into dst; fewer only at the end of the file.
+  std::size_t read(std::uint8_t* dst, std::size_t n) {
+    std::size_t got = 0;
+    while (got < n) {
+      const ::ssize_t k = ::pread(fd_, dst + got, n - got, static_cast<::off_t>(offset_));
+      if (k < 0) {
+        if (errno == EINTR) continue;
+        throw io_error(idx_prefix(*path_) + "read failed: " + errno_text(errno));
+      }
+      if (k == 0) break;
+      got += static_cast<std::size_t>(k);
+      offset_ += static_cast<std::uint64_t>(k);
+    }
+    return got;
+  }
+
+ private:
+  int fd_;
+  const std::filesystem::path* path_;
+  std::uint64_t offset_ = 0;
+};
+
+/// What an IDX header states: the extents and where the data starts and ends.
+struct idx_header {
+  std::vector<std::uint32_t> dims;
+  std::vector<std::uint8_t> bytes;  // the header as read: magic number and extents
+  std::size_t data_bytes = 0;       // the product of dims
+  std::string promise;              // "60000 x 28 x 28 = 47040000 bytes", for messages
+};
+
+/// Reads and checks an IDX header from `in` exactly as read_idx_ranked does, with the same
+/// messages (naming `file`, with `decompressed` after byte counts), without reading the data.
+template <class Input>
+idx_header read_idx_header(Input& in, const std::filesystem::path& file, std::size_t min_rank,
+                           std::size_t max_rank, const std::string& decompressed) {
+  const std::string where = idx_prefix(file);
+  const std::string expected_magic = idx_expected_magic(min_rank, max_rank);
+  std::array<std::uint8_t, 4> head{};
+  const std::size_t head_got = in.read(head.data(), head.size());
+  if (head_got == 0) {
+    throw data_error(where + "file is empty: expected an IDX file starting with the magic number " +
+                     expected_magic + ", found 0 bytes" + decompressed);
+  }
+  if (head_got < head.size()) {
+    throw data_error(where + "file is truncated: expected a 4-byte magic number " + expected_magic +
+                     ", found " + std::to_string(head_got) + " bytes" + decompressed);
+  }
+  const std::uint32_t magic = (std::uint32_t{head[0]} << 24) | (std::uint32_t{head[1]} << 16) |
+                              (std::uint32_t{head[2]} << 8) | std::uint32_t{head[3]};
+  const std::size_t rank = head[3];
+  if (head[0] != 0 || head[1] != 0 || head[2] != idx_ubyte_type || rank < min_rank ||
+      rank > max_rank) {
+    throw data_error(where + "wrong magic number: expected " + expected_magic + ", found " +
+                     idx_hex(magic) + idx_describe_magic(magic));
+  }
+  idx_header out;
+  out.bytes.assign(head.begin(), head.end());
+  out.bytes.resize(4 + 4 * rank);
+  out.dims.resize(rank);
+  const std::size_t dims_got = in.read(out.bytes.data() + 4, 4 * rank);
+  if (dims_got < 4 * rank) {
+    throw data_error(where + "file is truncated: expected a " + std::to_string(4 + 4 * rank) +
+                     "-byte header (magic number and " + idx_dimensions(rank) + "), found " +
+                     std::to_string(4 + dims_got) + " bytes" + decompressed);
+  }
+  bool any_zero = false;
+  for (std::size_t i = 0; i < rank; ++i) {
+    const std::uint8_t* b = out.bytes.data() + 4 + 4 * i;
+    out.dims[i] = (std::uint32_t{b[0]} << 24) | (std::uint32_t{b[1]} << 16) |
+                  (std::uint32_t{b[2]} << 8) | std::uint32_t{b[3]};
+    any_zero = any_zero || out.dims[i] == 0;
+  }
+  // The same bound as read_idx (what a byte vector can hold), so both accept the same files.
+  const std::size_t limit = std::vector<std::uint8_t>().max_size();
+  std::size_t total = any_zero ? 0 : 1;
+  for (std::size_t i = 0; i < rank && total != 0; ++i) {
+    const std::size_t d = out.dims[i];
+    if (total > limit / d) {
+      throw data_error(where + "header promises " + idx_promise(out.dims, "") +
+                       " of data: expected a size that fits in memory");
+    }
+    total *= d;
+  }
+  out.data_bytes = total;
+  out.promise = idx_promise(out.dims, std::to_string(total));
+  return out;
+}
+
+/// The errors read_idx reports when `available` bytes follow the header instead of
+/// header.data_bytes: too few ("file is truncated") or too many ("unexpected bytes").
+inline void check_idx_data_size(const idx_header& h, std::uint64_t available,
+                                const std::filesystem::path& file,
+                                const std::string& decompressed) {
+  if (available < h.data_bytes) {
+    throw data_error(idx_prefix(file) + "file is truncated: header promises " + h.promise +
+                     " of data, found " + std::to_string(available) + decompressed);
+  }
+  if (available > h.data_bytes) {
+    throw data_error(idx_prefix(file) + std::to_string(available - h.data_bytes) +
+                     " unexpected bytes after the data" + decompressed + ": expected exactly " +
+                     h.promise + " after the " + std::to_string(h.bytes.size()) + "-byte header");
+  }
+}
+
+/// A read-only shared mapping of a whole file, unmapped on destruction.
+class mapped_region {
+ public:
+  mapped_region(int fd, std::size_t length, const std::filesystem::path& file) : length_(length) {
+    void* p = ::mmap(nullptr, length, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      throw io_error(idx_prefix(file) + "cannot map " + std::to_string(length) +
+                     " bytes into memory: " + errno_text(errno));
+    }
+    base_ = static_cast<const std::uint8_t*>(p);
+    // Samples are read in shuffled order: read-ahead would fetch other ranks' samples.
+    (void)::madvise(p, length, MADV_RANDOM);
+  }
+  mapped_region(const mapped_region&) = delete;
+  mapped_region& operator=(const mapped_region&) = delete;
+  ~mapped_region() { ::munmap(const_cast<std::uint8_t*>(base_), length_); }
+  const std::uint8_t* data() const noexcept { return base_; }
+  std::size_t size() const noexcept { return length_; }
+
+ private:
+  const std::uint8_t* base_ = nullptr;
+  std::size_t length_;
+};
+
+/// An uncompressed IDX file, checked like read_idx (same messages) and mapped; the data is not
+/// read. Also checks that the file is a regular file that can be mapped.
+struct mapped_idx {
+  std::shared_ptr<const mapped_region> region;
+  idx_header header;
+  const std::uint8_t* data = nullptr;
+};
+
+inline mapped_idx map_idx_file(const std::filesystem::path& file, std::size_t min_rank,
+                               std::size_t max_rank) {
+  unique_fd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) throw io_error(idx_prefix(file) + "cannot open: " + errno_text(errno));
+  // Reading the header must not read ahead into the samples (other ranks' samples).
+  (void)::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_RANDOM);
+  pread_input in(fd.get(), file);
+  mapped_idx out;
+  out.header = read_idx_header(in, file, min_rank, max_rank, "");
+  struct ::stat st {};
+  if (::fstat(fd.get(), &st) != 0) {
+    throw io_error(idx_prefix(file) + "cannot stat: " + errno_text(errno));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    throw io_error(idx_prefix(file) + "not a regular file: expected a file that can be mapped");
+  }
+  const auto file_size = static_cast<std::uint64_t>(st.st_size);
+  check_idx_data_size(out.header, file_size - out.header.bytes.size(), file, "");
+  out.region = std::make_shared<const mapped_region>(fd.get(), file_size, file);
+  out.data = out.region->data() + out.header.bytes.size();
+  return out;
+}
+
+/// Whether a file starts with the gzip magic bytes 1f 8b (false when it cannot be read; the
+/// reader then reports why).
+inline bool starts_with_gzip_magic(const std::filesystem::path& file) {
+  unique_fd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) return false;
+  (void)::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_RANDOM);
+  std::array<std::uint8_t, 2> m{};
+  const ::ssize_t k = ::pread(fd.get(), m.data(), m.size(), 0);
+  return k == 2 && m[0] == 0x1F && m[1] == 0x8B;
+}
+
+/// FNV-1a: a stable 64-bit hash of a path, to tell apart sources that share a file name.
+inline std::uint64_t fnv1a64(const std::string& s) noexcept {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ULL;
+  return h;
+}
+
+/// The name of the decompressed copy of `source` in a cache directory: the source's name
+/// without ".gz", a hash of its absolute path, its size and its modification time in
+/// nanoseconds, e.g. "t10k-images-idx3-ubyte.5c1e...-4422102-1690000000123456789".
+inline std::string idx_cache_name(const std::filesystem::path& source) {
+  struct ::stat st {};
+  if (::stat(source.c_str(), &st) != 0) {
+    throw io_error(idx_prefix(source) + "cannot stat: " + errno_text(errno));
+  }
+  std::error_code ec;
+  std::filesystem::path abs = std::filesystem::canonical(source, ec);
+  if (ec) abs = std::filesystem::absolute(source, ec);
+  std::string stem = source.filename().string();
+  if (stem.size() > 3 && stem.compare(stem.size() - 3, 3, ".gz") == 0) stem.resize(stem.size() - 3);
+  char hash[17];
+  std::snprintf(hash, sizeof hash, "%016llx",
+                static_cast<unsigned long long>(fnv1a64(abs.string())));
+  const auto mtime_ns = static_cast<long long>(st.st_mtim.tv_sec) * 1000000000LL +
+                        static_cast<long long>(st.st_mtim.tv_nsec);
+  return stem + "." + hash + "-" + std::to_string(static_cast<long long>(st.st_size)) + "-" +
+         std::to_string(mtime_ns);
+}
+
+/// Removes a temporary file unless released.
+class temp_file_guard {
+ public:
+  explicit temp_file_guard(std::filesystem::path p) : path_(std::move(p)) {}
+  temp_file_guard(const temp_file_guard&) = delete;
+  temp_file_guard& operator=(const temp_file_guard&) = delete;
+  ~temp_file_guard() {
+    if (!path_.empty()) ::unlink(path_.c_str());
+  }
+  void release() noexcept { path_.clear(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+/// Writes all n bytes or throws an io_error naming `file` and what was being done.
+inline void write_all(int fd, const std::uint8_t* p, std::size_t n,
+                      const std::filesystem::path& file, const std::string& doing) {
+  while (n > 0) {
+    const ::ssize_t k = ::write(fd, p, n);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      throw io_error(idx_prefix(file) + "write failed " + doing + ": " + errno_text(errno));
+    }
+    p += k;
+    n -= static_cast<std::size_t>(k);
+  }
+}
+
+/// Whether `file` exists as a valid uncompressed IDX file of rank min_rank..max_rank whose size
+/// matches its header. Throws only io_error for a file that exists but cannot be read.
+inline bool valid_idx_file(const std::filesystem::path& file, std::size_t min_rank,
+                           std::size_t max_rank) {
+  struct ::stat st {};
+  if (::stat(file.c_str(), &st) != 0) return false;
+  try {
+    (void)map_idx_file(file, min_rank, max_rank);
+    return true;
+  } catch (const data_error&) {
+    return false;
+  }
+}
+
+/// The path of an uncompressed copy of the gzip'd IDX file `source` in `cache_dir`, made by
+/// decompressing it once; later calls (from any process) reuse it. See mapped_images::from_idx
+/// for the protocol and the errors.
+inline std::filesystem::path idx_cache_file(const std::filesystem::path& source,
+                                            const std::filesystem::path& cache_dir,
+                                            std::size_t min_rank, std::size_t max_rank) {
+  const std::filesystem::path dir = cache_dir.empty() ? default_cache_dir() : cache_dir;
+  const std::string hint = "; pass another cache directory or set LOOM_CACHE_DIR";
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec || !std::filesystem::is_directory(dir, ec)) {
+    throw io_error("loom: cannot create cache directory " + dir.string() +
+                   " for the decompressed copy of " + source.string() + ": " +
+                   (ec ? ec.message() : std::string("it exists but is not a directory")) + hint);
+  }
+  const std::filesystem::path final_path = dir / idx_cache_name(source);
+  if (valid_idx_file(final_path, min_rank, max_rank)) return final_path;
+
+  // Decompress into a fresh file of our own in the same directory (so that link and rename are
+  // atomic), checking it on the way exactly as read_idx checks a gzip'd file.
+  static std::atomic<unsigned> counter{0};
+  std::random_device rd;
+  std::filesystem::path temp;
+  unique_fd out;
+  for (int attempt = 0; attempt < 100 && !out; ++attempt) {
+    temp = dir / (final_path.filename().string() + ".tmp-" + std::to_string(::getpid()) + "-" +
+                  std::to_string(counter.fetch_add(1)) + "-" + std::to_string(rd()));
+    out = unique_fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+    if (!out && errno != EEXIST) {
+      throw io_error("loom: cannot create a file in cache directory " + dir.string() +
+                     " to decompress " + source.string() + " into: " + errno_text(errno) + hint);
+    }
+  }
+  if (!out) {
+    throw io_error("loom: cannot create a file in cache directory " + dir.string() +
+                   " to decompress " + source.string() + " into: every name tried exists");
+  }
+  temp_file_guard guard(temp);
+  const std::string doing = "while decompressing " + source.string() + " into the cache";
+  {
+    idx_input in(source);
+    const std::string decompressed = in.gzip() ? " after decompression" : "";
+    const idx_header h = read_idx_header(in, source, min_rank, max_rank, decompressed);
+    write_all(out.get(), h.bytes.data(), h.bytes.size(), temp, doing);
+    std::vector<std::uint8_t> buf(std::size_t{1} << 20);
+    std::size_t got = 0;
+    while (got < h.data_bytes) {
+      const std::size_t want = std::min(buf.size(), h.data_bytes - got);
+      const std::size_t k = in.read(buf.data(), want);
+      write_all(out.get(), buf.data(), k, temp, doing);
+      got += k;
+      if (k < want) break;
+    }
+    // Reading to the end also lets zlib verify the gzip checksum.
+    const std::uint64_t extra = got < h.data_bytes ? 0 : in.drain();
+    check_idx_data_size(h, got + extra, source, decompressed);
+  }
+  if (::fsync(out.get()) != 0) {
+    throw io_error(idx_prefix(temp) + "fsync failed " + doing + ": " + errno_text(errno));
+  }
+  if (const int err = out.close()) {
+    throw io_error(idx_prefix(temp) + "close failed " + doing + ": " + errno_text(err));
+  }
+
+  // Publish. link() never replaces: when another process got there first, its copy is kept
+  // (and may already be mapped elsewhere). Only a copy that fails validation is replaced.
+  bool replace = false;
+  if (::link(temp.c_str(), final_path.c_str()) != 0) {
+    const int err = errno;
+    if (err == EEXIST) {
+      replace = !valid_idx_file(final_path, min_rank, max_rank);
+    } else if (err == EPERM || err == ENOTSUP || err == EOPNOTSUPP || err == ENOSYS ||
+               err == EMLINK) {
+      replace = true;  // a file system without hard links: rename is still atomic
+    } else {
+      throw io_error("loom: cannot publish " + temp.string() + " as " + final_path.string() + ": " +
+                     errno_text(err));
+    }
+  }
+  if (replace && ::rename(temp.c_str(), final_path.c_str()) != 0) {
+    throw io_error("loom: cannot rename " + temp.string() + " to " + final_path.string() + ": " +
+                   errno_text(errno));
+  }
+  if (!replace) (void)::unlink(temp.c_str());
+  guard.release();
+  // Make the new directory entry durable too (best effort: not every file system can).
+  if (unique_fd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)); d) {
+    (void)::fsync(d.get());
+  }
+  return final_path;
+}
+
+}  // namespace detail
+
+/// A labelled image set whose pixels stay in an uncompressed IDX file, mapped read-only into
+/// memory (MAP_SHARED, MADV_RANDOM): reading sample i faults in only the pages that hold it, so
+/// a data-parallel rank that reads its own share of each epoch never reads the whole set. The
+/// labels (one byte per sample) are read into memory when the set is opened.
+///
+/// The same read interface as labelled_images (sample_shape, classes, size, pixels, label,
+/// description, first), so batch_loader, distributed_loader and the trainer take either.
+/// Move-only; the mapping is shared with the views that first() returns and is unmapped when the
+/// set and all its views are gone. The file must not be truncated while it is mapped (reading a
+/// page past the new end raises SIGBUS); the cache never truncates, it renames new files in.
+///
+/// Requires: SampleShape is a loom::shape; 1 <= Classes <= 256; a POSIX system.
+template <class SampleShape, std::size_t Classes>
+class mapped_images {
+  static_assert(shape_type<SampleShape>, "mapped_images needs a loom::shape as sample shape");
+  static_assert(Classes >= 1 && Classes <= 256, "mapped_images labels are bytes: 1..256 classes");
+
+ public:
+  using sample_shape = SampleShape;
+  static constexpr std::size_t classes = Classes;
+
+  /// Opens an IDX images file (unsigned bytes, count x extents..., the extents' product being
+  /// SampleShape::size) and an IDX labels file (unsigned bytes, one dimension).
+  ///
+  /// The images are checked as read_idx checks them — magic number, header, and a file size of
+  /// exactly header + promised data — but not read. The labels are read in full (raw or gzip)
+  /// and checked to be < Classes. Every message is the one labelled_images::from_idx gives for
+  /// the same files.
+  ///
+  /// Gzip'd images (detected by their magic bytes, not their name) cannot be read at random, so
+  /// they are decompressed once into `cache_dir` (default: default_cache_dir()) and the copy is
+  /// mapped. The copy's name is the source's name with a stamp of the source's absolute path,
+  /// size and modification time, so a changed source gets a new copy (a source rewritten in
+  /// place with the same size within the file system's timestamp granularity is not noticed;
+  /// old copies are not removed). The source is decompressed into a uniquely named temporary
+  /// file in cache_dir, checked as read_idx checks it, fsync'ed, and then published under the
+  /// final name with link() (or rename() where the file system has no hard links), so no
+  /// process ever sees a half-written copy under the final name and a good copy published by
+  /// another process — on this host or another one sharing the directory — is never replaced.
+  /// A copy under the final name that fails validation (say a crash in an older version left it
+  /// truncated) is re-created. Concurrent first opens may each decompress; one copy wins. A
+  /// process killed while decompressing leaves only its "NAME.tmp-PID-..." file, never used
+  /// and safe to delete.
+  /// On several machines, cache_dir may be shared storage (decompressed once for all) or local
+  /// to each machine (decompressed once per machine); both are safe.
+  ///
+  /// `description` names the set in messages and description(); when empty it names both files.
+  /// When the images were decompressed, ", mapped from COPY" is appended.
+  ///
+  /// Throws: loom::io_error when a file cannot be opened, read or mapped, when the cache
+  /// directory cannot be created or written (unwritable, disk full: the message names the
+  /// directory or file, the source and the reason); loom::data_error for a malformed file, a
+  /// corrupt gzip stream, an image size that does not match SampleShape, counts that differ or
+  /// a label >= Classes, naming the file concerned, what was expected and what was found.
+  static mapped_images from_idx(const std::filesystem::path& images,
+                                const std::filesystem::path& labels, std::string description = {},
+                                const std::filesystem::path& cache_dir = {}) {
+    std::filesystem::path mapped_file = images;
+    if (detail::starts_with_gzip_magic(images)) {
+      mapped_file = detail::idx_cache_file(images, cache_dir, 2, 255);
+    }
+    detail::mapped_idx img = detail::map_idx_file(mapped_file, 2, 255);
+    std::size_t per_image = 1;
+    std::string extents;
+    for (std::size_t i = 1; i < img.header.dims.size(); ++i) {
+      const std::size_t d = img.header.dims[i];
+      per_image = (d != 0 && per_image > SIZE_MAX / d) ? SIZE_MAX : per_image * d;
+      extents += (i > 1 ? " x " : "") + std::to_string(img.header.dims[i]);
+    }
+    if (per_image != SampleShape::size) {
+      throw data_error("loom: images file " + images.string() + ": wrong image size: expected " +
+                       std::to_string(SampleShape::size) + " bytes per image for sample shape " +
+                       loom::to_string<SampleShape>() + ", found images of " + extents + " = " +
+                       std::to_string(per_image) + " bytes");
+    }
+    idx_array lab = read_idx(labels, 1);
+    if (img.header.dims[0] != lab.dims[0]) {
+      throw data_error("loom: images file " + images.string() + " holds " +
+                       std::to_string(img.header.dims[0]) + " images but labels file " +
+                       labels.string() + " holds " + std::to_string(lab.dims[0]) +
+                       " labels: expected equal counts");
+    }
+    const std::string where = "loom: labels file " + labels.string() + ": ";
+    for (std::size_t i = 0; i < lab.data.size(); ++i) {
+      if (lab.data[i] >= Classes) {
+        throw data_error(where + "label " + std::to_string(lab.data[i]) + " at index " +
+                         std::to_string(i) + " is out of range: expected 0.." +
+                         std::to_string(Classes - 1));
+      }
+    }
+    if (description.empty()) {
+      description = "images " + images.string() + ", labels " + labels.string();
+    }
+    if (mapped_file != images) description += ", mapped from " + mapped_file.string();
+    mapped_images out;
+    out.size_ = lab.data.size();
+    out.pixels_ = img.data;
+    out.region_ = std::move(img.region);
+    out.labels_ = std::make_shared<const std::vector<std::uint8_t>>(std::move(lab.data));
+    out.description_ = std::move(description);
+    out.file_ = std::move(mapped_file);
+    return out;
+  }
+
+  mapped_images(const mapped_images&) = delete;
+  mapped_images& operator=(const mapped_images&) = delete;
+  /// A moved-from set is empty.
+  mapped_images(mapped_images&& o) noexcept { *this = std::move(o); }
+  mapped_images& operator=(mapped_images&& o) noexcept {
+    if (this != &o) {
+      region_ = std::move(o.region_);
+      labels_ = std::move(o.labels_);
+      pixels_ = std::exchange(o.pixels_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+      description_ = std::move(o.description_);
+      file_ = std::move(o.file_);
+    }
+    return *this;
+  }
+  ~mapped_images() = default;
+
+  /// The number of samples.
+  std::size_t size() const noexcept { return size_; }
+
+  /// The SampleShape::size bytes of sample i, row-major, inside the mapping (reading them may
+  /// fault the page in from the file). Requires: i < size().
+  const std::uint8_t* pixels(std::size_t i) const noexcept {
+    return pixels_ + i * SampleShape::size;
+  }
+
+  /// The label of sample i, in 0..Classes-1. Requires: i < size().
+  std::uint8_t label(std::size_t i) const noexcept { return (*labels_)[i]; }
+
+  /// A view of samples 0..n-1 that shares this set's mapping and labels (nothing is copied or
+  /// read); it stays valid after this set is destroyed.
+  ///
+  /// Throws: loom::invalid_argument when n > size().
+  mapped_images first(std::size_t n) const {
+    if (n > size()) {
+      throw invalid_argument("loom: " + description_ + ": first(" + std::to_string(n) +
+                             "): expected at most " + std::to_string(size()) +
+                             " samples, the set holds " + std::to_string(size()));
+    }
+    mapped_images out;
+    out.region_ = region_;
+    out.labels_ = labels_;
+    out.pixels_ = pixels_;
+    out.size_ = n;
+    out.description_ = description_ + " (first " + std::to_string(n) + ")";
+    out.file_ = file_;
+    return out;
+  }
+
+  /// What the set is and where it came from, for messages and logs.
+  const std::string& description() const noexcept { return description_; }
+
+  /// The uncompressed images file that is mapped: the images file given, or its decompressed
+  /// copy in the cache directory.
+  const std::filesystem::path& file() const noexcept { return file_; }
+
+ private:
+  mapped_images() = default;
+
+  std::shared_ptr<const detail::mapped_region> region_;
+  std::shared_ptr<const std::vector<std::uint8_t>> labels_;
+  const std::uint8_t* pixels_ = nullptr;
+  std::size_t size_ = 0;
+  std::string description_;
+  std::filesystem::path file_;
+};
+
+/// Fashion-MNIST and MNIST, memory-mapped: 28 x 28 grey-scale images, 10 classes.
+using mapped_fashion_mnist_set = mapped_images<shape<1, 28, 28>, 10>;
+
+namespace detail {
+
+/// DIR/NAME if it exists (it can be mapped as it is), else DIR/NAME.gz if it exists; otherwise
+/// throws loom::io_error naming both paths tried and `hint`.
+inline std::filesystem::path find_mappable_idx_file(const std::filesystem::path& dir,
+                                                    const std::string& name,
+                                                    const std::string& what,
+                                                    const std::string& hint) {
+  const std::filesystem::path raw = dir / name;
+  const std::filesystem::path gz = dir / (name + ".gz");
+  std::error_code ec;
+  if (std::filesystem::exists(raw, ec)) return raw;
+  if (std::filesystem::exists(gz, ec)) return gz;
+  throw io_error("loom: " + what + " not found: tried " + raw.string() + " and " + gz.string() +
+                 "; " + hint);
+}
+
+inline mapped_fashion_mnist_set map_mnist_layout(const std::filesystem::path& dir, split s,
+                                                 const std::filesystem::path& cache_dir,
+                                                 const std::string& set_name,
+                                                 const std::string& hint) {
+  const std::string prefix = s == split::train ? "train" : "t10k";
+  const std::string what = set_name + " " + to_string(s);
+  const std::filesystem::path images =
+      find_mappable_idx_file(dir, prefix + "-images-idx3-ubyte", what + " images", hint);
+  const std::filesystem::path labels =
+      find_idx_file(dir, prefix + "-labels-idx1-ubyte", what + " labels", hint);
+  return mapped_fashion_mnist_set::from_idx(
+      images, labels, what + " split (" + images.string() + ", " + labels.string() + ")",
+      cache_dir);
+}
+
+}  // namespace detail
+
+/// The train or test split of Fashion-MNIST from dir, memory-mapped (see mapped_images): the
+/// uncompressed {train,t10k}-images-idx3-ubyte is mapped where it lies when dir has it;
+/// otherwise the ".gz" one is decompressed once into cache_dir (default: default_cache_dir())
+/// and the copy is mapped. Labels are read from either form.
+///
+/// Throws: loom::io_error when a file is missing (naming both names tried and how to install
+/// the data), unreadable, or the cache cannot be written; loom::data_error when a file is
+/// malformed (see mapped_images::from_idx).
+inline mapped_fashion_mnist_set mapped_fashion_mnist(const std::filesystem::path& dir, split s,
+                                                     const std::filesystem::path& cache_dir = {}) {
+  return detail::map_mnist_layout(
+      dir, s, cache_dir, "Fashion-MNIST",
+      "install the data set with `apt-get install dataset-fashion-mnist`, or point to a "
+      "directory holding it with --data DIR");
+}
+
+/// mapped_fashion_mnist(default_fashion_mnist_dir, s).
+inline mapped_fashion_mnist_set mapped_fashion_mnist(split s) {
+  return mapped_fashion_mnist(default_fashion_mnist_dir, s);
+}
+
+/// MNIST (handwritten digits) from dir, memory-mapped; as mapped_fashion_mnist.
+inline mapped_fashion_mnist_set mapped_mnist(const std::filesystem::path& dir, split s,
+                                             const std::filesystem::path& cache_dir = {}) {
+  return detail::map_mnist_layout(
+      dir, s, cache_dir, "MNIST",
+      "point to a directory holding the MNIST IDX files with --data DIR");
+}
+
+}  // namespace loom::data
