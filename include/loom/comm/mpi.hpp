@@ -1,0 +1,471 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// loom::mpi::environment and loom::mpi_comm: the communicator between processes started by
+// mpirun (Open MPI); a program started without mpirun runs as one rank. Boost.MPI provides the
+// environment, the communicator handles and the datatypes; the calls themselves are raw MPI,
+// because Boost.MPI 1.74 asserts (aborts) on an MPI error in builds without NDEBUG instead of
+// throwing. Needs the loom::mpi component.
+
+#include <boost/mpi/communicator.hpp>
+#include <boost/mpi/datatype.hpp>
+#include <boost/mpi/environment.hpp>
+#include <mpi.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "loom/comm/communicator.hpp"
+#include "loom/core/error.hpp"
+
+namespace loom {
+
+namespace detail {
+
+/// MPI's text for an error code ("MPI_ERR_TAG: invalid tag").
+inline std::string mpi_error_string(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) return "MPI error code " + std::to_string(code);
+  return std::string(text, static_cast<std::size_t>(length));
+}
+
+[[noreturn]] inline void throw_mpi(const char* op, int rank, const std::string& cause) {
+  throw communication_error(std::string("loom::mpi_comm::") + op + ": rank " + std::to_string(rank) + ": " + cause);
+}
+
+inline void check_mpi(int code, const char* op, int rank) {
+  if (code != MPI_SUCCESS) throw_mpi(op, rank, mpi_error_string(code));
+}
+
+template <class T>
+MPI_Datatype mpi_datatype() {
+  return boost::mpi::get_mpi_datatype<T>(T{});
+}
+
+inline MPI_Op mpi_op(reduce_op op) noexcept { return op == reduce_op::sum ? MPI_SUM : MPI_MAX; }
+
+inline bool mpi_running() noexcept {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  return initialized != 0 && finalized == 0;
+}
+
+}  // namespace detail
+
+namespace mpi {
+
+/// MPI for the life of the program: construct one at the top of main, before any mpi_comm.
+/// Initialises MPI with MPI_THREAD_FUNNELED (only the thread that constructed it calls MPI)
+/// and sets MPI_ERRORS_RETURN on MPI_COMM_WORLD, so that failures become exceptions instead of
+/// ending the job. Started without mpirun, the program is one rank (MPI singleton). If an
+/// exception leaves main while it is alive, its destructor calls MPI_Abort, so the whole job
+/// ends instead of leaving the other ranks waiting. Throws communication_error when MPI cannot
+/// provide MPI_THREAD_FUNNELED.
+class environment {
+ public:
+  environment(int& argc, char**& argv) : env_(argc, argv, boost::mpi::threading::funneled, true) { set_up(); }
+  environment() : env_(boost::mpi::threading::funneled, true) { set_up(); }
+  environment(const environment&) = delete;
+  environment& operator=(const environment&) = delete;
+
+  /// The thread support MPI provides: funneled or more.
+  boost::mpi::threading::level thread_level() const { return boost::mpi::environment::thread_level(); }
+  /// The underlying Boost.MPI environment.
+  const boost::mpi::environment& boost_environment() const noexcept { return env_; }
+
+ private:
+  void set_up() {
+    if (boost::mpi::environment::thread_level() < boost::mpi::threading::funneled)
+      throw communication_error("loom::mpi::environment: MPI does not provide MPI_THREAD_FUNNELED");
+    detail::check_mpi(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "environment", 0);
+  }
+
+  boost::mpi::environment env_;
+};
+
+/// Prints "loom: rank R: message" to stderr and ends the whole job with exit code `code`
+/// (MPI_Abort), so that a failing rank never leaves its peers waiting. Without MPI running,
+/// prints "loom: message" and exits.
+[[noreturn]] inline void abort(int code, const std::string& message) {
+  if (detail::mpi_running()) {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    std::fprintf(stderr, "loom: rank %d: %s\n", rank, message.c_str());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, code);
+  } else {
+    std::fprintf(stderr, "loom: %s\n", message.c_str());
+    std::fflush(stderr);
+  }
+  std::_Exit(code);
+}
+
+}  // namespace mpi
+
+/// A communicator over MPI (a Boost.MPI communicator holds the MPI_Comm; the operations are
+/// raw MPI calls, as fast as Boost.MPI's for built-in types). See loom::communicator for the
+/// operations. Collectives match by order, as MPI's do: every rank calls the same ones in
+/// the same order with the same count, root and operator (MPI does not check this).
+///
+/// Counts are std::size_t; MPI's are int, so a count above max_count() (INT_MAX unless set with
+/// with_max_count) is split into chunks of at most max_count() elements, one MPI call each
+/// (reduce_scatter and allgather then use one reduce / broadcast per rank and chunk).
+/// Every rank must use the same max_count().
+///
+/// Only the thread that constructed loom::mpi::environment calls it (MPI_THREAD_FUNNELED).
+/// Non-blocking operations progress inside MPI calls (Open MPI has no progress thread for
+/// shared memory or TCP): call test() on a request now and then to keep it moving.
+/// Failures throw communication_error("loom::mpi_comm::<operation>: rank R: <MPI's text>").
+class mpi_comm {
+ public:
+  class request;
+
+  /// Wraps a Boost.MPI communicator and sets MPI_ERRORS_RETURN on it. Throws
+  /// communication_error for a null communicator or when MPI is not running.
+  explicit mpi_comm(boost::mpi::communicator comm) : comm_(std::move(comm)) {
+    if (!detail::mpi_running())
+      throw communication_error("loom::mpi_comm: MPI is not running: construct a loom::mpi::environment first");
+    if (!comm_) throw communication_error("loom::mpi_comm: the communicator is null (MPI_COMM_NULL)");
+    detail::check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "mpi_comm", 0);
+    detail::check_mpi(MPI_Comm_rank(comm_, &rank_), "mpi_comm", 0);
+    detail::check_mpi(MPI_Comm_size(comm_, &size_), "mpi_comm", rank_);
+  }
+
+  /// Every process of the job (MPI_COMM_WORLD). Throws communication_error when MPI is not
+  /// running.
+  static mpi_comm world() {
+    if (!detail::mpi_running())
+      throw communication_error("loom::mpi_comm::world: MPI is not running: construct a loom::mpi::environment first");
+    return mpi_comm(boost::mpi::communicator());
+  }
+
+  /// This process's index in the communicator, in [0, size()).
+  int rank() const noexcept { return rank_; }
+  /// The number of processes in the communicator.
+  int size() const noexcept { return size_; }
+  /// "mpi".
+  std::string name() const { return "mpi"; }
+  /// The Boost.MPI communicator; converts to MPI_Comm.
+  const boost::mpi::communicator& boost_communicator() const noexcept { return comm_; }
+
+  /// The most elements one MPI call carries (INT_MAX unless set with with_max_count).
+  std::size_t max_count() const noexcept { return max_count_; }
+
+  /// The same communicator with counts above `max_count` elements split into chunks; for
+  /// testing the chunked path without 8 GiB buffers. Requires 1 <= max_count <= INT_MAX.
+  /// Throws invalid_argument.
+  mpi_comm with_max_count(std::size_t max_count) const {
+    if (max_count < 1 || max_count > static_cast<std::size_t>(INT_MAX))
+      throw invalid_argument("loom::mpi_comm::with_max_count: " + std::to_string(max_count) +
+                             " is outside [1, INT_MAX]");
+    mpi_comm c = *this;
+    c.max_count_ = max_count;
+    return c;
+  }
+
+  /// Collective: the ranks passing the same colour form a new communicator, ranked by
+  /// (key, old rank) (MPI_Comm_split). Requires colour >= 0. Throws communication_error.
+  mpi_comm split(int colour, int key) {
+    if (colour < 0)
+      detail::throw_mpi("split", rank_, "colour " + std::to_string(colour) + " is negative; colours must be >= 0");
+    MPI_Comm part = MPI_COMM_NULL;
+    detail::check_mpi(MPI_Comm_split(comm_, colour, key, &part), "split", rank_);
+    mpi_comm c(boost::mpi::communicator(part, boost::mpi::comm_take_ownership));
+    c.max_count_ = max_count_;
+    return c;
+  }
+
+  /// Returns once every rank has entered the barrier. Throws communication_error.
+  void barrier() { detail::check_mpi(MPI_Barrier(comm_), "barrier", rank_); }
+
+  /// Prints "loom: rank R: message" (R: the rank in this communicator) to stderr and ends the
+  /// whole job with exit code `code` (MPI_Abort), like loom::mpi::abort.
+  [[noreturn]] void abort(int code, const std::string& message) const {
+    std::fprintf(stderr, "loom: rank %d: %s\n", rank_, message.c_str());
+    std::fflush(stderr);
+    MPI_Abort(comm_, code);
+    std::_Exit(code);
+  }
+
+  /// Copies the root's data[0, count) to every rank's data. Throws communication_error.
+  template <detail::comm_value T>
+  void broadcast(T* data, std::size_t count, int root) {
+    check_rank("broadcast", "root", root);
+    const MPI_Datatype type = detail::mpi_datatype<T>();
+    for_chunks(count, [&](std::size_t at, int n) {
+      detail::check_mpi(MPI_Bcast(data + at, n, type, root, comm_), "broadcast", rank_);
+    });
+  }
+
+  /// In place: every rank's data[i] becomes op over all ranks' data[i]. Throws
+  /// communication_error.
+  template <detail::comm_reducible T>
+  void allreduce(T* data, std::size_t count, reduce_op op) {
+    const MPI_Datatype type = detail::mpi_datatype<T>();
+    for_chunks(count, [&](std::size_t at, int n) {
+      detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, data + at, n, type, detail::mpi_op(op), comm_), "allreduce", rank_);
+    });
+  }
+
+  /// in holds size() blocks of count; out[0, count) gets op over every rank's block rank().
+  /// Requires in and out not to overlap. Throws communication_error.
+  template <detail::comm_reducible T>
+  void reduce_scatter(const T* in, T* out, std::size_t count, reduce_op op) {
+    const MPI_Datatype type = detail::mpi_datatype<T>();
+    if (count <= max_count_) {
+      detail::check_mpi(MPI_Reduce_scatter_block(in, out, static_cast<int>(count), type, detail::mpi_op(op), comm_),
+                        "reduce_scatter", rank_);
+      return;
+    }
+    for_chunks(count, [&](std::size_t at, int n) {
+      for (int j = 0; j < size_; ++j)
+        detail::check_mpi(MPI_Reduce(in + static_cast<std::size_t>(j) * count + at, j == rank_ ? out + at : nullptr,
+                                     n, type, detail::mpi_op(op), j, comm_),
+                          "reduce_scatter", rank_);
+    });
+  }
+
+  /// out (size() * count) gets every rank's in (count), block r from rank r. Requires in and
+  /// out not to overlap. Throws communication_error.
+  template <detail::comm_value T>
+  void allgather(const T* in, T* out, std::size_t count) {
+    const MPI_Datatype type = detail::mpi_datatype<T>();
+    if (count <= max_count_) {
+      const int n = static_cast<int>(count);
+      detail::check_mpi(MPI_Allgather(in, n, type, out, n, type, comm_), "allgather", rank_);
+      return;
+    }
+    std::copy(in, in + count, out + static_cast<std::size_t>(rank_) * count);
+    for_chunks(count, [&](std::size_t at, int n) {
+      for (int j = 0; j < size_; ++j)
+        detail::check_mpi(MPI_Bcast(out + static_cast<std::size_t>(j) * count + at, n, type, j, comm_), "allgather",
+                          rank_);
+    });
+  }
+
+  /// Sends data[0, count) to peer with tag (MPI_Send: may wait for the receiver).
+  /// Throws communication_error.
+  template <detail::comm_value T>
+  void send(const T* data, std::size_t count, int peer, int tag) {
+    check_rank("send", "peer", peer);
+    const MPI_Datatype type = detail::mpi_datatype<T>();
+    for_chunks(count, [&](std::size_t at, int n) {
+      detail::check_mpi(MPI_Send(data + at, n, type, peer, tag, comm_), "send", rank_);
+    });
+  }
+
+  /// Receives count elements from peer with tag into data. Throws communication_error (also
+  /// when the message holds a different count).
+  template <detail::comm_value T>
+  void recv(T* data, std::size_t count, int peer, int tag) {
+    check_rank("recv", "peer", peer);
+    const MPI_Datatype type = detail::mpi_datatype<T>();
+    for_chunks(count, [&](std::size_t at, int n) {
+      MPI_Status status;
+      detail::check_mpi(MPI_Recv(data + at, n, type, peer, tag, comm_, &status), "recv", rank_);
+      int got = 0;
+      MPI_Get_count(&status, type, &got);
+      if (got != n) detail::throw_mpi("recv", rank_, count_mismatch(n, got, peer, tag));
+    });
+  }
+
+  /// Starts an in-place allreduce (MPI_Iallreduce); see allreduce. data must stay untouched
+  /// until the request completes. Throws communication_error.
+  template <detail::comm_reducible T>
+  [[nodiscard]] request iallreduce(T* data, std::size_t count, reduce_op op);
+
+  /// Starts a send (MPI_Isend); see send. Throws communication_error.
+  template <detail::comm_value T>
+  [[nodiscard]] request isend(const T* data, std::size_t count, int peer, int tag);
+
+  /// Starts a receive (MPI_Irecv); see recv. Throws communication_error.
+  template <detail::comm_value T>
+  [[nodiscard]] request irecv(T* data, std::size_t count, int peer, int tag);
+
+ private:
+  /// Calls f(offset, n) for consecutive chunks of at most max_count_ elements; once for 0.
+  template <class F>
+  void for_chunks(std::size_t count, F&& f) const {
+    std::size_t at = 0;
+    do {
+      const std::size_t n = std::min(count - at, max_count_);
+      f(at, static_cast<int>(n));
+      at += n;
+    } while (at < count);
+  }
+
+  void check_rank(const char* op, const char* what, int r) const {
+    if (r < 0 || r >= size_)
+      detail::throw_mpi(op, rank_, std::string(what) + " " + std::to_string(r) +
+                                       " is not a rank of this communicator of " + std::to_string(size_));
+  }
+
+  static std::string count_mismatch(int want, int got, int peer, int tag) {
+    return "expected " + std::to_string(want) + " elements from rank " + std::to_string(peer) + " with tag " +
+           std::to_string(tag) + " but the message holds " + std::to_string(got);
+  }
+
+  boost::mpi::communicator comm_;
+  int rank_ = 0;
+  int size_ = 1;
+  std::size_t max_count_ = static_cast<std::size_t>(INT_MAX);
+};
+
+/// A pending mpi_comm operation: one MPI request per chunk. Movable; wait() blocks until it
+/// completes (MPI_Wait), test() says whether it has (MPI_Test, which also drives MPI's
+/// progress); both are no-ops once it has completed or on a default-constructed request. A
+/// request destroyed while pending waits in its destructor (an MPI request is never leaked);
+/// an error there is printed to stderr, as a destructor cannot throw.
+class mpi_comm::request {
+ public:
+  request() = default;
+  request(request&& other) noexcept { take(other); }
+  request& operator=(request&& other) noexcept {
+    if (this != &other) {
+      finish();
+      take(other);
+    }
+    return *this;
+  }
+  request(const request&) = delete;
+  request& operator=(const request&) = delete;
+  ~request() { finish(); }
+
+  /// Blocks until the operation has completed. Throws communication_error.
+  void wait() {
+    std::string error;
+    for (; next_ < parts_.size(); ++next_) {
+      MPI_Status status;
+      const int rc = MPI_Wait(&parts_[next_].handle, &status);
+      if (error.empty()) error = rc != MPI_SUCCESS ? detail::mpi_error_string(rc) : check(status, parts_[next_]);
+    }
+    parts_.clear();
+    next_ = 0;
+    if (!error.empty()) detail::throw_mpi(op_, rank_, error);
+  }
+
+  /// True once the operation has completed. Throws communication_error.
+  bool test() {
+    for (; next_ < parts_.size(); ++next_) {
+      int flag = 0;
+      MPI_Status status;
+      const int rc = MPI_Test(&parts_[next_].handle, &flag, &status);
+      std::string error = rc != MPI_SUCCESS ? detail::mpi_error_string(rc) : std::string();
+      if (error.empty() && flag == 0) return false;
+      if (error.empty()) error = check(status, parts_[next_]);
+      if (!error.empty()) {
+        ++next_;
+        try {
+          wait();
+        } catch (const communication_error&) {  // report the first error
+        }
+        detail::throw_mpi(op_, rank_, error);
+      }
+    }
+    parts_.clear();
+    next_ = 0;
+    return true;
+  }
+
+ private:
+  friend class mpi_comm;
+
+  struct part {
+    MPI_Request handle = MPI_REQUEST_NULL;
+    int expected = -1;  // a receive: the count the message must hold
+  };
+
+  std::string check(const MPI_Status& status, const part& p) const {
+    if (p.expected < 0) return {};
+    int got = 0;
+    MPI_Get_count(&status, type_, &got);
+    return got == p.expected ? std::string() : count_mismatch(p.expected, got, peer_, tag_);
+  }
+
+  void take(request& other) noexcept {
+    parts_ = std::move(other.parts_);
+    other.parts_.clear();
+    next_ = std::exchange(other.next_, 0);
+    type_ = other.type_;
+    op_ = other.op_;
+    rank_ = other.rank_;
+    peer_ = other.peer_;
+    tag_ = other.tag_;
+  }
+
+  void finish() noexcept {
+    if (next_ >= parts_.size()) return;
+    try {
+      wait();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "loom: rank %d: %s (in a request's destructor)\n", rank_, e.what());
+    }
+  }
+
+  std::vector<part> parts_;
+  std::size_t next_ = 0;  // parts before it have completed
+  MPI_Datatype type_ = MPI_DATATYPE_NULL;
+  const char* op_ = "";
+  int rank_ = 0, peer_ = -1, tag_ = -1;
+};
+
+template <detail::comm_reducible T>
+mpi_comm::request mpi_comm::iallreduce(T* data, std::size_t count, reduce_op op) {
+  request r;
+  r.op_ = "iallreduce";
+  r.rank_ = rank_;
+  r.type_ = detail::mpi_datatype<T>();
+  for_chunks(count, [&](std::size_t at, int n) {
+    request::part p;
+    detail::check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data + at, n, r.type_, detail::mpi_op(op), comm_, &p.handle),
+                      "iallreduce", rank_);
+    r.parts_.push_back(p);
+  });
+  return r;
+}
+
+template <detail::comm_value T>
+mpi_comm::request mpi_comm::isend(const T* data, std::size_t count, int peer, int tag) {
+  check_rank("isend", "peer", peer);
+  request r;
+  r.op_ = "isend";
+  r.rank_ = rank_;
+  r.peer_ = peer;
+  r.tag_ = tag;
+  r.type_ = detail::mpi_datatype<T>();
+  for_chunks(count, [&](std::size_t at, int n) {
+    request::part p;
+    detail::check_mpi(MPI_Isend(data + at, n, r.type_, peer, tag, comm_, &p.handle), "isend", rank_);
+    r.parts_.push_back(p);
+  });
+  return r;
+}
+
+template <detail::comm_value T>
+mpi_comm::request mpi_comm::irecv(T* data, std::size_t count, int peer, int tag) {
+  check_rank("irecv", "peer", peer);
+  request r;
+  r.op_ = "irecv";
+  r.rank_ = rank_;
+  r.peer_ = peer;
+  r.tag_ = tag;
+  r.type_ = detail::mpi_datatype<T>();
+  for_chunks(count, [&](std::size_t at, int n) {
+    request::part p;
+    p.expected = n;
+    detail::check_mpi(MPI_Irecv(data + at, n, r.type_, peer, tag, comm_, &p.handle), "irecv", rank_);
+    r.parts_.push_back(p);
+  });
+  return r;
+}
+
+static_assert(communicator<mpi_comm>);
+
+}  // namespace loom

@@ -1,0 +1,293 @@
+// SPDX-License-Identifier: Apache-2.0
+// Every communicator operation against a serial reference, on 1, 7 and 1,000,003 elements, on
+// every rank. Written once over the communicator: test_comm runs it on local_comm (threads),
+// test_comm_mpi on mpi_comm (processes started by mpirun); see harness.hpp.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "harness.hpp"
+
+using namespace comm_test;
+using loom::reduce_op;
+
+namespace {
+
+std::string at(const std::string& what, std::size_t n) { return what + " of " + std::to_string(n); }
+
+}  // namespace
+
+TEST_CASE("A communicator knows its rank and size, names itself and passes a barrier", "[comm]") {
+  on_every_world([]<loom::communicator C>(C& c, checker& k) {
+    k.expect(c.size() >= 1 && c.rank() >= 0 && c.rank() < c.size(),
+             "rank " + std::to_string(c.rank()) + " of size " + std::to_string(c.size()));
+    const std::string name = c.name();
+    k.expect(name == "mpi" || name == "local", "name() is '" + name + "'");
+    c.barrier();
+    c.barrier();
+    // Every rank's index, gathered: 0, 1, ..., size-1.
+    const std::int32_t me = c.rank();
+    std::vector<std::int32_t> all(static_cast<std::size_t>(c.size()), -1), want(all.size());
+    c.allgather(&me, all.data(), 1);
+    std::iota(want.begin(), want.end(), 0);
+    k.equal("allgather of the ranks", all, want);
+  });
+}
+
+TEST_CASE("A communicator's broadcast copies the root's elements to every rank", "[comm]") {
+  on_every_world([]<loom::communicator C>(C& c, checker& k) {
+    for_types<float, double, std::int32_t, std::int64_t, std::uint64_t, char>([&]<class T>(std::type_identity<T>) {
+      for (const std::size_t n : sizes) {
+        for (const int root : {0, c.size() - 1, c.size() / 2}) {
+          auto data = values<T>(c.rank(), n, 1);
+          c.broadcast(data.data(), n, root);
+          k.equal(at("broadcast of " + type_name<T>() + " from root " + std::to_string(root), n), data,
+                  values<T>(root, n, 1));
+        }
+      }
+    });
+  });
+}
+
+TEST_CASE("A communicator's allreduce sums and takes maxima as a serial loop over the ranks does", "[comm]") {
+  on_every_world([]<loom::communicator C>(C& c, checker& k) {
+    for_types<float, double, std::int32_t, std::int64_t, std::uint64_t>([&]<class T>(std::type_identity<T>) {
+      for (const reduce_op op : {reduce_op::sum, reduce_op::max}) {
+        for (const std::size_t n : sizes) {
+          auto data = values<T>(c.rank(), n);
+          c.allreduce(data.data(), n, op);
+          auto want = values<T>(0, n);
+          for (int r = 1; r < c.size(); ++r)
+            for (std::size_t i = 0; i < n; ++i) want[i] = reduce(want[i], value<T>(r, i), op);
+          k.equal(at(std::string("allreduce ") + loom::to_string(op) + " of " + type_name<T>(), n), data, want);
+        }
+      }
+    });
+  });
+}
+
+TEST_CASE("A communicator's reduce_scatter gives each rank the reduction of its own block", "[comm]") {
+  on_every_world([]<loom::communicator C>(C& c, checker& k) {
+    const auto ranks = static_cast<std::size_t>(c.size());
+    const auto me = static_cast<std::size_t>(c.rank());
+    for_types<float, double, std::int64_t>([&]<class T>(std::type_identity<T>) {
+      for (const reduce_op op : {reduce_op::sum, reduce_op::max}) {
+        for (const std::size_t n : sizes) {
+          // Rank r's input: size() blocks of n, element j of the whole being value(r, j).
+          const auto in = values<T>(c.rank(), ranks * n, 2);
+          std::vector<T> out(n, T(7));
+          c.reduce_scatter(in.data(), out.data(), n, op);
+          std::vector<T> want(n);
+          for (std::size_t i = 0; i < n; ++i) {
+            T acc = value<T>(0, me * n + i, 2);
+            for (int r = 1; r < c.size(); ++r) acc = reduce(acc, value<T>(r, me * n + i, 2), op);
+            want[i] = acc;
+          }
+          k.equal(at(std::string("reduce_scatter ") + loom::to_string(op) + " of " + type_name<T>(), n), out, want);
+        }
+      }
+    });
+  });
+}
+
+TEST_CASE("A communicator's allgather collects every rank's block in rank order", "[comm]") {
+  on_every_world([]<loom::communicator C>(C& c, checker& k) {
+    const auto ranks = static_cast<std::size_t>(c.size());
+    for_types<float, std::int64_t, char>([&]<class T>(std::type_identity<T>) {
+      for (const std::size_t n : sizes) {
+        const auto in = values<T>(c.rank(), n, 3);
+        std::vector<T> out(ranks * n, T(1));
+        c.allgather(in.data(), out.data(), n);
+        std::vector<T> want;
+        want.reserve(ranks * n);
+        for (int r = 0; r < c.size(); ++r) {
+          const auto block = values<T>(r, n, 3);
+          want.insert(want.end(), block.begin(), block.end());
+        }
+        k.equal(at("allgather of " + type_name<T>(), n), out, want);
+      }
+    });
+  });
+}
+
+TEST_CASE("A communicator's send and recv pass messages around a ring, matched by tag and in order", "[comm]") {
+  on_every_world([]<loom::communicator C>(C& c, checker& k) {
+    const int next = (c.rank() + 1) % c.size(), prev = (c.rank() + c.size() - 1) % c.size();
+    for_types<float, std::int64_t>([&]<class T>(std::type_identity<T>) {
+      for (const std::size_t n : sizes) {
+        // Blocking: even ranks send first, odd ranks receive first (a blocking send may wait
+        // for its receiver); one rank sends to itself with isend.
+        {
+          const auto out = values<T>(c.rank(), n, 4);
+          std::vector<T> in(n);
+          if (c.size() == 1) {
+            auto r = c.isend(out.data(), n, 0, 5);
+            c.recv(in.data(), n, 0, 5);
+            r.wait();
+          } else if (c.rank() % 2 == 0) {
+            c.send(out.data(), n, next, 5);
+            c.recv(in.data(), n, prev, 5);
+          } else {
+            c.recv(in.data(), n, prev, 5);
+            c.send(out.data(), n, next, 5);
+          }
+          k.equal(at("send/recv ring of " + type_name<T>(), n), in, values<T>(prev, n, 4));
+        }
+        // Non-blocking: tags 1 and 2 received in the opposite order to their sending, then two
+        // messages with tag 3, which must arrive in the order they were sent.
+        {
+          const auto a1 = values<T>(c.rank(), n, 11), a2 = values<T>(c.rank(), n, 12);
+          const auto a3 = values<T>(c.rank(), n, 13), a4 = values<T>(c.rank(), n, 14);
+          std::vector<T> b1(n), b2(n), b3(n), b4(n);
+          std::vector<typename C::request> rs;
+          rs.push_back(c.irecv(b2.data(), n, prev, 2));
+          rs.push_back(c.irecv(b1.data(), n, prev, 1));
+          rs.push_back(c.irecv(b3.data(), n, prev, 3));
+          rs.push_back(c.irecv(b4.data(), n, prev, 3));
+          rs.push_back(c.isend(a1.data(), n, next, 1));
+          rs.push_back(c.isend(a2.data(), n, next, 2));
+          rs.push_back(c.isend(a3.data(), n, next, 3));
+          rs.push_back(c.isend(a4.data(), n, next, 3));
+          for (auto& r : rs) r.wait();
+          k.equal(at("irecv with tag 1 of " + type_name<T>(), n), b1, values<T>(prev, n, 11));
+          k.equal(at("irecv with tag 2 of " + type_name<T>(), n), b2, values<T>(prev, n, 12));
+          k.equal(at("first irecv with tag 3 of " + type_name<T>(), n), b3, values<T>(prev, n, 13));
+          k.equal(at("second irecv with tag 3 of " + type_name<T>(), n), b4, values<T>(prev, n, 14));
+        }
+      }
+    });
+  });
+}
+
+TEST_CASE("A communicator's iallreduce requests run together, complete in any order and report through test",
+          "[comm]") {
+  on_every_world([]<loom::communicator C>(C& c, checker& k) {
+    auto reference = [&]<class T>(std::size_t n, int salt, reduce_op op, std::type_identity<T>) {
+      auto want = values<T>(0, n, salt);
+      for (int r = 1; r < c.size(); ++r)
+        for (std::size_t i = 0; i < n; ++i) want[i] = reduce(want[i], value<T>(r, i, salt), op);
+      return want;
+    };
+    for (const std::size_t n : sizes) {
+      // Three at once, waited in the order they were started.
+      auto f = values<float>(c.rank(), n, 5);
+      auto d = values<double>(c.rank(), n, 6);
+      auto l = values<std::int64_t>(c.rank(), n, 7);
+      {
+        auto rf = c.iallreduce(f.data(), n, reduce_op::sum);
+        auto rd = c.iallreduce(d.data(), n, reduce_op::max);
+        auto rl = c.iallreduce(l.data(), n, reduce_op::sum);
+        rf.wait();
+        rd.wait();
+        rl.wait();
+        rf.wait();  // waiting again on a completed request does nothing
+        k.expect(rd.test(), "test() on a completed request is not true");
+      }
+      k.equal(at("iallreduce sum of float", n), f, reference(n, 5, reduce_op::sum, std::type_identity<float>{}));
+      k.equal(at("iallreduce max of double", n), d, reference(n, 6, reduce_op::max, std::type_identity<double>{}));
+      k.equal(at("iallreduce sum of int64", n), l, reference(n, 7, reduce_op::sum, std::type_identity<std::int64_t>{}));
+
+      // Two at once, waited in the opposite order, one of them moved first.
+      f = values<float>(c.rank(), n, 8);
+      d = values<double>(c.rank(), n, 9);
+      {
+        auto rf = c.iallreduce(f.data(), n, reduce_op::max);
+        typename C::request rd;
+        rd = c.iallreduce(d.data(), n, reduce_op::sum);
+        typename C::request moved(std::move(rd));
+        moved.wait();
+        rf.wait();
+        rd.wait();  // moved from: nothing to wait for
+      }
+      k.equal(at("iallreduce max of float, waited second", n), f, reference(n, 8, reduce_op::max, std::type_identity<float>{}));
+      k.equal(at("iallreduce sum of double, waited first", n), d, reference(n, 9, reduce_op::sum, std::type_identity<double>{}));
+
+      // Polled with test() until it completes.
+      f = values<float>(c.rank(), n, 10);
+      auto r = c.iallreduce(f.data(), n, reduce_op::sum);
+      std::size_t polls = 1;
+      while (!r.test()) ++polls;
+      k.equal(at("iallreduce sum of float polled " + std::to_string(polls) + " times", n), f,
+              reference(n, 10, reduce_op::sum, std::type_identity<float>{}));
+    }
+    typename C::request none;
+    none.wait();
+    k.expect(none.test(), "test() on a default-constructed request is not true");
+  });
+}
+
+TEST_CASE("A communicator splits by colour into groups ranked by key, each reducing on its own", "[comm]") {
+  on_every_world([]<loom::communicator C>(C& c, checker& k) {
+    const int colour = c.rank() % 2;
+    // Key = -rank: ranked in reverse order of the parent's ranks.
+    std::vector<std::int32_t> members;
+    for (int r = c.size() - 1; r >= 0; --r)
+      if (r % 2 == colour) members.push_back(r);
+    C group = c.split(colour, -c.rank());
+    const auto pos = std::find(members.begin(), members.end(), c.rank()) - members.begin();
+    k.expect(group.size() == static_cast<int>(members.size()),
+             "the group of colour " + std::to_string(colour) + " has size " + std::to_string(group.size()) +
+                 ", not " + std::to_string(members.size()));
+    k.expect(group.rank() == pos, "rank " + std::to_string(c.rank()) + " has rank " + std::to_string(group.rank()) +
+                                      " in its group, not " + std::to_string(pos));
+    if (group.size() != static_cast<int>(members.size())) return;
+
+    // Ranked by key: gathering the parent ranks gives them in descending order.
+    const std::int32_t me = c.rank();
+    std::vector<std::int32_t> gathered(members.size());
+    group.allgather(&me, gathered.data(), 1);
+    k.equal("allgather of parent ranks in the group of colour " + std::to_string(colour), gathered, members);
+
+    // An allreduce inside each group sees only that group's ranks.
+    for (const std::size_t n : sizes) {
+      auto data = values<double>(c.rank(), n, 15);
+      group.allreduce(data.data(), n, reduce_op::sum);
+      std::vector<double> want(n, 0.0);
+      for (const auto r : members)
+        for (std::size_t i = 0; i < n; ++i) want[i] += value<double>(r, i, 15);
+      k.equal(at("allreduce in the group of colour " + std::to_string(colour), n), data, want);
+    }
+
+    // Groups of groups, and the parent is still whole.
+    C single = group.split(group.rank(), 0);
+    k.expect(single.size() == 1 && single.rank() == 0, "a split into singletons gives size " +
+                                                            std::to_string(single.size()));
+    std::int64_t one = 1;
+    single.allreduce(&one, 1, reduce_op::sum);
+    std::int64_t count = 1;
+    c.allreduce(&count, 1, reduce_op::sum);
+    k.expect(one == 1 && count == c.size(), "after splitting, the parent counts " + std::to_string(count) + " ranks");
+  });
+}
+
+TEST_CASE("A communicator throws communication_error for an invalid peer, root or tag, and goes on working",
+          "[comm]") {
+  on_every_world([]<loom::communicator C>(C& c, checker& k) {
+    std::vector<float> data(7, 1.0f);
+    const int next = (c.rank() + 1) % c.size(), prev = (c.rank() + c.size() - 1) % c.size();
+    const std::string me = "rank " + std::to_string(c.rank());
+    k.throws("send to peer size()", [&] { c.send(data.data(), data.size(), c.size(), 0); }, {"send", me});
+    k.throws("recv from peer -1", [&] { c.recv(data.data(), data.size(), -1, 0); }, {"recv", me});
+    k.throws("isend to peer size() + 3", [&] { auto r = c.isend(data.data(), data.size(), c.size() + 3, 0); },
+             {"send", me});
+    k.throws("irecv with a negative tag", [&] { auto r = c.irecv(data.data(), data.size(), prev, -4); }, {"recv"});
+    // Every rank names the same root outside the communicator.
+    k.throws("broadcast from root size()", [&] { c.broadcast(data.data(), data.size(), c.size()); },
+             {"broadcast", "root"});
+
+    // A message of 7 elements received into 5: the receiver is told, the sender is not.
+    std::vector<float> small(5);
+    auto sent = c.isend(data.data(), data.size(), next, 9);
+    k.throws("recv of 7 elements into 5", [&] { c.recv(small.data(), small.size(), prev, 9); }, {"recv"});
+    sent.wait();
+
+    // Still a working communicator.
+    std::int64_t count = 1;
+    c.allreduce(&count, 1, reduce_op::sum);
+    k.expect(count == c.size(), "after the errors, allreduce counts " + std::to_string(count) + " ranks");
+  });
+}
