@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The main job: train an MLP or a CNN on Fashion-MNIST (Debian's dataset-fashion-mnist) and
-// print one machine-readable `result:` line. Run with --help for the flags.
+// print one machine-readable `result:` line. Run with --help for the flags. Built with MPI it
+// trains data-parallel over every process `mpirun -np N` starts (one rank without mpirun);
+// each rank reads only its own samples of every batch from the memory-mapped data set.
 
 #include <charconv>
 #include <cstdio>
@@ -10,6 +12,10 @@
 #include <string_view>
 
 #include "loom/loom.hpp"
+#if LOOM_HAS_MPI
+#include "loom/comm/mpi.hpp"
+#include "loom/data/mapped.hpp"
+#endif
 
 namespace {
 
@@ -45,12 +51,12 @@ constexpr const char* usage = R"(usage: fashion_mnist [flags]
   --model mlp|cnn        network to train (default mlp: 784-256-128-10 with ReLU;
                          cnn: two 3x3 conv + max-pool blocks, then 128 and 10)
   --epochs N             passes over the training set (default 5)
-  --batch N              samples per step (default 64)
+  --batch N              samples per step, over all ranks (default 64)
   --lr X                 learning rate (default 0.02)
   --momentum X           SGD momentum (default 0.9)
   --optimizer sgd|adam   (default sgd)
   --seed N               seed of initialisation and shuffling (default 1)
-  --threads N            compute threads, 0 = cores / ranks on this host (default 0)
+  --threads N            compute threads per rank, 0 = cores / ranks on this host (default 0)
   --max-steps N          stop after N steps in all (default: no limit)
   --train-samples N      use only the first N training images (default: all 60000)
   --test-samples N       evaluate on the first N test images (default: all 10000)
@@ -114,17 +120,34 @@ flags parse(int argc, char** argv) {
   return f;
 }
 
+#if LOOM_HAS_MPI
+using policy = loom::data_parallel<loom::mpi_comm>;
+#else
+using policy = loom::single_process;
+#endif
+
+template <class Set>
+Set subset(Set set, std::size_t n) {
+  return n ? set.first(n) : std::move(set);
+}
+
 template <class Net, class Optimizer>
 int train(const flags& f, typename Optimizer::options opt) {
-  auto train_set = loom::data::fashion_mnist(f.data, loom::data::split::train);
-  auto test_set = loom::data::fashion_mnist(f.data, loom::data::split::test);
-  if (f.train_samples) train_set = train_set.first(f.train_samples);
-  if (f.test_samples) test_set = test_set.first(f.test_samples);
+#if LOOM_HAS_MPI
+  // Memory-mapped: a rank touches only the pages of its own samples.
+  auto train_set = subset(loom::data::mapped_fashion_mnist(f.data, loom::data::split::train), f.train_samples);
+  auto test_set = subset(loom::data::mapped_fashion_mnist(f.data, loom::data::split::test), f.test_samples);
+#else
+  auto train_set = subset(loom::data::fashion_mnist(f.data, loom::data::split::train), f.train_samples);
+  auto test_set = subset(loom::data::fashion_mnist(f.data, loom::data::split::test), f.test_samples);
+#endif
 
-  loom::trainer<Net, loom::softmax_cross_entropy, Optimizer> t{opt, {.seed = f.seed, .threads = f.threads}};
-  if (!f.quiet)
+  loom::trainer<Net, loom::softmax_cross_entropy, Optimizer, policy> t{opt, {.seed = f.seed, .threads = f.threads}};
+  const bool lead = t.rank() == 0;
+  if (!f.quiet && lead)
     std::cerr << "fashion_mnist: " << f.model << " (" << Net::parameter_count << " parameters), " << train_set.size()
-              << " training and " << test_set.size() << " test images, " << loom::threads() << " thread(s)\n";
+              << " training and " << test_set.size() << " test images, " << t.ranks() << " rank(s) x "
+              << loom::threads() << " thread(s)\n";
   loom::fit_options fo;
   fo.epochs = f.epochs;
   fo.batch = f.batch;
@@ -132,9 +155,12 @@ int train(const flags& f, typename Optimizer::options opt) {
   fo.progress = f.quiet ? nullptr : &std::cerr;
   const auto fit = t.fit(train_set, fo);
   const auto eval = t.evaluate(test_set);
-  std::printf("result: model=%s epochs=%zu batch=%zu test_accuracy=%.4f train_loss=%.4f samples_per_s=%.0f params_l2=%.6f\n",
+  if (!lead) return 0;
+  if (!f.quiet && fit.ranks > 1) std::cerr << loom::figures_table(fit.figures);
+  std::printf("result: model=%s epochs=%zu batch=%zu test_accuracy=%.4f train_loss=%.4f samples_per_s=%.0f "
+              "params_l2=%.6f ranks=%d comm_exposed_s=%.3f\n",
               f.model.c_str(), fit.epochs, f.batch, eval.accuracy, fit.train_loss, fit.samples_per_s(),
-              t.model().parameters_l2());
+              t.model().parameters_l2(), fit.ranks, fit.figures.empty() ? 0.0 : fit.figures[0].comm_exposed_s);
   return 0;
 }
 
@@ -147,10 +173,17 @@ int train_with(const flags& f) {
 }  // namespace
 
 int main(int argc, char** argv) {
+#if LOOM_HAS_MPI
+  loom::mpi::environment env{argc, argv};
+#endif
   const flags f = parse(argc, argv);
   try {
     return f.model == "cnn" ? train_with<cnn>(f) : train_with<mlp>(f);
   } catch (const loom::error& e) {
+#if LOOM_HAS_MPI
+    // Peers may be waiting in a collective for this rank: end the whole job, not just this rank.
+    if (loom::mpi_comm::world().size() > 1) loom::mpi_comm::world().abort(1, std::string("fashion_mnist: ") + e.what());
+#endif
     std::cerr << "fashion_mnist: " << e.what() << "\n";
     return 1;
   }

@@ -39,13 +39,13 @@ struct dropout_rate {
                  std::size_t batch) {
       y.format = x.format;
       if (!ctx.training || Percent == 0) return Backend::copy(y.data, x.data, batch * In::size);
-      Backend::for_each(batch * In::size, kernels::dropout_apply<T>{x.data, y.data, mask_seed(ctx), site_.stream, rate});
+      Backend::for_each(batch * In::size, kernels::dropout_apply<T>{x.data, y.data, mask_seed(ctx), site_.stream, rate, ctx.sample_offset * In::size});
     }
     void backward(const run_context& ctx, const T*, activation<const T, Backend>, activation<const T, Backend>, const T* dy,
                   T* dx, T*, std::size_t batch) {
       if (!dx) return;
       if (!ctx.training || Percent == 0) return Backend::copy(dx, dy, batch * In::size);
-      Backend::for_each(batch * In::size, kernels::dropout_apply<T>{dy, dx, mask_seed(ctx), site_.stream, rate});
+      Backend::for_each(batch * In::size, kernels::dropout_apply<T>{dy, dx, mask_seed(ctx), site_.stream, rate, ctx.sample_offset * In::size});
     }
 
    private:

@@ -41,6 +41,9 @@ struct run_context {
   std::uint64_t seed = 0;
   /// Index of the training step (micro-step) being run.
   std::uint64_t step = 0;
+  /// Index of this batch's first sample within the global batch (non-zero on data-parallel
+  /// ranks after the first), so per-sample randomness is the same however the batch is split.
+  std::size_t sample_offset = 0;
 };
 
 /// Parameter initialisation schemes for layers with weights.

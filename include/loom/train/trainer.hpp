@@ -13,22 +13,23 @@
 #include <functional>
 #include <iostream>
 #include <optional>
+#include <typeinfo>
 #include <string>
 #include <vector>
 
 #include "loom/backend/cpu.hpp"
 #include "loom/core/error.hpp"
+#include "loom/data/distributed.hpp"
 #include "loom/data/loader.hpp"
 #include "loom/nn/loss.hpp"
 #include "loom/nn/model.hpp"
 #include "loom/optim/clip.hpp"
 #include "loom/optim/schedule.hpp"
+#include "loom/parallel/data_parallel.hpp"
+#include "loom/parallel/single_process.hpp"
 #include "loom/train/progress.hpp"
 
 namespace loom {
-
-/// The default policy: one process trains alone.
-struct single_process {};
 
 /// Options of the trainer itself (not of the optimizer).
 struct trainer_options {
@@ -43,8 +44,12 @@ struct fit_options {
   std::size_t epochs = 1;
   /// Samples per step.
   std::size_t batch = 64;
-  /// Stop after this many steps in all (0: no limit).
+  /// Stop after this many optimizer steps in all (0: no limit).
   std::size_t max_steps = 0;
+  /// Gradient accumulation: each optimizer step sums the gradients of this many consecutive
+  /// batches (micro-steps), as one step on a batch this many times larger. Under
+  /// data_parallel, gradients are communicated only on the last micro-step.
+  std::size_t accumulation = 1;
   /// Learning rate at step s from the optimizer's base rate (constant_lr, step_lr,
   /// cosine_warmup, or any float(std::size_t step, float base_lr) callable).
   lr_schedule schedule{};
@@ -66,6 +71,10 @@ struct fit_result {
   /// Wall time spent in training steps (data preparation included, evaluation excluded).
   double seconds = 0;
   double samples_per_s() const { return seconds > 0 ? samples / seconds : 0; }
+  /// Processes that trained together, and each one's figures (rank order; one entry when
+  /// training alone).
+  int ranks = 1;
+  std::vector<rank_figures> figures;
 };
 
 /// What evaluate() measured.
@@ -78,94 +87,163 @@ struct eval_result {
 template <class Network, class Loss, class Optimizer, class Policy = single_process, class Backend = cpu>
 class trainer {
   static_assert(is_network_v<Network>, "loom::trainer's first argument must be a loom::network<loom::input<...>, ...>");
-  static_assert(std::is_same_v<Policy, single_process>,
-                "this loom::trainer runs the single_process policy; data_parallel and model_parallel come with "
-                "their own headers");
+  static_assert(std::is_same_v<Policy, single_process> || is_data_parallel_v<Policy>,
+                "loom::trainer: Policy must be loom::single_process or loom::data_parallel<Comm, ...>");
   using T = float;
   using model_type = ::loom::model<Network, T, Backend>;
   using optimizer_state = typename Optimizer::template state<T, Backend>;
+  using engine_type = std::conditional_t<is_data_parallel_v<Policy>, data_parallel_engine<Network, T, Policy>,
+                                         single_process_engine<Network, T>>;
   static constexpr std::size_t out_width = Network::output_shape::size;
 
  public:
   using optimizer_options = typename Optimizer::options;
 
+  /// Trains alone, or under data_parallel<mpi_comm> on the world communicator.
   explicit trainer(optimizer_options opt = {}, trainer_options options = {})
-      : options_(options), opt_(opt), init_threads_((set_threads(options.threads), 0)), model_(options.seed),
-        state_(opt, Network::parameter_count) {}
+    requires(!is_data_parallel_v<Policy> || requires { Policy::comm_type::world(); })
+      : trainer(make_engine(), opt, options) {}
 
-  /// Trains on `data` for opts.epochs epochs (or opts.max_steps steps).
+  /// Trains under data_parallel on `comm` (e.g. a loom::local_comm of a local_world).
+  template <class Comm>
+    requires(is_data_parallel_v<Policy> && std::is_same_v<Comm, typename Policy::comm_type>)
+  trainer(Comm comm, optimizer_options opt = {}, trainer_options options = {})
+      : trainer(engine_type(std::move(comm)), opt, options) {}
+
+  /// Trains on `data` for opts.epochs epochs (or opts.max_steps optimizer steps). Under
+  /// data_parallel, opts.batch is the global batch: each rank trains on its share of every
+  /// batch, reading only its own samples. Collective under data_parallel.
   /// Requires: Dataset's samples have Network's input size and Dataset::classes equals the
   /// network's output width (both checked at compile time).
-  /// Throws loom::invalid_argument for a zero batch or an empty data set.
+  /// Throws loom::invalid_argument for a zero batch or accumulation, or an empty data set;
+  /// loom::communication_error when the ranks were given different options.
   template <class Dataset>
   fit_result fit(const Dataset& data, const fit_options& opts = {}) {
     check_dataset<Dataset>();
     if (opts.batch == 0) throw invalid_argument("loom::trainer::fit: batch must be at least 1, got 0");
+    if (opts.accumulation == 0) throw invalid_argument("loom::trainer::fit: accumulation must be at least 1, got 0");
     if (data.size() == 0) throw invalid_argument("loom::trainer::fit: the training set is empty");
-    data::batch_loader<Dataset> loader(data, opts.batch, options_.seed);
+    engine_.check_same_job("fit: epochs=" + std::to_string(opts.epochs) + ";batch=" + std::to_string(opts.batch) +
+                           ";accumulation=" + std::to_string(opts.accumulation) + ";max_steps=" +
+                           std::to_string(opts.max_steps) + ";samples=" + std::to_string(data.size()) +
+                           ";clip_grad_norm=" + std::to_string(opts.clip_grad_norm));
+    data::distributed_loader<Dataset> loader(data, opts.batch, options_.seed, engine_.rank(), engine_.world());
     reserve(opts.batch);
-    progress_display progress(opts.progress, opts.progress_style,
+    const bool show = engine_.rank() == 0;
+    progress_display progress(show ? opts.progress : nullptr, opts.progress_style,
                               opts.progress == &std::cerr ? ::isatty(2) : opts.progress == &std::cout ? ::isatty(1) : false);
+    rank_figures& fig = engine_.figures();
+    fig = {};
     fit_result r;
-    const auto start = std::chrono::steady_clock::now();
-    for (std::size_t epoch = 0; epoch < opts.epochs; ++epoch) {
+    r.ranks = engine_.world();
+    const auto start = clock::now();
+    bool stop = false;
+    for (std::size_t epoch = 0; epoch < opts.epochs && !stop; ++epoch) {
       loader.start_epoch(epoch);
       const std::size_t batches = loader.batches_per_epoch();
-      double loss_sum = 0;
-      std::size_t correct = 0, seen = 0, done = 0;
-      while (std::size_t n = loader.next(x_.data(), labels_.data())) {
-        if (opts.max_steps && step_ >= opts.max_steps) break;
-        const loss_value v = train_step(n, opts);
-        loss_sum += v.sum;
-        correct += v.correct;
-        seen += n;
-        ++done;
-        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        progress.update(epoch + 1, opts.epochs, done, batches, loss_sum / seen, double(correct) / seen,
-                        secs > 0 ? (r.samples + seen) / secs : 0);
+      // loss sum, correct, local samples, global samples (summed over ranks at the end).
+      double sums[4] = {0, 0, 0, 0};
+      std::size_t steps = 0;
+      for (std::size_t k = 0; k < batches;) {
+        if (opts.max_steps && step_ >= opts.max_steps) {
+          stop = true;
+          break;
+        }
+        const std::size_t group = std::min(opts.accumulation, batches - k);
+        for (std::size_t m = 0; m < group; ++m, ++k) {
+          const auto t0 = clock::now();
+          std::size_t global_n = 0;
+          const std::size_t n = loader.next(x_.data(), labels_.data(), global_n);
+          fig.data_s += seconds(t0, clock::now());
+          const loss_value v = micro_step(n, global_n, loader.local_offset(), m, group);
+          sums[0] += v.sum;
+          sums[1] += static_cast<double>(v.correct);
+          sums[2] += static_cast<double>(n);
+          sums[3] += static_cast<double>(global_n);
+        }
+        optimizer_step(opts);
+        ++steps;
+        progress.update(epoch + 1, opts.epochs, k, batches, sums[2] ? sums[0] / sums[2] : 0, sums[2] ? sums[1] / sums[2] : 0,
+                        (r.samples + sums[3]) / std::max(1e-9, seconds(start, clock::now())));
       }
-      if (seen == 0) break;
+      if (steps == 0) break;
+      fig.samples += sums[2];
+      engine_.sum(sums, 3);  // loss, correct and samples over all ranks
       r.epochs = epoch + 1;
-      r.samples += seen;
-      r.steps += done;
-      r.train_loss = loss_sum / seen;
-      r.train_accuracy = double(correct) / seen;
-      if (opts.max_steps && step_ >= opts.max_steps) break;
+      r.samples += static_cast<std::size_t>(sums[2]);
+      r.steps += steps;
+      r.train_loss = sums[0] / sums[2];
+      r.train_accuracy = sums[1] / sums[2];
     }
-    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    r.seconds = seconds(start, clock::now());
+    fig.seconds = r.seconds;
+    r.figures = engine_.gather_figures();
     return r;
   }
 
-  /// Mean loss and accuracy of the current parameters on `data`, in evaluation mode.
+  /// Mean loss and accuracy of the current parameters on `data`, in evaluation mode. Under
+  /// data_parallel each rank evaluates its share and the results are summed (collective).
   template <class Dataset>
   eval_result evaluate(const Dataset& data, std::size_t batch = 500) {
     check_dataset<Dataset>();
     if (batch == 0) throw invalid_argument("loom::trainer::evaluate: batch must be at least 1, got 0");
-    data::batch_loader<Dataset> loader(data, batch, options_.seed, /*shuffle=*/false);
+    data::distributed_loader<Dataset> loader(data, batch, options_.seed, engine_.rank(), engine_.world(), /*shuffle=*/false);
     loader.start_epoch(0);
     reserve(batch);
-    run_context ctx{.training = false, .accumulate = false, .seed = options_.seed, .step = step_};
-    eval_result r;
-    double loss_sum = 0;
-    std::size_t correct = 0;
-    while (std::size_t n = loader.next(x_.data(), labels_.data())) {
+    double sums[3] = {0, 0, 0};  // loss, correct, samples
+    for (std::size_t k = 0; k < loader.batches_per_epoch(); ++k) {
+      std::size_t global_n = 0;
+      const std::size_t n = loader.next(x_.data(), labels_.data(), global_n);
+      if (n == 0) continue;
+      run_context ctx{.training = false, .accumulate = false, .seed = options_.seed, .step = step_,
+                      .sample_offset = loader.local_offset()};
       const T* y = model_.forward(ctx, x_.data(), n);
       const loss_value v = Loss::template compute<Backend, out_width, T>(y, labels_.data(), nullptr, n, T(1), ws_);
-      loss_sum += v.sum;
-      correct += v.correct;
-      r.samples += n;
+      sums[0] += v.sum;
+      sums[1] += static_cast<double>(v.correct);
+      sums[2] += static_cast<double>(n);
     }
-    if (r.samples) r.loss = loss_sum / r.samples, r.accuracy = double(correct) / r.samples;
+    engine_.sum(sums, 3);
+    eval_result r;
+    r.samples = static_cast<std::size_t>(sums[2]);
+    if (r.samples) r.loss = sums[0] / sums[2], r.accuracy = sums[1] / sums[2];
     return r;
   }
 
   model_type& model() noexcept { return model_; }
   const model_type& model() const noexcept { return model_; }
   optimizer_state& optimizer() noexcept { return state_; }
-  /// Steps taken so far, over all fit() calls.
+  /// Optimizer steps taken so far, over all fit() calls.
   std::size_t steps() const noexcept { return step_; }
+  /// This process's rank and the number of ranks (0 and 1 when training alone).
+  int rank() const { return engine_.rank(); }
+  int ranks() const { return engine_.world(); }
+  engine_type& engine() noexcept { return engine_; }
 
  private:
+  using clock = std::chrono::steady_clock;
+  static double seconds(clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+  static engine_type make_engine() {
+    if constexpr (is_data_parallel_v<Policy>)
+      return engine_type(Policy::comm_type::world());
+    else
+      return engine_type();
+  }
+
+  trainer(engine_type engine, optimizer_options opt, trainer_options options)
+      : options_(options), opt_(opt), init_threads_((set_threads(options.threads), 0)), engine_(std::move(engine)),
+        model_(options.seed), state_(opt, Network::parameter_count) {
+    engine_.check_same_job(job_description());
+    engine_.broadcast_parameters(model_.parameters().data(), Network::parameter_count);
+  }
+
+  std::string job_description() const {
+    return "network=" + std::string(typeid(Network).name()) + ";parameters=" + std::to_string(Network::parameter_count) +
+           ";loss=" + Loss::name + ";optimizer=" + Optimizer::name + ";seed=" + std::to_string(options_.seed) +
+           ";ranks=" + std::to_string(engine_.world());
+  }
+
   template <class Dataset>
   static constexpr void check_dataset() {
     using sample = typename Dataset::sample_shape;
@@ -188,29 +266,55 @@ class trainer {
     dy_.reserve_discard(batch * out_width);
   }
 
-  loss_value train_step(std::size_t n, const fit_options& opts) {
-    run_context ctx{.training = true, .accumulate = false, .seed = options_.seed, .step = step_};
-    const T* y = model_.forward(ctx, x_.data(), n);
-    const loss_value v = Loss::template compute<Backend, out_width, T>(y, labels_.data(), dy_.data(), n, T(1) / T(n), ws_);
-    model_.backward(ctx, dy_.data(), n);
+  /// One micro-step m of a group of `group`: this rank's n of the batch's global_n samples.
+  /// The loss gradient is scaled by 1 / (global_n * group), so summing over ranks and the
+  /// group gives the mean over every sample of the optimizer step.
+  loss_value micro_step(std::size_t n, std::size_t global_n, std::size_t offset, std::size_t m, std::size_t group) {
+    const auto t0 = clock::now();
+    const bool last = m + 1 == group;
+    T* grads = model_.gradients().data();
+    loss_value v;
+    if (n > 0) {
+      run_context ctx{.training = true, .accumulate = m > 0 && had_samples_, .seed = options_.seed,
+                      .step = step_ * 1000003 + m, .sample_offset = offset};
+      const T* y = model_.forward(ctx, x_.data(), n);
+      v = Loss::template compute<Backend, out_width, T>(y, labels_.data(), dy_.data(), n,
+                                                        T(1) / static_cast<T>(global_n * group), ws_);
+      if (last)
+        model_.backward(ctx, dy_.data(), n, [&](std::size_t layer) { engine_.layer_done(layer, grads); });
+      else
+        model_.backward(ctx, dy_.data(), n);
+      had_samples_ = true;
+    } else if (!(m > 0 && had_samples_)) {
+      Backend::zero(grads, Network::parameter_count);  // nothing of this batch here: contribute zeros
+      had_samples_ = true;
+    }
+    engine_.figures().compute_s += seconds(t0, clock::now());
+    if (last) engine_.finish(grads);
+    return v;
+  }
+
+  void optimizer_step(const fit_options& opts) {
+    const auto t0 = clock::now();
     auto grads = model_.gradients();
     if (opts.clip_grad_norm > 0) clip_grad_norm<Backend>(grads.data(), grads.size(), opts.clip_grad_norm);
-    const float base = opt_.lr;
-    const float lr = opts.schedule(step_, base);
-    state_.step(model_.parameters().data(), grads.data(), grads.size(), lr);
+    state_.step(model_.parameters().data(), grads.data(), grads.size(), opts.schedule(step_, opt_.lr));
     ++step_;
-    return v;
+    had_samples_ = false;
+    engine_.figures().compute_s += seconds(t0, clock::now());
   }
 
   trainer_options options_;
   optimizer_options opt_;
   int init_threads_;
+  engine_type engine_;
   model_type model_;
   optimizer_state state_;
   buffer<T, typename Backend::memory_space> x_, dy_;
   buffer<std::int32_t, typename Backend::memory_space> labels_;
   loss_workspace<Backend> ws_;
   std::size_t step_ = 0;
+  bool had_samples_ = false;  // gradients of the current optimizer step have been written
 };
 
 }  // namespace loom

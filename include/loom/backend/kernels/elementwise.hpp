@@ -53,8 +53,9 @@ struct dropout_apply {
   T* out;
   std::uint64_t seed, stream;
   double rate;
+  std::size_t first;  // index of element 0 within the global batch
   LOOM_HD void operator()(std::size_t i) const {
-    const bool keep = uniform01(counter_hash(seed, stream, i)) >= rate;
+    const bool keep = uniform01(counter_hash(seed, stream, first + i)) >= rate;
     out[i] = keep ? static_cast<T>(in[i] / (1.0 - rate)) : T(0);
   }
 };

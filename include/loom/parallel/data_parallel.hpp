@@ -1,0 +1,190 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// loom::data_parallel<Comm, Options...>: every rank holds the whole model and trains on its
+// share of every global batch; gradients are averaged by allreduce in buckets that start while
+// backward still runs. This file holds the policy type and the engine the trainer drives; the
+// communicators live in loom/comm/.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "loom/comm/communicator.hpp"
+#include "loom/core/error.hpp"
+#include "loom/parallel/bucket_plan.hpp"
+#include "loom/parallel/figures.hpp"
+
+namespace loom {
+
+/// Option of data_parallel: the most bytes of gradients one allreduce carries (default 25 MiB,
+/// as PyTorch DDP). Smaller buckets start earlier and overlap more; larger ones cost fewer calls.
+template <std::size_t Bytes>
+struct bucket_bytes {
+  static constexpr std::size_t value = Bytes;
+};
+
+namespace detail {
+template <class T>
+inline constexpr bool is_bucket_bytes_v = false;
+template <std::size_t B>
+inline constexpr bool is_bucket_bytes_v<bucket_bytes<B>> = true;
+
+template <class... Options>
+constexpr std::size_t bucket_cap_of() {
+  constexpr std::size_t n = (std::size_t{0} + ... + (is_bucket_bytes_v<Options> ? 1 : 0));
+  static_assert(n <= 1, "loom::data_parallel: bucket_bytes<...> is given more than once; keep one");
+  std::size_t cap = std::size_t{25} << 20;
+  ((is_bucket_bytes_v<Options> ? (cap = Options::value, 0) : 0), ...);
+  return cap;
+}
+template <class Option>
+inline constexpr bool is_data_parallel_option_v = is_bucket_bytes_v<Option>;
+}  // namespace detail
+
+/// Data parallelism over communicator Comm (loom::mpi_comm, loom::local_comm). Options, in any
+/// order: bucket_bytes<N>.
+template <class Comm, class... Options>
+struct data_parallel {
+  static_assert(communicator<Comm>,
+                "loom::data_parallel<Comm>: Comm must be a loom communicator (loom::mpi_comm from "
+                "<loom/comm/mpi.hpp> or loom::local_comm from <loom/comm/local.hpp>)");
+  static_assert((detail::is_data_parallel_option_v<Options> && ...),
+                "loom::data_parallel<Comm, Options...>: an option is not one of data_parallel's (bucket_bytes<N>)");
+  using comm_type = Comm;
+  static constexpr std::size_t bucket_cap_bytes = detail::bucket_cap_of<Options...>();
+};
+
+template <class T>
+inline constexpr bool is_data_parallel_v = false;
+template <class C, class... O>
+inline constexpr bool is_data_parallel_v<data_parallel<C, O...>> = true;
+
+/// Drives one rank of data-parallel training for the trainer: checks that every rank runs the
+/// same job, broadcasts rank 0's parameters, starts each bucket's allreduce as backward
+/// finishes its layers, and waits for all of them before the optimizer steps.
+template <class Network, class T, class Policy>
+class data_parallel_engine {
+  using comm_t = typename Policy::comm_type;
+  using plan = bucket_plan<Network, T, Policy::bucket_cap_bytes>;
+  using clock = std::chrono::steady_clock;
+
+ public:
+  explicit data_parallel_engine(comm_t comm) : comm_(std::move(comm)) {}
+
+  int rank() const { return comm_.rank(); }
+  int world() const { return comm_.size(); }
+  comm_t& comm() { return comm_; }
+
+  /// Every rank describes its job as `key=value` fields; all ranks gather all descriptions,
+  /// and if any differs from rank 0's, every rank throws the same message naming the ranks and
+  /// the fields that differ. Collective.
+  void check_same_job(const std::string& description) {
+    constexpr std::size_t width = 2048;
+    if (description.size() >= width)
+      throw invalid_argument("loom::data_parallel: job description longer than " + std::to_string(width) + " bytes");
+    std::vector<char> mine(width, '\0'), all(width * static_cast<std::size_t>(world()), '\0');
+    std::memcpy(mine.data(), description.data(), description.size());
+    comm_.allgather(mine.data(), all.data(), width);
+    std::string message;
+    const std::string first(all.data());
+    for (int r = 1; r < world(); ++r) {
+      const std::string other(all.data() + width * static_cast<std::size_t>(r));
+      if (other != first) message += "\n  rank " + std::to_string(r) + " differs from rank 0:" + field_diff(first, other);
+    }
+    if (!message.empty())
+      throw communication_error("loom::data_parallel: the ranks do not run the same job (" + std::to_string(world()) +
+                                " ranks); every rank stops:" + message);
+  }
+
+  /// Makes every replica start from rank 0's parameters. Collective.
+  void broadcast_parameters(T* params, std::size_t n) { comm_.broadcast(params, n, 0); }
+
+  /// Called after backward finished layer `layer` on the last micro-step: starts the bucket
+  /// that became complete, and lets MPI progress the ones in flight.
+  void layer_done(std::size_t layer, T* grads) {
+    const std::size_t b = plan::starts_after_layer[layer];
+    if (b < plan::count) start(b, grads);
+    for (auto& r : requests_) r.test();
+  }
+
+  /// Starts the buckets not yet started (all of them when this rank had no samples), waits for
+  /// every bucket, and accounts the time. After it, grads holds the sum over ranks.
+  void finish(T* grads) {
+    const auto t0 = clock::now();
+    for (std::size_t b = started_; b < plan::count; ++b) start(b, grads);
+    for (auto& r : requests_) r.wait();
+    const auto t1 = clock::now();
+    figures_.comm_exposed_s += seconds(t0, t1);
+    if (started_ > 0) figures_.comm_s += seconds(first_start_, t1);
+    requests_.clear();
+    started_ = 0;
+  }
+
+  /// Sums values over ranks (losses, counts for reporting). Collective.
+  void sum(double* values, std::size_t n) {
+    const auto t0 = clock::now();
+    comm_.allreduce(values, n, reduce_op::sum);
+    figures_.wait_s += seconds(t0, clock::now());
+  }
+
+  rank_figures& figures() { return figures_; }
+
+  /// Gathers every rank's figures on every rank (collective), rank order.
+  std::vector<rank_figures> gather_figures() {
+    constexpr std::size_t k = rank_figures::field_count;
+    std::vector<double> mine = figures_.to_vector(), all(k * static_cast<std::size_t>(world()));
+    comm_.allgather(mine.data(), all.data(), k);
+    std::vector<rank_figures> out;
+    for (int r = 0; r < world(); ++r) out.push_back(rank_figures::from(all.data() + k * static_cast<std::size_t>(r)));
+    return out;
+  }
+
+  static constexpr const auto& buckets() { return plan::buckets; }
+
+ private:
+  void start(std::size_t b, T* grads) {
+    // Buckets start strictly in plan order on every rank, so collectives match across ranks.
+    while (started_ <= b) {
+      const auto& bk = plan::buckets[started_];
+      if (started_ == 0) first_start_ = clock::now();
+      requests_.push_back(comm_.iallreduce(grads + bk.offset, bk.count, reduce_op::sum));
+      const std::size_t n = static_cast<std::size_t>(world());
+      figures_.bytes_sent += n > 1 ? 2.0 * double(n - 1) / double(n) * double(bk.count * sizeof(T)) : 0.0;
+      ++started_;
+    }
+  }
+  static double seconds(clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+  static std::string field_diff(const std::string& a, const std::string& b) {
+    auto fields = [](const std::string& s) {
+      std::vector<std::string> out;
+      std::size_t at = 0;
+      while (at <= s.size()) {
+        std::size_t end = s.find(';', at);
+        if (end == std::string::npos) end = s.size();
+        if (end > at) out.push_back(s.substr(at, end - at));
+        at = end + 1;
+      }
+      return out;
+    };
+    const auto fa = fields(a), fb = fields(b);
+    std::string out;
+    for (std::size_t i = 0; i < std::max(fa.size(), fb.size()); ++i) {
+      const std::string x = i < fa.size() ? fa[i] : "(none)", y = i < fb.size() ? fb[i] : "(none)";
+      if (x != y) out += " [" + y + "] where rank 0 has [" + x + "]";
+    }
+    return out;
+  }
+
+  comm_t comm_;
+  std::vector<typename comm_t::request> requests_;
+  std::size_t started_ = 0;
+  clock::time_point first_start_{};
+  rank_figures figures_;
+};
+
+}  // namespace loom
