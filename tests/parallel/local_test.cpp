@@ -138,3 +138,18 @@ TEST_CASE("Each rank's figures are gathered on every rank", "[parallel]") {
     CHECK(r.samples == 640);
   });
 }
+
+// As PyTorch DDP, the first bucket is capped at 1 MiB so communication starts early: the cnn's
+// last layer (1,290 parameters) is alone, since adding linear<128> (401,536) passes 1 MiB; the
+// rest fits one 25 MiB bucket. With bucket_bytes<1 MiB>, linear<128> gets a bucket of its own
+// that starts while the convolutions' backward runs.
+using cnn_buckets = loom::bucket_plan<cnn, float, 25u << 20>;
+static_assert(cnn_buckets::count == 2);
+static_assert(cnn_buckets::buckets[0].first_layer == 9 && cnn_buckets::buckets[0].count == 1290);
+static_assert(cnn_buckets::buckets[1].first_layer == 0 && cnn_buckets::buckets[1].last_layer == 7);
+static_assert(cnn_buckets::buckets[1].offset == 0 && cnn_buckets::buckets[1].count == 320 + 18496 + 3136 * 128 + 128);
+using cnn_small_buckets = loom::bucket_plan<cnn, float, 1u << 20>;
+static_assert(cnn_small_buckets::count == 3);
+static_assert(cnn_small_buckets::buckets[1].first_layer == 7 && cnn_small_buckets::buckets[1].last_layer == 7);
+static_assert(cnn_small_buckets::buckets[2].first_layer == 0 && cnn_small_buckets::buckets[2].count == 320 + 18496);
+static_assert(cnn_small_buckets::starts_after_layer[7] == 1 && cnn_small_buckets::starts_after_layer[0] == 2);
