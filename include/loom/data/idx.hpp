@@ -253,15 +253,21 @@ class idx_input {
   bool finished_ = false;
 };
 
-/// read_idx, accepting any rank in min_rank..max_rank (1 <= min_rank <= max_rank <= 255).
-inline idx_array read_idx_ranked(const std::filesystem::path& file, std::size_t min_rank,
-                                 std::size_t max_rank) {
-  idx_input in(file);
-  const std::string where = idx_prefix(file);
-  const std::string decompressed = in.gzip() ? " after decompression" : "";
-  const std::string expected_magic = idx_expected_magic(min_rank, max_rank);
+/// What an IDX header states: the extents and where the data starts and ends.
+struct idx_header {
+  std::vector<std::uint32_t> dims;
+  std::vector<std::uint8_t> bytes;  // the header as read: magic number and extents
+  std::size_t data_bytes = 0;       // the product of dims
+  std::string promise;              // "60000 x 28 x 28 = 47040000 bytes", for messages
+};
 
-  // Magic number: 0x00 0x00 <type> <rank>, big-endian.
+/// Reads and checks an IDX header from `in` exactly as read_idx_ranked does, with the same
+/// messages (naming `file`, with `decompressed` after byte counts), without reading the data.
+template <class Input>
+idx_header read_idx_header(Input& in, const std::filesystem::path& file, std::size_t min_rank,
+                           std::size_t max_rank, const std::string& decompressed) {
+  const std::string where = idx_prefix(file);
+  const std::string expected_magic = idx_expected_magic(min_rank, max_rank);
   std::array<std::uint8_t, 4> head{};
   const std::size_t head_got = in.read(head.data(), head.size());
   if (head_got == 0) {
@@ -280,35 +286,52 @@ inline idx_array read_idx_ranked(const std::filesystem::path& file, std::size_t 
     throw data_error(where + "wrong magic number: expected " + expected_magic + ", found " +
                      idx_hex(magic) + idx_describe_magic(magic));
   }
-
-  // Extents: rank big-endian 32-bit integers.
-  idx_array out;
-  out.path = file;
+  idx_header out;
+  out.bytes.assign(head.begin(), head.end());
+  out.bytes.resize(4 + 4 * rank);
   out.dims.resize(rank);
-  std::vector<std::uint8_t> raw_dims(4 * rank);
-  const std::size_t dims_got = in.read(raw_dims.data(), raw_dims.size());
-  if (dims_got < raw_dims.size()) {
+  const std::size_t dims_got = in.read(out.bytes.data() + 4, 4 * rank);
+  if (dims_got < 4 * rank) {
     throw data_error(where + "file is truncated: expected a " + std::to_string(4 + 4 * rank) +
                      "-byte header (magic number and " + idx_dimensions(rank) + "), found " +
                      std::to_string(4 + dims_got) + " bytes" + decompressed);
   }
   bool any_zero = false;
   for (std::size_t i = 0; i < rank; ++i) {
-    const std::uint8_t* b = raw_dims.data() + 4 * i;
+    const std::uint8_t* b = out.bytes.data() + 4 + 4 * i;
     out.dims[i] = (std::uint32_t{b[0]} << 24) | (std::uint32_t{b[1]} << 16) |
                   (std::uint32_t{b[2]} << 8) | std::uint32_t{b[3]};
     any_zero = any_zero || out.dims[i] == 0;
   }
+  // The same bound as read_idx (what a byte vector can hold), so both accept the same files.
+  const std::size_t limit = std::vector<std::uint8_t>().max_size();
   std::size_t total = any_zero ? 0 : 1;
   for (std::size_t i = 0; i < rank && total != 0; ++i) {
     const std::size_t d = out.dims[i];
-    if (total > out.data.max_size() / d) {
+    if (total > limit / d) {
       throw data_error(where + "header promises " + idx_promise(out.dims, "") +
                        " of data: expected a size that fits in memory");
     }
     total *= d;
   }
-  const std::string promise = idx_promise(out.dims, std::to_string(total));
+  out.data_bytes = total;
+  out.promise = idx_promise(out.dims, std::to_string(total));
+  return out;
+}
+
+/// read_idx, accepting any rank in min_rank..max_rank (1 <= min_rank <= max_rank <= 255).
+inline idx_array read_idx_ranked(const std::filesystem::path& file, std::size_t min_rank,
+                                 std::size_t max_rank) {
+  idx_input in(file);
+  const std::string where = idx_prefix(file);
+  const std::string decompressed = in.gzip() ? " after decompression" : "";
+  const idx_header header = read_idx_header(in, file, min_rank, max_rank, decompressed);
+  const std::size_t rank = header.dims.size();
+  const std::size_t total = header.data_bytes;
+  const std::string& promise = header.promise;
+  idx_array out;
+  out.path = file;
+  out.dims = header.dims;
 
   // Data: grow the buffer as bytes arrive, so a lying header cannot force a huge allocation.
   std::size_t got = 0;
