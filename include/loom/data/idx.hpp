@@ -261,8 +261,9 @@ struct idx_header {
   std::string promise;              // "60000 x 28 x 28 = 47040000 bytes", for messages
 };
 
-/// Reads and checks an IDX header from `in` exactly as read_idx_ranked does, with the same
-/// messages (naming `file`, with `decompressed` after byte counts), without reading the data.
+/// Reads and checks an IDX header from `in` without reading the data; messages name `file`,
+/// with `decompressed` after byte counts. read_idx and mapped_images both parse headers with
+/// it, so they accept and reject the same files with the same words.
 template <class Input>
 idx_header read_idx_header(Input& in, const std::filesystem::path& file, std::size_t min_rank,
                            std::size_t max_rank, const std::string& decompressed) {
