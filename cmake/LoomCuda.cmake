@@ -1,0 +1,111 @@
+# SPDX-License-Identifier: Apache-2.0
+# Included once by loom's CMakeLists.txt (at file scope: enable_language must be): finds nvcc
+# (on PATH, $CUDACXX, or /usr/local/cuda/bin/nvcc), enables CUDA, and defines the components
+#   loom::cuda  loom::loom + cudart, cuBLAS, cuBLASLt, cuDNN; LOOM_HAS_CUDA=1
+#   loom::nccl  loom::cuda + loom::mpi + NCCL; LOOM_HAS_NCCL=1
+# with their export files. LOOM_WITH_CUDA / LOOM_WITH_NCCL: AUTO builds a component when what
+# it needs is found, ON makes a missing piece a configuration error naming what to install.
+# Sets LOOM_CUDA_BUILT and LOOM_NCCL_BUILT.
+
+set(LOOM_CUDA_BUILT FALSE)
+set(LOOM_NCCL_BUILT FALSE)
+string(TOUPPER "${LOOM_WITH_CUDA}" _loom_cuda_mode)
+string(TOUPPER "${LOOM_WITH_NCCL}" _loom_nccl_mode)
+if(_loom_cuda_mode MATCHES "^(ON|TRUE|YES|1)$")
+  set(_loom_cuda_mode ON)
+elseif(NOT _loom_cuda_mode STREQUAL "AUTO")
+  set(_loom_cuda_mode OFF)
+endif()
+if(_loom_nccl_mode MATCHES "^(ON|TRUE|YES|1)$")
+  set(_loom_nccl_mode ON)
+elseif(NOT _loom_nccl_mode STREQUAL "AUTO")
+  set(_loom_nccl_mode OFF)
+endif()
+if(_loom_nccl_mode STREQUAL "ON" AND _loom_cuda_mode STREQUAL "OFF")
+  message(FATAL_ERROR "LOOM_WITH_NCCL=ON needs the cuda component: configure with -DLOOM_WITH_CUDA=ON or AUTO")
+endif()
+
+if(NOT _loom_cuda_mode STREQUAL "OFF")
+  # nvcc: the one CMake was given, or on PATH, or CUDA's default install prefix.
+  if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX})
+    find_program(_loom_nvcc_on_path nvcc)
+    if(NOT _loom_nvcc_on_path AND EXISTS /usr/local/cuda/bin/nvcc)
+      set(ENV{CUDACXX} /usr/local/cuda/bin/nvcc)
+    endif()
+    unset(_loom_nvcc_on_path CACHE)
+  endif()
+  # sm_90 code with compute_90 PTX beside it, which the driver compiles for newer GPUs.
+  if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+    set(CMAKE_CUDA_ARCHITECTURES "90-real;90-virtual" CACHE STRING "CUDA architectures loom's CUDA code is built for")
+  endif()
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    enable_language(CUDA)
+    if(CMAKE_CUDA_COMPILER_VERSION VERSION_LESS 12.0)
+      set(_loom_missing "nvcc 12 or later (found ${CMAKE_CUDA_COMPILER_VERSION} at ${CMAKE_CUDA_COMPILER})")
+      _loom_component_report(cuda "${_loom_cuda_mode}" "Install a newer CUDA toolkit or configure with -DLOOM_WITH_CUDA=OFF.")
+    else()
+      loom_find_cuda_dependencies(${_loom_cuda_mode})
+    endif()
+    if(loom_cuda_DEPENDENCIES_FOUND)
+      set(LOOM_CUDA_BUILT TRUE)
+    endif()
+  elseif(_loom_cuda_mode STREQUAL "ON")
+    message(FATAL_ERROR "LOOM_WITH_CUDA=ON but no working CUDA compiler was found (nvcc on PATH, $CUDACXX, "
+                        "-DCMAKE_CUDA_COMPILER or /usr/local/cuda/bin/nvcc). Install NVIDIA's CUDA toolkit "
+                        "(Debian: cuda-toolkit-13-0 from NVIDIA's repository, or nvidia-cuda-toolkit) or "
+                        "configure with -DLOOM_WITH_CUDA=OFF.")
+  else()
+    message(STATUS "loom: no CUDA compiler found: the cuda and nccl components are not built")
+  endif()
+endif()
+
+if(LOOM_CUDA_BUILT)
+  add_library(loom_cuda INTERFACE)
+  add_library(loom::cuda ALIAS loom_cuda)
+  set_target_properties(loom_cuda PROPERTIES EXPORT_NAME cuda)
+  target_link_libraries(loom_cuda INTERFACE loom::loom CUDA::cudart CUDA::cublas CUDA::cublasLt loom::cudnn_library)
+  target_compile_definitions(loom_cuda INTERFACE LOOM_HAS_CUDA=1)
+  # Extended lambdas and constexpr calls from device code as used by CUB and loom's kernel
+  # bodies; OpenMP for the CPU parts compiled by nvcc's host compiler; no warnings about
+  # host-only std functions the bodies never call on the device.
+  target_compile_options(loom_cuda INTERFACE
+    "$<$<COMPILE_LANGUAGE:CUDA>:--extended-lambda;--expt-relaxed-constexpr;-Xcompiler=-fopenmp>")
+  install(TARGETS loom_cuda EXPORT loom-cuda-targets COMPONENT loom)
+  install(EXPORT loom-cuda-targets NAMESPACE loom:: DESTINATION ${CMAKE_INSTALL_DATADIR}/loom/cmake COMPONENT loom)
+
+  if(NOT _loom_nccl_mode STREQUAL "OFF")
+    set(_loom_missing "")
+    if(NOT TARGET loom::mpi)
+      list(APPEND _loom_missing "the loom::mpi component (LOOM_WITH_MPI=ON with Open MPI and Boost.MPI)")
+      _loom_component_report(nccl "${_loom_nccl_mode}" "Configure with -DLOOM_WITH_MPI=ON or -DLOOM_WITH_NCCL=OFF.")
+    else()
+      loom_find_nccl_dependencies(${_loom_nccl_mode})
+    endif()
+    if(loom_nccl_DEPENDENCIES_FOUND)
+      set(LOOM_NCCL_BUILT TRUE)
+      add_library(loom_nccl INTERFACE)
+      add_library(loom::nccl ALIAS loom_nccl)
+      set_target_properties(loom_nccl PROPERTIES EXPORT_NAME nccl)
+      target_link_libraries(loom_nccl INTERFACE loom::cuda loom::mpi loom::nccl_library)
+      target_compile_definitions(loom_nccl INTERFACE LOOM_HAS_NCCL=1)
+      install(TARGETS loom_nccl EXPORT loom-nccl-targets COMPONENT loom)
+      install(EXPORT loom-nccl-targets NAMESPACE loom:: DESTINATION ${CMAKE_INSTALL_DATADIR}/loom/cmake COMPONENT loom)
+    endif()
+  endif()
+elseif(_loom_nccl_mode STREQUAL "ON")
+  message(FATAL_ERROR "LOOM_WITH_NCCL=ON needs the cuda component, which is not built (see the messages above)")
+endif()
+set(_loom_components loom)
+foreach(_loom_c mpi cuda nccl)
+  if(TARGET loom::${_loom_c})
+    list(APPEND _loom_components ${_loom_c})
+  endif()
+endforeach()
+list(JOIN _loom_components ", " _loom_components)
+message(STATUS "loom: components built: ${_loom_components}")
+unset(_loom_components)
+unset(_loom_c)
+unset(_loom_cuda_mode)
+unset(_loom_nccl_mode)
