@@ -1,9 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Everything a CPU-only user needs: shapes and tensors, the CPU backend, every layer, networks,
-// losses, optimizers, data sets and the trainer. GPU and MPI parts have their own headers.
+// losses, optimizers, data sets and the trainer. MPI and NCCL parts have their own headers.
+// Compiled by nvcc with the loom::cuda component, it brings the CUDA backend (loom::cuda)
+// instead of the CPU one (nvcc cannot parse oneDNN's header; see backend/default_backend.hpp).
 
-#include "loom/backend/cpu.hpp"
+#include "loom/backend/default_backend.hpp"
+#if defined(__CUDACC__) && defined(LOOM_HAS_CUDA)
+#include "loom/backend/cuda.hpp"
+#endif
 #include "loom/core/config.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/shape.hpp"

@@ -15,6 +15,8 @@ namespace loom {
 /// Ordinary host memory, 64-byte aligned so vector units and oneDNN get whole cache lines.
 struct host_space {
   static constexpr const char* name = "host";
+  /// Host code may read and write this memory directly (not so cuda_space).
+  static constexpr bool host_accessible = true;
   static constexpr std::size_t alignment = 64;
   static void* allocate(std::size_t bytes) {
     if (bytes == 0) return nullptr;

@@ -4,6 +4,7 @@
 // square windows and equal padding on every side. Weights are (OutChannels, C, K, K), then
 // OutChannels biases. The backend runs it (oneDNN on the CPU).
 
+#include <algorithm>
 #include <cstddef>
 
 #include "loom/core/geometry.hpp"
@@ -68,7 +69,7 @@ struct conv2d {
     void initialize(T* params, std::uint64_t seed) const {
       const std::size_t fan_in = g_.c * Kernel * Kernel, fan_out = OutChannels * Kernel * Kernel;
       detail::fill_normal(params, g_.weight_count(), Init::stddev(fan_in, fan_out), seed, site_.stream);
-      Backend::zero(params + g_.weight_count(), OutChannels);
+      std::fill_n(params + g_.weight_count(), OutChannels, T(0));
     }
 
     void forward(const run_context&, const T* params, activation<const T, Backend> x, activation<T, Backend>& y,

@@ -3,6 +3,7 @@
 // loom::layer_norm: normalises each sample over all its features (as torch.nn.LayerNorm with
 // normalized_shape = the sample's whole shape), with a learned gain and bias per feature.
 
+#include <algorithm>
 #include <cstddef>
 
 #include "loom/backend/kernels/normalization.hpp"
@@ -41,7 +42,7 @@ struct layer_norm {
     explicit impl(layer_site) {}
     void initialize(T* params, std::uint64_t) const {
       for (std::size_t j = 0; j < w_; ++j) params[j] = T(1);
-      Backend::zero(params + w_, w_);
+      std::fill_n(params + w_, w_, T(0));
     }
     void forward(const run_context&, const T* params, activation<const T, Backend> x, activation<T, Backend>& y,
                  std::size_t batch) {

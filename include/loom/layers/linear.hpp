@@ -3,6 +3,7 @@
 // loom::linear<Out>: y = x W^T + b on a 1-D input. W is (Out, In) row-major, then b (Out),
 // in the network's flat parameter buffer. Matrix products go to the backend's GEMM.
 
+#include <algorithm>
 #include <cstddef>
 
 #include "loom/backend/kernels/elementwise.hpp"
@@ -48,7 +49,7 @@ struct linear {
 
     void initialize(T* params, std::uint64_t seed) const {
       detail::fill_normal(params, Out * in_, Init::stddev(in_, Out), seed, site_.stream);
-      Backend::zero(params + Out * in_, Out);
+      std::fill_n(params + Out * in_, Out, T(0));
     }
 
     void forward(const run_context&, const T* params, activation<const T, Backend> x, activation<T, Backend>& y,

@@ -46,8 +46,8 @@ struct softmax_cross_entropy {
   static loss_value finish(std::size_t batch, loss_workspace<Backend>& ws) {
     const double* l = ws.per_sample.data();
     const std::uint8_t* c = ws.correct.data();
-    return {Backend::sum(batch, [=](std::size_t i) { return l[i]; }),
-            static_cast<std::size_t>(Backend::sum(batch, [=](std::size_t i) { return double(c[i]); }))};
+    return {Backend::sum(batch, kernels::as_double<double>{l}),
+            static_cast<std::size_t>(Backend::sum(batch, kernels::as_double<std::uint8_t>{c}))};
   }
 };
 

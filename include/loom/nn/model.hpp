@@ -1,14 +1,21 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // loom::model<Network, T, Backend>: a network's parameters and gradients as two flat buffers,
-// and its forward and backward passes. The trainer drives one; tests use it directly.
+// and its forward and backward passes. The trainer drives one; tests use it directly. The
+// buffers live in the backend's memory space (the GPU's for loom::cuda); copy_* moves values
+// between it and the host.
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
+#include <string>
+#include <vector>
 
-#include "loom/backend/cpu.hpp"
+#include "loom/backend/default_backend.hpp"
+#include "loom/backend/kernels/optim.hpp"
+#include "loom/core/error.hpp"
 #include "loom/core/memory.hpp"
 #include "loom/nn/network.hpp"
 
@@ -31,12 +38,21 @@ class model {
 
   /// Allocates and initialises the parameters from seed (He / Xavier per layer, counter-based:
   /// the same seed gives the same parameters on every backend and thread count).
+  /// Layers initialise on the host; for a backend whose memory the host cannot reach the
+  /// values are staged in host memory and copied over once.
   explicit model(std::uint64_t seed = 1) : params_(parameter_count), grads_(parameter_count) {
-    seq_.initialize(params_.data(), seed);
+    if constexpr (space::host_accessible) {
+      seq_.initialize(params_.data(), seed);
+    } else {
+      buffer<T> staging(parameter_count);
+      seq_.initialize(staging.data(), seed);
+      space::copy_from_host(params_.data(), staging.data(), parameter_count * sizeof(T));
+    }
   }
 
-  /// Forward on batch samples x (batch, input_shape), plain row-major. Returns the output,
-  /// plain row-major (batch, output_shape), valid until the next forward.
+  /// Forward on batch samples x (batch, input_shape), plain row-major, in the backend's memory
+  /// space. Returns the output, plain row-major (batch, output_shape), in that space, valid
+  /// until the next forward.
   const T* forward(const run_context& ctx, const T* x, std::size_t batch) {
     auto y = seq_.forward(ctx, params_.data(), activation<const T, Backend>{x}, batch);
     out_format_ = y.format;
@@ -58,6 +74,7 @@ class model {
                   std::forward<Hook>(hook));
   }
 
+  /// The flat parameter and gradient buffers, in the backend's memory space.
   std::span<T> parameters() noexcept { return {params_.data(), parameter_count}; }
   std::span<const T> parameters() const noexcept { return {params_.data(), parameter_count}; }
   std::span<T> gradients() noexcept { return {grads_.data(), parameter_count}; }
@@ -74,11 +91,46 @@ class model {
 
   /// The L2 norm of all parameters, summed in double.
   double parameters_l2() const {
-    const T* p = params_.data();
-    return std::sqrt(Backend::sum(parameter_count, [=](std::size_t i) { return double(p[i]) * double(p[i]); }));
+    return std::sqrt(Backend::sum(parameter_count, detail::squared_term<T>{params_.data()}));
+  }
+
+  /// Copies n values at src, memory of the backend's space (parameters(), gradients(), an
+  /// output of forward), to host memory dst; waits for the work that writes them.
+  static void copy_to_host(const T* src, std::size_t n, T* dst) {
+    if constexpr (space::host_accessible) {
+      if (n && dst != src) std::memcpy(dst, src, n * sizeof(T));
+    } else {
+      space::copy_to_host(dst, src, n * sizeof(T));
+    }
+  }
+  /// Copies n values from host memory src to dst, memory of the backend's space (an input of
+  /// forward, parameters()).
+  static void copy_from_host(const T* src, std::size_t n, T* dst) {
+    if constexpr (space::host_accessible) {
+      if (n && dst != src) std::memcpy(dst, src, n * sizeof(T));
+    } else {
+      space::copy_from_host(dst, src, n * sizeof(T));
+    }
+  }
+  /// The parameters (or gradients) as a host vector.
+  std::vector<T> copy_parameters_to_host() const { return to_host(params_.data()); }
+  std::vector<T> copy_gradients_to_host() const { return to_host(grads_.data()); }
+  /// Sets every parameter from host values.
+  /// Throws: loom::invalid_argument when values does not hold parameter_count values.
+  void copy_parameters_from_host(std::span<const T> values) {
+    if (values.size() != parameter_count)
+      throw invalid_argument("loom::model::copy_parameters_from_host: expected " + std::to_string(parameter_count) +
+                             " values, got " + std::to_string(values.size()));
+    copy_from_host(values.data(), parameter_count, params_.data());
   }
 
  private:
+  static std::vector<T> to_host(const T* p) {
+    std::vector<T> out(parameter_count);
+    copy_to_host(p, parameter_count, out.data());
+    return out;
+  }
+
   buffer<T, space> params_, grads_, dy_;
   seq seq_;
   typename Backend::format out_format_{};

@@ -23,6 +23,13 @@ struct no_backward_hook {
   void operator()(std::size_t) const noexcept {}
 };
 
+namespace detail {
+/// A layer implementation that can write the ReLU of the layer after it (conv2d). A concept of
+/// its own rather than a requires-expression in place: nvcc 13 fails to evaluate the latter there.
+template <class Impl>
+concept can_fuse_relu = requires(Impl& i) { i.fuse_relu(); };
+}  // namespace detail
+
 template <class T, class Backend, shape_type In, class... Layers>
 class sequence {
  public:
@@ -51,7 +58,7 @@ class sequence {
     if constexpr (K == 0 || !chain::ok) {
       return false;
     } else {
-      return std::is_same_v<at<K, type_list<Layers...>>, relu> && requires(impl_at<K - 1>& i) { i.fuse_relu(); };
+      return std::is_same_v<at<K, type_list<Layers...>>, relu> && detail::can_fuse_relu<impl_at<K - 1>>;
     }
   }
 

@@ -2,7 +2,9 @@
 #pragma once
 // loom::trainer<Network, Loss, Optimizer, Policy, Backend>: owns a model and its optimizer
 // state, and runs fit (epochs of seeded, shuffled batches) and evaluate (loss and accuracy).
-// The policy says how many processes share the work; single_process is the default.
+// The policy says how many processes share the work; single_process is the default. On a
+// backend whose memory the host cannot reach (loom::cuda), batches are filled on the host in
+// the backend's staging memory (pinned) and copied over asynchronously.
 
 #include <unistd.h>
 
@@ -17,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "loom/backend/cpu.hpp"
+#include "loom/backend/default_backend.hpp"
 #include "loom/core/error.hpp"
 #include "loom/data/distributed.hpp"
 #include "loom/data/loader.hpp"
@@ -30,6 +32,42 @@
 #include "loom/train/progress.hpp"
 
 namespace loom {
+
+namespace detail {
+/// Where the host fills batches for Backend: its staging_space when it has one (page-locked
+/// memory for loom::cuda), host memory otherwise.
+template <class Backend>
+struct staging_space_of {
+  using type = host_space;
+};
+template <class Backend>
+  requires requires { typename Backend::staging_space; }
+struct staging_space_of<Backend> {
+  using type = typename Backend::staging_space;
+};
+
+/// The communicator type of a data_parallel policy; void for any other policy. (A trait rather
+/// than Policy::comm_type in the constructor's constraint: nvcc 13 substitutes that eagerly.)
+template <class Policy>
+struct comm_type_of {
+  using type = void;
+};
+template <class Comm, class... Options>
+struct comm_type_of<data_parallel<Comm, Options...>> {
+  using type = Comm;
+};
+
+/// Whether Policy's communicator can move memory of Backend's space: any can move host memory;
+/// GPU memory needs one that says so (nccl_comm::moves_device_memory).
+template <class Policy, class Backend>
+constexpr bool policy_reaches_backend_memory() {
+  if constexpr (!is_data_parallel_v<Policy> || Backend::memory_space::host_accessible) {
+    return true;
+  } else {
+    return requires { requires comm_type_of<Policy>::type::moves_device_memory; };
+  }
+}
+}  // namespace detail
 
 /// Options of the trainer itself (not of the optimizer).
 struct trainer_options {
@@ -87,6 +125,9 @@ struct eval_result {
 template <class Network, class Loss, class Optimizer, class Policy = single_process, class Backend = cpu>
 class trainer {
   static_assert(is_network_v<Network>, "loom::trainer's first argument must be a loom::network<loom::input<...>, ...>");
+  static_assert(detail::policy_reaches_backend_memory<Policy, Backend>(),
+                "loom::trainer: this data_parallel communicator cannot move GPU memory (mpi_comm and local_comm "
+                "take host memory): with loom::cuda use loom::data_parallel<loom::nccl_comm> from <loom/comm/nccl.hpp>");
   static_assert(std::is_same_v<Policy, single_process> || is_data_parallel_v<Policy>,
                 "loom::trainer: Policy must be loom::single_process or loom::data_parallel<Comm, ...>");
   using T = float;
@@ -106,7 +147,7 @@ class trainer {
 
   /// Trains under data_parallel on `comm` (e.g. a loom::local_comm of a local_world).
   template <class Comm>
-    requires(is_data_parallel_v<Policy> && std::is_same_v<Comm, typename Policy::comm_type>)
+    requires(is_data_parallel_v<Policy> && std::is_same_v<Comm, typename detail::comm_type_of<Policy>::type>)
   trainer(Comm comm, optimizer_options opt = {}, trainer_options options = {})
       : trainer(engine_type(std::move(comm)), opt, options) {}
 
@@ -153,7 +194,7 @@ class trainer {
         for (std::size_t m = 0; m < group; ++m, ++k) {
           const auto t0 = clock::now();
           std::size_t global_n = 0;
-          const std::size_t n = loader.next(x_.data(), labels_.data(), global_n);
+          const std::size_t n = next_batch(loader, global_n);
           fig.data_s += seconds(t0, clock::now());
           const loss_value v = micro_step(n, global_n, loader.local_offset(), m, group);
           sums[0] += v.sum;
@@ -193,7 +234,7 @@ class trainer {
     double sums[3] = {0, 0, 0};  // loss, correct, samples
     for (std::size_t k = 0; k < loader.batches_per_epoch(); ++k) {
       std::size_t global_n = 0;
-      const std::size_t n = loader.next(x_.data(), labels_.data(), global_n);
+      const std::size_t n = next_batch(loader, global_n);
       if (n == 0) continue;
       run_context ctx{.training = false, .accumulate = false, .seed = options_.seed, .step = step_,
                       .sample_offset = loader.local_offset()};
@@ -264,6 +305,27 @@ class trainer {
     x_.reserve_discard(batch * Network::input_shape::size);
     labels_.reserve_discard(batch);
     dy_.reserve_discard(batch * out_width);
+    if constexpr (staged) {
+      x_stage_.reserve_discard(batch * Network::input_shape::size);
+      labels_stage_.reserve_discard(batch);
+    }
+  }
+
+  /// The loader's next batch into x_ and labels_ (through the staging buffers when the host
+  /// cannot write the backend's memory). Returns this rank's sample count.
+  template <class Loader>
+  std::size_t next_batch(Loader& loader, std::size_t& global_n) {
+    if constexpr (!staged) {
+      return loader.next(x_.data(), labels_.data(), global_n);
+    } else {
+      // The previous batch's copies must have left the staging buffers; the loss sum of that
+      // batch already waited for them, so this returns at once.
+      Backend::synchronize();
+      const std::size_t n = loader.next(x_stage_.data(), labels_stage_.data(), global_n);
+      Backend::copy(x_.data(), x_stage_.data(), n * Network::input_shape::size);
+      Backend::copy(labels_.data(), labels_stage_.data(), n);
+      return n;
+    }
   }
 
   /// One micro-step m of a group of `group`: this rank's n of the batch's global_n samples.
@@ -310,8 +372,12 @@ class trainer {
   engine_type engine_;
   model_type model_;
   optimizer_state state_;
+  static constexpr bool staged = !Backend::memory_space::host_accessible;
+  using staging_space = typename detail::staging_space_of<Backend>::type;
   buffer<T, typename Backend::memory_space> x_, dy_;
   buffer<std::int32_t, typename Backend::memory_space> labels_;
+  buffer<T, staging_space> x_stage_;  // (batch, input) on the host; empty unless staged
+  buffer<std::int32_t, staging_space> labels_stage_;
   loss_workspace<Backend> ws_;
   std::size_t step_ = 0;
   bool had_samples_ = false;  // gradients of the current optimizer step have been written

@@ -36,6 +36,20 @@ struct sum_rows {
   }
 };
 
+/// y[n, c, p] += b[c] for a plain (batch, Channels, Pixels) y, then ReLU when Relu: the bias
+/// (and fused ReLU) of a convolution whose vendor call wrote y without them.
+template <class T, bool Relu>
+struct add_channel_bias {
+  T* y;
+  const T* b;
+  std::size_t channels, pixels;
+  LOOM_HD void operator()(std::size_t i) const {
+    T v = y[i] + b[(i / pixels) % channels];
+    if constexpr (Relu) v = v > T(0) ? v : T(0);
+    y[i] = v;
+  }
+};
+
 /// z = x + y.
 template <class T>
 struct add {

@@ -69,4 +69,11 @@ struct squared_error_row {
   }
 };
 
+/// v[i] as a double: the term Backend::sum adds up for a total of per-sample values.
+template <class U>
+struct as_double {
+  const U* v;
+  LOOM_HD double operator()(std::size_t i) const { return static_cast<double>(v[i]); }
+};
+
 }  // namespace loom::kernels

@@ -1,0 +1,94 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// The CUDA execution space: loom::cuda, with the static interface of loom::cpu. Element-wise
+// kernel bodies (backend/kernels/) run through its launcher as grid-stride kernels on the
+// calling thread's compute stream; matrix products go to cuBLAS, convolutions to cuDNN. Memory
+// lives in loom::cuda_space. A program that uses it is compiled by nvcc (a .cu file, or CMake's
+// LANGUAGE CUDA) and links loom::cuda.
+
+#if !defined(__CUDACC__)
+#error "loom/backend/cuda.hpp launches kernels and must be compiled by nvcc: name the file .cu (or set its LANGUAGE to CUDA in CMake) and link loom::cuda"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <type_traits>
+
+#include "loom/backend/cuda/check.hpp"
+#include "loom/backend/cuda/conv2d.hpp"
+#include "loom/backend/cuda/gemm.hpp"
+#include "loom/backend/cuda/launch.hpp"
+#include "loom/backend/cuda/memory.hpp"
+#include "loom/backend/cuda/pool2d.hpp"
+#include "loom/backend/cuda/runtime.hpp"
+#include "loom/core/memory.hpp"
+
+namespace loom {
+
+/// Execution on the calling thread's current GPU, in order on its compute stream. Memory
+/// lives in cuda_space. Operations return once their work is queued, except sum (which returns
+/// the value); errors of queued work surface at the next call that waits (sum, a copy to the
+/// host, cuda_synchronize).
+struct cuda {
+  static constexpr const char* name = "cuda";
+  using memory_space = cuda_space;
+  /// Where the trainer fills batches before copying them over: page-locked host memory.
+  using staging_space = pinned_space;
+  /// The physical layout of an activation: always plain.
+  using format = cuda_format;
+  template <class T>
+  using conv2d_plan = cuda_conv2d_plan<T>;
+  template <class T>
+  using pool2d_plan = cuda_pool2d_plan<T>;
+
+  /// Runs f(i) for every i in [0, n) on the GPU. f is a LOOM_HD functor whose pointers are
+  /// device memory.
+  template <class F>
+  static void for_each(std::size_t n, F f) {
+    detail::cuda_for_each(n, f);
+  }
+  /// The sum of f(i) over [0, n), in double; waits for the result. Deterministic: the same
+  /// order of additions on every run.
+  template <class F>
+  static double sum(std::size_t n, F f) {
+    return detail::cuda_sum(n, f);
+  }
+  /// Row-major C = alpha op(A) op(B) + beta C (cuBLAS).
+  template <class T>
+  static void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, T alpha, const T* a,
+                   std::size_t lda, const T* b, std::size_t ldb, T beta, T* c, std::size_t ldc) {
+    detail::cuda_gemm<T>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+  /// Copies n elements; either side may be device or host memory (unified addressing).
+  template <class T>
+  static void copy(T* dst, const T* src, std::size_t n) {
+    if (n && dst != src)
+      LOOM_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDefault, cuda_compute_stream()));
+  }
+  template <class T>
+  static void zero(T* dst, std::size_t n) {
+    cuda_space::zero(dst, n * sizeof(T));
+  }
+  /// Waits for everything this thread queued.
+  static void synchronize() { cuda_synchronize(); }
+
+  /// Layout conversions: CUDA activations are always plain, so these pass through or copy.
+  class layout_converter {
+   public:
+    template <class T, class Shape>
+    const T* to_plain(const T* x, const format&, std::size_t) {
+      return x;
+    }
+    template <class T, class Shape>
+    void from_plain(const T* src, const format&, T* dst, std::size_t batch) {
+      copy(dst, src, batch * Shape::size);
+    }
+    template <class T, class Shape>
+    void convert(const T* src, const format&, T* dst, const format&, std::size_t batch) {
+      copy(dst, src, batch * Shape::size);
+    }
+  };
+};
+
+}  // namespace loom
