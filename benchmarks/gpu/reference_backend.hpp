@@ -1,0 +1,179 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// A serial host backend for the GPU check: the same kernel bodies as loom::cpu and loom::cuda
+// run in plain loops, matrix products and convolutions as direct loops. It needs nothing but a
+// C++ compiler (no oneDNN, no OpenMP), so the check can compare loom::cuda against it on any
+// machine with a GPU. Slow; for checks only.
+
+#include <cstddef>
+#include <cstring>
+#include <type_traits>
+
+#include "loom/backend/kernels/pool.hpp"
+#include "loom/core/error.hpp"
+#include "loom/core/geometry.hpp"
+#include "loom/core/memory.hpp"
+
+namespace loom::gpu_check {
+
+struct reference_format {
+  constexpr bool plain() const noexcept { return true; }
+  friend constexpr bool operator==(const reference_format&, const reference_format&) noexcept { return true; }
+};
+
+template <class T>
+class reference_conv2d_plan {
+ public:
+  explicit reference_conv2d_plan(conv2d_geometry g) : g_(g) {}
+  void fuse_relu() { relu_ = true; }
+
+  reference_format forward(const T* x, const reference_format&, const T* w, const T* b, T* y, std::size_t batch) {
+    const std::size_t oh = g_.oh(), ow = g_.ow();
+    for (std::size_t n = 0; n < batch; ++n)
+      for (std::size_t o = 0; o < g_.oc; ++o)
+        for (std::size_t i = 0; i < oh; ++i)
+          for (std::size_t j = 0; j < ow; ++j) {
+            double s = b[o];
+            for (std::size_t c = 0; c < g_.c; ++c)
+              for (std::size_t p = 0; p < g_.k; ++p)
+                for (std::size_t q = 0; q < g_.k; ++q) {
+                  std::size_t xi;
+                  if (!at(n, c, i, j, p, q, xi)) continue;
+                  s += static_cast<double>(x[xi]) * static_cast<double>(w[((o * g_.c + c) * g_.k + p) * g_.k + q]);
+                }
+            T v = static_cast<T>(s);
+            if (relu_ && v < T(0)) v = T(0);
+            y[((n * g_.oc + o) * oh + i) * ow + j] = v;
+          }
+    return {};
+  }
+
+  void backward(const T* x, const reference_format&, const T* w, const T* dy, T* dx, T* dw, T* db, std::size_t batch,
+                bool accumulate) {
+    const std::size_t oh = g_.oh(), ow = g_.ow();
+    if (dx) std::memset(dx, 0, batch * g_.c * g_.h * g_.w * sizeof(T));
+    if (!accumulate) {
+      std::memset(dw, 0, g_.weight_count() * sizeof(T));
+      if (db) std::memset(db, 0, g_.oc * sizeof(T));
+    }
+    for (std::size_t n = 0; n < batch; ++n)
+      for (std::size_t o = 0; o < g_.oc; ++o)
+        for (std::size_t i = 0; i < oh; ++i)
+          for (std::size_t j = 0; j < ow; ++j) {
+            const T d = dy[((n * g_.oc + o) * oh + i) * ow + j];
+            if (db) db[o] += d;
+            for (std::size_t c = 0; c < g_.c; ++c)
+              for (std::size_t p = 0; p < g_.k; ++p)
+                for (std::size_t q = 0; q < g_.k; ++q) {
+                  std::size_t xi;
+                  if (!at(n, c, i, j, p, q, xi)) continue;
+                  const std::size_t wi = ((o * g_.c + c) * g_.k + p) * g_.k + q;
+                  dw[wi] += d * x[xi];
+                  if (dx) dx[xi] += d * w[wi];
+                }
+          }
+  }
+
+ private:
+  bool at(std::size_t n, std::size_t c, std::size_t i, std::size_t j, std::size_t p, std::size_t q, std::size_t& xi) const {
+    const auto yy = static_cast<std::ptrdiff_t>(i * g_.stride + p) - static_cast<std::ptrdiff_t>(g_.pad);
+    const auto xx = static_cast<std::ptrdiff_t>(j * g_.stride + q) - static_cast<std::ptrdiff_t>(g_.pad);
+    if (yy < 0 || xx < 0 || yy >= static_cast<std::ptrdiff_t>(g_.h) || xx >= static_cast<std::ptrdiff_t>(g_.w)) return false;
+    xi = ((n * g_.c + c) * g_.h + static_cast<std::size_t>(yy)) * g_.w + static_cast<std::size_t>(xx);
+    return true;
+  }
+
+  conv2d_geometry g_;
+  bool relu_ = false;
+};
+
+template <class T>
+class reference_pool2d_plan {
+ public:
+  reference_pool2d_plan(pool2d_geometry g, pool_kind kind) : g_(g), kind_(kind) {}
+  reference_format forward(const T* x, const reference_format&, T* y, std::size_t batch) {
+    const kernels::pool_planes p = planes(batch);
+    for (std::size_t i = 0; i < p.planes * p.oh * p.ow; ++i) {
+      if (kind_ == pool_kind::max)
+        kernels::max_pool_forward<T, 1>{x, y, p}(i);
+      else
+        kernels::avg_pool_forward<T, 1>{x, y, p}(i);
+    }
+    return {};
+  }
+  void backward(const T* x, const reference_format&, const T* dy, T* dx, std::size_t batch) {
+    const kernels::pool_planes p = planes(batch);
+    for (std::size_t i = 0; i < p.planes; ++i) {
+      if (kind_ == pool_kind::max)
+        kernels::max_pool_backward<T, 1>{x, dy, dx, p}(i);
+      else
+        kernels::avg_pool_backward<T, 1>{dy, dx, p}(i);
+    }
+  }
+
+ private:
+  kernels::pool_planes planes(std::size_t batch) const { return {batch * g_.c, g_.h, g_.w, g_.oh(), g_.ow(), g_.k, g_.stride}; }
+  pool2d_geometry g_;
+  pool_kind kind_;
+};
+
+/// Serial execution on the host; memory in host_space.
+struct reference {
+  static constexpr const char* name = "reference";
+  using memory_space = host_space;
+  using format = reference_format;
+  template <class T>
+  using conv2d_plan = reference_conv2d_plan<T>;
+  template <class T>
+  using pool2d_plan = reference_pool2d_plan<T>;
+
+  template <class F>
+  static void for_each(std::size_t n, F f) {
+    for (std::size_t i = 0; i < n; ++i) f(i);
+  }
+  template <class F>
+  static double sum(std::size_t n, F f) {
+    double s = 0;
+    for (std::size_t i = 0; i < n; ++i) s += static_cast<double>(f(i));
+    return s;
+  }
+  /// Row-major C = alpha op(A) op(B) + beta C, accumulated in double.
+  template <class T>
+  static void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, T alpha, const T* a,
+                   std::size_t lda, const T* b, std::size_t ldb, T beta, T* c, std::size_t ldc) {
+    for (std::size_t i = 0; i < m; ++i)
+      for (std::size_t j = 0; j < n; ++j) {
+        double s = 0;
+        for (std::size_t p = 0; p < k; ++p)
+          s += static_cast<double>(trans_a ? a[p * lda + i] : a[i * lda + p]) *
+               static_cast<double>(trans_b ? b[j * ldb + p] : b[p * ldb + j]);
+        c[i * ldc + j] = static_cast<T>(alpha * s + (beta == T(0) ? 0.0 : static_cast<double>(beta * c[i * ldc + j])));
+      }
+  }
+  template <class T>
+  static void copy(T* dst, const T* src, std::size_t n) {
+    if (n && dst != src) std::memcpy(dst, src, n * sizeof(T));
+  }
+  template <class T>
+  static void zero(T* dst, std::size_t n) {
+    if (n) std::memset(dst, 0, n * sizeof(T));
+  }
+
+  class layout_converter {
+   public:
+    template <class T, class Shape>
+    const T* to_plain(const T* x, const format&, std::size_t) {
+      return x;
+    }
+    template <class T, class Shape>
+    void from_plain(const T* src, const format&, T* dst, std::size_t batch) {
+      copy(dst, src, batch * Shape::size);
+    }
+    template <class T, class Shape>
+    void convert(const T* src, const format&, T* dst, const format&, std::size_t batch) {
+      copy(dst, src, batch * Shape::size);
+    }
+  };
+};
+
+}  // namespace loom::gpu_check
