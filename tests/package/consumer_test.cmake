@@ -4,6 +4,7 @@
 #   2. configures CONSUMER_SOURCE_DIR with CMAKE_PREFIX_PATH = that prefix (Release),
 #   3. builds it,
 #   4. runs its program, which must exit 0.
+# CONSUMER_CUDA_COMPILER and CONSUMER_CUDA_ARCHITECTURES, when given, configure a CUDA consumer.
 # Everything under WORK_DIR is removed first, so each run starts from nothing.
 foreach(v LOOM_BUILD_DIR CONSUMER_SOURCE_DIR WORK_DIR)
   if(NOT DEFINED ${v})
@@ -52,6 +53,11 @@ if(CONSUMER_MAKE_PROGRAM)
 endif()
 if(CONSUMER_CXX_COMPILER)
   list(APPEND configure_args -DCMAKE_CXX_COMPILER=${CONSUMER_CXX_COMPILER})
+endif()
+# A CUDA consumer: the same nvcc and architectures as loom's build.
+if(CONSUMER_CUDA_COMPILER)
+  list(APPEND configure_args -DCMAKE_CUDA_COMPILER=${CONSUMER_CUDA_COMPILER}
+       "-DCMAKE_CUDA_ARCHITECTURES=${CONSUMER_CUDA_ARCHITECTURES}")
 endif()
 step("configure the consumer" ${CMAKE_COMMAND} ${configure_args})
 
