@@ -111,7 +111,7 @@ TEST_CASE("A failing CUDA call throws backend_error naming the call, file and li
   CHECK_THROWS_AS(LOOM_CUDA_CHECK(cudaMemcpy(d.data(), h, sizeof h, static_cast<cudaMemcpyKind>(42))), backend_error);
   CHECK_THROWS_WITH(LOOM_CUDA_CHECK(cudaMemcpy(d.data(), h, sizeof h, static_cast<cudaMemcpyKind>(42))),
                     Catch::Contains("cudaMemcpy(d.data(), h, sizeof h") && Catch::Contains("cuda_test.cpp:") &&
-                        Catch::Contains("cudaErrorInvalidMemcpyDirection"));
+                        Catch::Contains("cudaError"));
   // The error is cleared: the next call works.
   CHECK_NOTHROW(LOOM_CUDA_CHECK(cudaMemcpy(d.data(), h, sizeof h, cudaMemcpyHostToDevice)));
   CHECK_THROWS_WITH(gemm_with_a_bad_leading_dimension(),
