@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The GPU check (run by scripts/gpu-check): on a machine with an NVIDIA GPU it prints
-//   1. loom::cuda against a serial host reference (reference_backend.hpp: the same kernel
+//   1. loom::cuda against a serial host reference (tests/cuda/reference_backend.hpp: the same kernel
 //      bodies, direct loops for products and convolutions) for every layer case of
 //      tests/cuda/cases.hpp: output, input gradient and parameter gradients, and the losses of
 //      200-step training runs;

@@ -69,7 +69,7 @@ pass_result run_pass(const pass_input& in) {
 template <class Network, class Backend>
 train_result run_training(std::size_t steps) {
   static const synthetic_images data(1600);
-  trainer<Network, softmax_cross_entropy, sgd, single_process, Backend> t{{.lr = 0.05f, .momentum = 0.9f},
+  trainer<Network, softmax_cross_entropy, sgd, single_process, Backend> t{{.lr = 0.02f, .momentum = 0.9f},
                                                                           {.seed = 1, .threads = 2}};
   fit_options o;
   o.epochs = 1000;

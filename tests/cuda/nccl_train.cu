@@ -25,13 +25,13 @@ std::vector<float> run(Trainer& t, std::size_t steps) {
 }  // namespace
 
 std::vector<float> train_mlp_data_parallel(std::size_t steps) {
-  trainer<train_mlp, softmax_cross_entropy, sgd, data_parallel<nccl_comm>, cuda> t{{.lr = 0.05f, .momentum = 0.9f},
+  trainer<train_mlp, softmax_cross_entropy, sgd, data_parallel<nccl_comm>, cuda> t{{.lr = 0.02f, .momentum = 0.9f},
                                                                                    {.seed = 1, .threads = 1}};
   return run(t, steps);
 }
 
 std::vector<float> train_mlp_alone(std::size_t steps) {
-  trainer<train_mlp, softmax_cross_entropy, sgd, single_process, cuda> t{{.lr = 0.05f, .momentum = 0.9f},
+  trainer<train_mlp, softmax_cross_entropy, sgd, single_process, cuda> t{{.lr = 0.02f, .momentum = 0.9f},
                                                                          {.seed = 1, .threads = 1}};
   return run(t, steps);
 }

@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// A serial host backend for the GPU check: the same kernel bodies as loom::cpu and loom::cuda
-// run in plain loops, matrix products and convolutions as direct loops. It needs nothing but a
-// C++ compiler (no oneDNN, no OpenMP), so the check can compare loom::cuda against it on any
-// machine with a GPU. Slow; for checks only.
+// A serial host backend for the GPU check (benchmarks/gpu/gpu_check.cu): the same kernel bodies
+// as loom::cpu and loom::cuda run in plain loops, matrix products and convolutions as direct
+// loops (accumulating in double). It needs nothing but a C++ compiler (no oneDNN, no OpenMP), so
+// the check can compare loom::cuda against it on any machine with a GPU; reference_test.cpp
+// checks it against loom::cpu. Slow; for checks only.
 
 #include <cstddef>
 #include <cstring>
