@@ -52,6 +52,16 @@ inline void check_cuda_for_nccl(cudaError_t e, const char* what, const char* op,
   throw_nccl(op, rank, std::string(what) + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
 }
 
+/// Runs f, reporting a CUDA failure in it (an event, a stream) as the communication_error of op.
+template <class F>
+decltype(auto) cuda_for_nccl(const char* op, int rank, F&& f) {
+  try {
+    return f();
+  } catch (const backend_error& e) {
+    throw_nccl(op, rank, e.what());
+  }
+}
+
 /// NCCL's element type for T, or nullopt (16-bit integers, long double) — such values move
 /// through host memory (MPI) only.
 template <class T>
@@ -145,9 +155,11 @@ struct nccl_state {
   /// and receives between two ranks cannot wait on each other), after the caller's work.
   void flush(const char* op) {
     if (queued.empty()) return;
-    cuda_event ready;
-    ready.record(cuda_compute_stream());
-    ready.make_wait(stream);
+    cuda_for_nccl(op, rank, [&] {
+      cuda_event ready;
+      ready.record(cuda_compute_stream());
+      ready.make_wait(stream);
+    });
     check_nccl(ncclGroupStart(), comm, op, rank);
     for (const p2p& q : queued) {
       if (q.send)
@@ -156,8 +168,11 @@ struct nccl_state {
         check_nccl(ncclRecv(q.data, q.count, q.type, q.peer, comm, stream), comm, op, rank);
     }
     check_nccl(ncclGroupEnd(), comm, op, rank);
-    auto done = std::make_shared<cuda_event>();
-    done->record(stream);
+    auto done = cuda_for_nccl(op, rank, [&] {
+      auto e = std::make_shared<cuda_event>();
+      e->record(stream);
+      return e;
+    });
     for (p2p& q : queued) *q.done = done;
     queued.clear();
   }
@@ -165,7 +180,7 @@ struct nccl_state {
   /// Blocks until `e` is reached, watching for NCCL's asynchronous errors (a failed peer)
   /// instead of hanging on them.
   void wait_for(const cuda_event& e, const char* op) const {
-    for (unsigned spins = 0; !e.done(); ++spins) {
+    for (unsigned spins = 0; !cuda_for_nccl(op, rank, [&] { return e.done(); }); ++spins) {
       ncclResult_t async = ncclSuccess;
       check_nccl(ncclCommGetAsyncError(comm, &async), comm, op, rank);
       if (async != ncclSuccess && async != ncclInProgress) {
@@ -374,13 +389,17 @@ class nccl_comm {
   template <class Call>
   started run(const char* op, Call&& call) {
     flush(op);
-    cuda_event ready;
-    ready.record(cuda_compute_stream());
-    ready.make_wait(state_->stream);
+    detail::cuda_for_nccl(op, rank(), [&] {
+      cuda_event ready;
+      ready.record(cuda_compute_stream());
+      ready.make_wait(state_->stream);
+    });
     detail::check_nccl(call(state_->stream), state_->comm, op, rank());
-    started s;
-    s.done.record(state_->stream);
-    return s;
+    return detail::cuda_for_nccl(op, rank(), [&] {
+      started s;
+      s.done.record(state_->stream);
+      return s;
+    });
   }
 
   template <class T>
@@ -427,7 +446,7 @@ class nccl_comm::request {
     if (!host_.test()) return false;
     if (!state_) return true;
     if (!*done_) state_->flush(op_);
-    if (!(*done_)->done()) return false;
+    if (!detail::cuda_for_nccl(op_, state_->rank, [&] { return (*done_)->done(); })) return false;
     state_.reset();
     done_.reset();
     return true;
