@@ -19,7 +19,7 @@
 # build-bench/ with LOOM_BUILD_TESTS=OFF), LOOM_JOBS (default 2), RANKS (default 2), RESULTS
 # (prefix of the raw-line files, default BUILD_DIR/allreduce), ROUNDS (rounds of the algorithms
 # and malloc sweeps: each configuration runs once per round, default 2), MPIRUN_FLAGS (extra
-# mpirun flags).
+# mpirun flags), QUIET_WAIT (seconds to wait for an idle machine before each mpirun, default 0).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -29,6 +29,23 @@ ranks=${RANKS:-2}
 rounds=${ROUNDS:-2}
 
 die() { echo "run.sh: $*" >&2; exit 1; }
+
+# QUIET_WAIT=S: before each measurement, wait up to S seconds for the machine to be idle (other
+# processes using under 0.3 cores over 2 s): on a shared machine this moves the runs into the
+# quiet spells. 0 (default): do not wait.
+quiet_wait() {
+  local limit=${QUIET_WAIT:-0} waited=0 a b busy
+  [ "$limit" -gt 0 ] 2>/dev/null || return 0
+  while :; do
+    read -r -a a < <(head -n1 /proc/stat)
+    sleep 2
+    read -r -a b < <(head -n1 /proc/stat)
+    busy=$(( (b[1] + b[2] + b[3] + b[6] + b[7]) - (a[1] + a[2] + a[3] + a[6] + a[7]) ))  # ticks in 2 s
+    [ $((busy * 100 / (2 * $(getconf CLK_TCK)))) -ge 30 ] || return 0
+    [ $waited -lt "$limit" ] || { echo "run.sh: machine still busy after ${waited} s; measuring anyway" >&2; return 0; }
+    waited=$((waited + 2))
+  done
+}
 
 # Builds the targets given into $build_dir (configuring it first if needed); sets build_dir.
 build() {
@@ -153,22 +170,27 @@ table() {
       *) die "unknown flag $1 (see the top of $0)" ;;
     esac
   done
-  local out="$results.txt" started=$SECONDS v
+  local out="$results.txt" started=$SECONDS v size
   : >"$out"
   : >"$out.stderr"
-  # raw, loom, loom-i and chunked in one process, interleaved batch by batch (noise hits all
-  # alike). chunked-i runs alone: its pieces' scratch buffers, all allocated at once, grow the
-  # heap, and the free blocks they leave would serve raw's 32-64 MiB scratch allocations without
-  # page faults, which a program of only raw calls does not get.
-  for v in raw,loom,loom-i,chunked chunked-i; do
-    echo "run.sh: table: ${mpi[*]} -np $ranks $bench --variants $v --chunk $chunk --repeats $repeats --seconds $seconds" >&2
-    "${mpi[@]}" -np "$ranks" "$bench" --variants "$v" --chunk "$chunk" --sizes "$sizes" --repeats "$repeats" \
-      --seconds "$seconds" 2>>"$out.stderr" | tee -a "$out" >&2 || die "bench_allreduce failed (see $out.stderr)"
+  # One mpirun per size (short runs, each after quiet_wait when QUIET_WAIT is set). In it, raw,
+  # loom, loom-i and chunked interleaved batch by batch (noise hits all alike); chunked-i in a
+  # second one: its pieces' scratch buffers, all allocated at once, grow the heap, and the free
+  # blocks they leave would serve raw's 32-64 MiB scratch allocations without page faults,
+  # which a program of only raw calls does not get.
+  for size in ${sizes//,/ }; do
+    for v in raw,loom,loom-i,chunked chunked-i; do
+      echo "run.sh: table: ${mpi[*]} -np $ranks $bench --variants $v --sizes $size --chunk $chunk --repeats $repeats" \
+        "--seconds $seconds" >&2
+      quiet_wait
+      "${mpi[@]}" -np "$ranks" "$bench" --variants "$v" --chunk "$chunk" --sizes "$size" --repeats "$repeats" \
+        --seconds "$seconds" 2>>"$out.stderr" | tee -a "$out" >&2 || die "bench_allreduce failed (see $out.stderr)"
+    done
   done
   echo
   header "Allreduce, float sum in place, $ranks ranks, median of $repeats batches, $((SECONDS - started)) s"
-  echo "  (raw, loom, loom-i, chunked interleaved batch by batch in one mpirun -np $ranks, chunk-i in a second one;"
-  echo "  batches of ~${seconds} s at 5 GB/s)"
+  echo "  (per size, raw, loom, loom-i, chunked interleaved batch by batch in one mpirun -np $ranks, chunk-i in"
+  echo "  a second one; batches of ~${seconds} s at 5 GB/s)"
   echo
   table_print "$out"
   echo "raw lines: $out"
@@ -180,6 +202,7 @@ memory() {
   : >"$out"
   for np in 1 2; do
     echo "run.sh: memory: $np process(es)" >&2
+    quiet_wait
     "${mpi[@]}" -np "$np" "$bench" --memcpy --sizes "$sizes" --repeats 5 2>>"$out.stderr" | tee -a "$out" >&2
   done
   echo
@@ -226,12 +249,14 @@ algorithms() {
   for r in $(seq "$rounds"); do
     for a in 0 1 2 3 4 5 6; do
       echo "run.sh: algorithms: round $r, coll_tuned_allreduce_algorithm $a" >&2
+      quiet_wait
       "${mpi[@]}" -np "$ranks" --mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm "$a" \
         "$bench" --variants raw --sizes "$sizes" --repeats 3 2>>"$out.stderr" | sed "s/^row:/row: family=tuned alg=$a/" |
         tee -a "$out" >&2
     done
     for a in 0 1 2 3 4; do
       echo "run.sh: algorithms: round $r, coll_libnbc_iallreduce_algorithm $a" >&2
+      quiet_wait
       "${mpi[@]}" -np "$ranks" --mca coll_libnbc_iallreduce_algorithm "$a" \
         "$bench" --variants loom-i --sizes "$sizes" --repeats 3 2>>"$out.stderr" | sed "s/^row:/row: family=libnbc alg=$a/" |
         tee -a "$out" >&2
@@ -306,9 +331,11 @@ malloc_sweep() {
   : >"$out"
   for r in $(seq "$rounds"); do
     echo "run.sh: malloc: round $r, glibc as is" >&2
+    quiet_wait
     env -u GLIBC_TUNABLES "${mpi[@]}" -np "$ranks" "$bench" --variants raw,loom-i,chunked --chunk 16M \
       --sizes 8M,16M,32M,64M --repeats 3 2>>"$out.stderr" | sed 's/^row:/row: malloc=as-is/' | tee -a "$out" >&2
     echo "run.sh: malloc: round $r, GLIBC_TUNABLES=$nommap" >&2
+    quiet_wait
     GLIBC_TUNABLES=$nommap "${mpi[@]}" -np "$ranks" -x GLIBC_TUNABLES "$bench" --variants raw,loom-i,chunked --chunk 16M \
       --sizes 8M,16M,32M,64M --repeats 3 2>>"$out.stderr" | sed 's/^row:/row: malloc=no-mmap/' | tee -a "$out" >&2
   done
