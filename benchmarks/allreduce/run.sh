@@ -242,7 +242,7 @@ memory_print() {
 
 # ---------------------------------------------------------------------------------------------
 algorithms() {
-  local out="$results-algorithms.txt" sizes=${ALG_SIZES:-4K,64K,1M,4M,16M,32M,64M} started=$SECONDS a r
+  local out="$results-algorithms.txt" sizes=${ALG_SIZES:-4K,64K,1M,16M,32M,64M} started=$SECONDS a r
   : >"$out"
   # Rounds: every configuration once per round, so that a burst of load hits all alike; the
   # medians are over every round's batches.
@@ -288,18 +288,19 @@ algorithms_print() {
       for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
       return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
     }
+    function fl(k, b) { return ((k, b) in flt) ? sprintf("%.0f", med(flt[k, b])) : "-" }
     /^row:/ {
       b = get($0, "bytes"); k = get($0, "family") get($0, "alg")
       if (!(b in seen)) { seen[b] = 1; order[++rows] = b }
       runs[k, b] = ((k, b) in runs ? runs[k, b] "," : "") get($0, "runs_us")
-      flt[k, b] = get($0, "faults_per_call")
+      flt[k, b] = ((k, b) in flt ? flt[k, b] "," : "") get($0, "faults_per_call")
       o = get($0, "others_cores"); if (!(b in oth) || o + 0 > oth[b] + 0) oth[b] = o
     }
     END {
       split("tuned0 tuned1 tuned2 tuned3 tuned4 tuned5 tuned6 libnbc0 libnbc1 libnbc2 libnbc3 libnbc4", keys, " ")
-      printf "%6s | %-48s | %-34s | %s\n", "", "MPI_Allreduce, coll_tuned_allreduce_algorithm", "loom iallreduce, coll_libnbc_iallreduce_algorithm", ""
-      printf "%6s | %6s %5s %5s %5s %5s %5s %5s %5s | %6s %5s %5s %5s %5s | %6s %s\n", "size", "0=auto", "1lin", "2nov", "3rd", "4ring", \
-        "5sring", "6rab", "best", "0=auto", "1ring", "2bin", "3rab", "4rd", "others", "faults/call (0=auto, 6rab, libnbc 0)"
+      printf "%6s | %-55s | %-34s |\n", "", "MPI_Allreduce: coll_tuned_allreduce_algorithm", "loom iallreduce: coll_libnbc_..."
+      printf "%6s | %6s %6s %6s %6s %6s %6s %6s %6s | %6s %6s %6s %6s %6s | %6s  %s\n", "size", "0=own", "1=lin", "2=nov", "3=rd", \
+        "4=ring", "5=seg", "6=rab", "best", "0=own", "1=ring", "2=bin", "3=rab", "4=rd", "others", "faults/call: own, 6=rab, libnbc own"
       for (i = 1; i <= rows; i++) {
         b = order[i]; best = ""; bt = 0
         line = sprintf("%6s |", size(b))
@@ -308,18 +309,17 @@ algorithms_print() {
           if ((k, b) in runs) {
             t = med(runs[k, b]); v = b / t / 1000
             if (j >= 2 && j <= 7 && (best == "" || t < bt)) { best = substr(k, 6); bt = t }
-            line = line sprintf(" %5.2f", v)
-          } else line = line sprintf(" %5s", "-")
-          if (j == 1) line = line " "
-          if (j == 7) line = line sprintf(" %5s |", best)
-          if (j == 8) line = line " "
+            line = line sprintf(" %6.2f", v)
+          } else line = line sprintf(" %6s", "-")
+          if (j == 7) line = line sprintf(" %6s |", best)
         }
         printf "%s | %5s%s  %s, %s, %s\n", line, oth[b], (oth[b] + 0 > 0.25) ? "*" : " ", \
-          flt["tuned0", b], flt["tuned6", b], flt["libnbc0", b]
+          fl("tuned0", b), fl("tuned6", b), fl("libnbc0", b)
       }
       print ""
       print "Columns: bus bandwidth GB/s; best: the fastest forced tuned algorithm (1 basic linear, 2 nonoverlapping"
-      print "reduce+bcast, 3 recursive doubling, 4 ring, 5 segmented ring, 6 rabenseifner = reduce-scatter + allgather)."
+      print "reduce+bcast, 3 recursive doubling, 4 ring, 5 segmented ring, 6 rabenseifner = reduce-scatter + allgather;"
+      print "libnbc: 1 ring, 2 binomial = reduce to rank 0 + broadcast, 3 rabenseifner, 4 recursive doubling)."
       print "* other processes kept more than 0.25 cores busy: noisy."
     }' "$@"
 }
