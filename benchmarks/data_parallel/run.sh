@@ -107,19 +107,22 @@ table() {
     }
     END {
       t1 = 0; for (i = 1; i <= rows; i++) if ((order[i], 1) in torch) t1 = 1
-      printf "%-5s %6s %11s %12s %10s %13s %11s %10s", "model", "global", "loom", "loom", "efficiency", "torch DDP", "loom/torch", "exposed"
+      printf "%-5s %6s %11s %12s %10s %9s %13s %11s %10s", "model", "global", "loom", "loom", "efficiency", "same", "torch DDP", \
+        "loom/torch", "exposed"
       if (t1) printf " %11s %10s", "torch DDP", "torch"
       printf " %7s\n", "others"
-      printf "%-5s %6s %11s %12s %10s %13s %11s %10s", "", "batch", "1 rank", "2 ranks", "", "2 procs", "", "comm %"
+      printf "%-5s %6s %11s %12s %10s %9s %13s %11s %10s", "", "batch", "1 rank", "2 ranks", "", "per rank", "2 procs", "", "comm %"
       if (t1) printf " %11s %10s", "1 proc", "efficiency"
       printf " %7s\n", "cores"
       for (i = 1; i <= rows; i++) {
         k = order[i]; split(k, p, " ")
         l1 = loom[k, 1]; l2 = loom[k, 2]; tt = torch[k, 2]
         eff = (l1 != "" && l2 != "" && l1 + 0 > 0) ? sprintf("%.2f", l2 / (2 * l1)) : "-"
+        h = p[1] " " (p[2] / 2); lh = ((h, 1) in loom) ? loom[h, 1] : ""
+        same = (lh != "" && l2 != "" && lh + 0 > 0) ? sprintf("%.2f", l2 / (2 * lh)) : "-"
         rat = (l2 != "" && tt != "" && tt + 0 > 0) ? sprintf("%.2f", l2 / tt) : "-"
         ex = ((k in fit) && fit[k] + 0 > 0) ? sprintf("%.0f%%", 100 * exposed[k] / fit[k]) : "-"
-        printf "%-5s %6s %11s %12s %10s %13s %11s %10s", p[1], p[2], num(l1), num(l2), eff, num(tt), rat, ex
+        printf "%-5s %6s %11s %12s %10s %9s %13s %11s %10s", p[1], p[2], num(l1), num(l2), eff, same, num(tt), rat, ex
         if (t1) {
           u = torch[k, 1]
           printf " %11s %10s", num(u), (u != "" && tt != "" && u + 0 > 0) ? sprintf("%.2f", tt / (2 * u)) : "-"
@@ -211,8 +214,10 @@ run_all() {
   echo "         preloaded as tensors; OPENBLAS_CORETYPE=SkylakeX OPENBLAS_NUM_THREADS=1, set_flush_denormal(True);"
   echo "         blas $(field "$first_torch" blas), core $(field "$first_torch" blas_core)"
   echo "  both:  He (fan_in) init, zero biases, SGD lr 0.02 momentum 0.9; the global batch split evenly over the ranks."
-  echo "  efficiency = 2-rank samples/s / (2 x 1-rank samples/s); exposed comm % = share of rank 0's fit() time spent"
-  echo "  waiting for gradients after backward (2 ranks); others = cores other processes kept busy (the most of the runs)."
+  echo "  efficiency = 2-rank samples/s / (2 x 1-rank samples/s) at the same global batch; same per rank = the same"
+  echo "  against 1 rank at half the batch (each rank then runs the batch size it runs alone); exposed comm % = share of"
+  echo "  rank 0's fit() time spent waiting for gradients after backward (2 ranks); others = cores other processes kept"
+  echo "  busy (the most of the row's runs)."
   echo
   table "$results"
   echo
