@@ -101,6 +101,7 @@ table_print() {
       for (i = 1; i <= n; i++) if (index(a[i], key "=") == 1) return substr(a[i], length(key) + 2)
       return ""
     }
+    function add(list, k, v) { if (k in list) list[k] = list[k] "," v; else list[k] = v }  # comma-separated
     function size(b) { return (b + 0 >= 1048576) ? sprintf("%dM", b / 1048576) : sprintf("%dK", b / 1024) }
     function med(list,   n, a, i, j, t) {
       n = split(list, a, ",")
@@ -115,8 +116,8 @@ table_print() {
       b = get($0, "bytes") + 0; v = get($0, "impl"); sub(/:.*/, "", v); n = get($0, "ranks")
       factor = n > 1 ? 2 * (n - 1) / n : 1
       if (!(b in seen)) { seen[b] = 1; order[++rows] = b }
-      runs[v, b] = ((v, b) in runs ? runs[v, b] "," : "") get($0, "runs_us")
-      flt[v, b] = ((v, b) in flt ? flt[v, b] "," : "") get($0, "faults_per_call")
+      add(runs, v SUBSEP b, get($0, "runs_us"))
+      add(flt, v SUBSEP b, get($0, "faults_per_call"))
       o = get($0, "others_cores"); if (!(b in oth) || o + 0 > oth[b] + 0) oth[b] = o
       if (v == "chunked") chunk = get($0, "chunk")
     }
@@ -219,6 +220,7 @@ memory_print() {
       for (i = 1; i <= n; i++) if (index(a[i], key "=") == 1) return substr(a[i], length(key) + 2)
       return ""
     }
+    function add(list, k, v) { if (k in list) list[k] = list[k] "," v; else list[k] = v }  # comma-separated
     function size(b) { return (b + 0 >= 1048576) ? sprintf("%dM", b / 1048576) : sprintf("%dK", b / 1024) }
     /^mem:/ {
       b = get($0, "bytes"); p = get($0, "procs")
@@ -282,6 +284,7 @@ algorithms_print() {
       for (i = 1; i <= n; i++) if (index(a[i], key "=") == 1) return substr(a[i], length(key) + 2)
       return ""
     }
+    function add(list, k, v) { if (k in list) list[k] = list[k] "," v; else list[k] = v }  # comma-separated
     function size(b) { return (b + 0 >= 1048576) ? sprintf("%dM", b / 1048576) : sprintf("%dK", b / 1024) }
     function med(list,   n, a, i, j, t) {
       n = split(list, a, ",")
@@ -292,8 +295,8 @@ algorithms_print() {
     /^row:/ {
       b = get($0, "bytes"); k = get($0, "family") get($0, "alg")
       if (!(b in seen)) { seen[b] = 1; order[++rows] = b }
-      runs[k, b] = ((k, b) in runs ? runs[k, b] "," : "") get($0, "runs_us")
-      flt[k, b] = ((k, b) in flt ? flt[k, b] "," : "") get($0, "faults_per_call")
+      add(runs, k SUBSEP b, get($0, "runs_us"))
+      add(flt, k SUBSEP b, get($0, "faults_per_call"))
       o = get($0, "others_cores"); if (!(b in oth) || o + 0 > oth[b] + 0) oth[b] = o
     }
     END {
@@ -353,6 +356,7 @@ malloc_print() {
       for (i = 1; i <= n; i++) if (index(a[i], key "=") == 1) return substr(a[i], length(key) + 2)
       return ""
     }
+    function add(list, k, v) { if (k in list) list[k] = list[k] "," v; else list[k] = v }  # comma-separated
     function size(b) { return (b + 0 >= 1048576) ? sprintf("%dM", b / 1048576) : sprintf("%dK", b / 1024) }
     function med(list,   n, a, i, j, t) {
       n = split(list, a, ",")
@@ -362,8 +366,8 @@ malloc_print() {
     /^row:/ {
       b = get($0, "bytes"); v = get($0, "impl"); sub(/:.*/, "", v); k = get($0, "malloc") " " v
       if (!(b in seen)) { seen[b] = 1; order[++rows] = b }
-      runs[k, b] = ((k, b) in runs ? runs[k, b] "," : "") get($0, "runs_us")
-      flt[k, b] = ((k, b) in flt ? flt[k, b] "," : "") get($0, "faults_per_call")
+      add(runs, k SUBSEP b, get($0, "runs_us"))
+      add(flt, k SUBSEP b, get($0, "faults_per_call"))
       o = get($0, "others_cores"); if (!(b in oth) || o + 0 > oth[b] + 0) oth[b] = o
     }
     END {
