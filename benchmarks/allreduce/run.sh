@@ -18,7 +18,7 @@
 # Environment: LOOM_BUILD_DIR (default build/; if configuring or building there fails,
 # build-bench/ with LOOM_BUILD_TESTS=OFF), LOOM_JOBS (default 2), RANKS (default 2), RESULTS
 # (prefix of the raw-line files, default BUILD_DIR/allreduce), ROUNDS (rounds of the algorithms
-# and malloc sweeps: each configuration runs once per round, default 2), MPIRUN_FLAGS (extra
+# and malloc sweeps: each configuration runs once per round, default 1), MPIRUN_FLAGS (extra
 # mpirun flags), QUIET_WAIT (seconds to wait for an idle machine before each mpirun, default 0).
 set -euo pipefail
 
@@ -26,7 +26,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 jobs=${LOOM_JOBS:-2}
 ranks=${RANKS:-2}
-rounds=${ROUNDS:-2}
+rounds=${ROUNDS:-1}
 
 die() { echo "run.sh: $*" >&2; exit 1; }
 
@@ -253,19 +253,19 @@ algorithms() {
       echo "run.sh: algorithms: round $r, coll_tuned_allreduce_algorithm $a" >&2
       quiet_wait
       "${mpi[@]}" -np "$ranks" --mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm "$a" \
-        "$bench" --variants raw --sizes "$sizes" --repeats 3 2>>"$out.stderr" | sed "s/^row:/row: family=tuned alg=$a/" |
+        "$bench" --variants raw --sizes "$sizes" --repeats 5 2>>"$out.stderr" | sed "s/^row:/row: family=tuned alg=$a/" |
         tee -a "$out" >&2
     done
     for a in 0 1 2 3 4; do
       echo "run.sh: algorithms: round $r, coll_libnbc_iallreduce_algorithm $a" >&2
       quiet_wait
       "${mpi[@]}" -np "$ranks" --mca coll_libnbc_iallreduce_algorithm "$a" \
-        "$bench" --variants loom-i --sizes "$sizes" --repeats 3 2>>"$out.stderr" | sed "s/^row:/row: family=libnbc alg=$a/" |
+        "$bench" --variants loom-i --sizes "$sizes" --repeats 5 2>>"$out.stderr" | sed "s/^row:/row: family=libnbc alg=$a/" |
         tee -a "$out" >&2
     done
   done
   echo
-  header "Open MPI's allreduce algorithms, $ranks ranks, bus bandwidth GB/s (median over $rounds rounds x 3 batches), $((SECONDS - started)) s"
+  header "Open MPI's allreduce algorithms, $ranks ranks, bus bandwidth GB/s (median of $rounds round(s) x 5 batches), $((SECONDS - started)) s"
   echo
   algorithms_print "$out"
   echo
@@ -336,14 +336,14 @@ malloc_sweep() {
     echo "run.sh: malloc: round $r, glibc as is" >&2
     quiet_wait
     env -u GLIBC_TUNABLES "${mpi[@]}" -np "$ranks" "$bench" --variants raw,loom-i,chunked --chunk 16M \
-      --sizes 8M,16M,32M,64M --repeats 3 2>>"$out.stderr" | sed 's/^row:/row: malloc=as-is/' | tee -a "$out" >&2
+      --sizes 8M,16M,32M,64M --repeats 5 2>>"$out.stderr" | sed 's/^row:/row: malloc=as-is/' | tee -a "$out" >&2
     echo "run.sh: malloc: round $r, GLIBC_TUNABLES=$nommap" >&2
     quiet_wait
     GLIBC_TUNABLES=$nommap "${mpi[@]}" -np "$ranks" -x GLIBC_TUNABLES "$bench" --variants raw,loom-i,chunked --chunk 16M \
-      --sizes 8M,16M,32M,64M --repeats 3 2>>"$out.stderr" | sed 's/^row:/row: malloc=no-mmap/' | tee -a "$out" >&2
+      --sizes 8M,16M,32M,64M --repeats 5 2>>"$out.stderr" | sed 's/^row:/row: malloc=no-mmap/' | tee -a "$out" >&2
   done
   echo
-  header "Per-call scratch memory: glibc malloc as is against mmap off ($nommap), $ranks ranks, median of $rounds rounds x 3 batches, $((SECONDS - started)) s"
+  header "Per-call scratch memory: glibc malloc as is against mmap off ($nommap), $ranks ranks, median of $rounds round(s) x 5 batches, $((SECONDS - started)) s"
   echo
   malloc_print "$out"
   echo "raw lines: $out"
