@@ -316,6 +316,7 @@ algorithms_print() {
           } else line = line sprintf(" %6s", "-")
           if (j == 7) line = line sprintf(" %6s |", best)
         }
+        if (oth[b] + 0 > 0.25) marked = 1
         printf "%s | %5s%s  %s, %s, %s\n", line, oth[b], (oth[b] + 0 > 0.25) ? "*" : " ", \
           fl("tuned0", b), fl("tuned6", b), fl("libnbc0", b)
       }
@@ -323,7 +324,7 @@ algorithms_print() {
       print "Columns: bus bandwidth GB/s; best: the fastest forced tuned algorithm (1 basic linear, 2 nonoverlapping"
       print "reduce+bcast, 3 recursive doubling, 4 ring, 5 segmented ring, 6 rabenseifner = reduce-scatter + allgather;"
       print "libnbc: 1 ring, 2 binomial = reduce to rank 0 + broadcast, 3 rabenseifner, 4 recursive doubling)."
-      print "* other processes kept more than 0.25 cores busy: noisy."
+      if (marked) print "* other processes kept more than 0.25 cores busy: noisy."
     }' "$@"
 }
 
@@ -383,11 +384,12 @@ malloc_print() {
           }
           line = line " |"
         }
+        if (oth[b] + 0 > 0.25) marked = 1
         printf "%s %s%s\n", line, oth[b], (oth[b] + 0 > 0.25) ? "*" : ""
       }
       print ""
       print "Each cell: bus bandwidth GB/s / minor page faults per call. chunked: 16 MiB pieces."
-      print "* other processes kept more than 0.25 cores busy: noisy."
+      if (marked) print "* other processes kept more than 0.25 cores busy: noisy."
     }' "$@"
 }
 
