@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # loom's mpi_comm allreduce against raw MPI_Allreduce (float, sum, in place) on 2 ranks. Modes:
-#   run.sh [all]          memory, table, algorithms and malloc below, one after the other (~4 min)
+#   run.sh [all]          memory, table, algorithms and malloc below, one after the other (~4.5 min)
 #   run.sh table [--repeats 7] [--seconds 0.1] [--chunk 16M] [--sizes LIST]
 #                         the main table: per size, raw MPI_Allreduce, loom::mpi_comm::allreduce,
 #                         its iallreduce (what data_parallel uses), and the chunked prototype
