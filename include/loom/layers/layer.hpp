@@ -31,6 +31,18 @@ struct activation {
   activation(const activation<U, Backend>& o) : data(o.data), format(o.format) {}
 };
 
+/// The ranks that share a tensor-parallel layer's weights (loom::column_parallel,
+/// loom::row_parallel): they see the same samples and each holds a slice of the weights. The
+/// engine that runs tensor parallelism implements it over its communicator.
+struct tensor_group {
+  virtual ~tensor_group() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /// Sums data[0, n) over the group's ranks, in place (collective over the group).
+  virtual void allreduce_sum(float* data, std::size_t n) = 0;
+  virtual void allreduce_sum(double* data, std::size_t n) = 0;
+};
+
 /// What a forward or backward call needs to know besides the data.
 struct run_context {
   /// Training (dropout active, saving for backward) or evaluation.
@@ -44,6 +56,9 @@ struct run_context {
   /// Index of this batch's first sample within the global batch (non-zero on data-parallel
   /// ranks after the first), so per-sample randomness is the same however the batch is split.
   std::size_t sample_offset = 0;
+  /// The tensor-parallel group of this rank (null when the model is not split by tensor
+  /// parallelism; a column/row-parallel layer then holds its whole weight).
+  tensor_group* tensor = nullptr;
 };
 
 /// Parameter initialisation schemes for layers with weights.
@@ -71,6 +86,16 @@ struct xavier {
 struct layer_site {
   std::size_t index = 0;
   std::uint64_t stream = 0;
+  /// This rank's slice of tensor-parallel layers: slice `shard` of `shards` (0 of 1 when the
+  /// model is not split). Layers that are not tensor-parallel ignore it.
+  std::size_t shard = 0;
+  std::size_t shards = 1;
+};
+
+/// Which slice of the tensor-parallel layers a model holds.
+struct tensor_shard {
+  std::size_t rank = 0;
+  std::size_t count = 1;
 };
 
 namespace detail {

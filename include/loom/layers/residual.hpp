@@ -58,7 +58,7 @@ struct residual {
     using space = typename Backend::memory_space;
 
    public:
-    explicit impl(layer_site site) : inner_(site.stream, 0) {}
+    explicit impl(layer_site site) : inner_(site.stream, 0, tensor_shard{site.shard, site.shards}) {}
 
     void initialize(T* params, std::uint64_t seed) const { inner_.initialize(params, seed); }
 

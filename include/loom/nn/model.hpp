@@ -40,7 +40,11 @@ class model {
   /// the same seed gives the same parameters on every backend and thread count).
   /// Layers initialise on the host; for a backend whose memory the host cannot reach the
   /// values are staged in host memory and copied over once.
-  explicit model(std::uint64_t seed = 1) : params_(parameter_count), grads_(parameter_count) {
+  /// first_layer: the index in the whole model of Network's first layer (a pipeline stage's
+  /// network starts at its first layer's index and so initialises as that part of the whole
+  /// model); shard: the slice of tensor-parallel layers this model holds.
+  explicit model(std::uint64_t seed = 1, std::size_t first_layer = 0, tensor_shard shard = {})
+      : params_(parameter_count), grads_(parameter_count), seq_(0, first_layer, shard) {
     if constexpr (space::host_accessible) {
       seq_.initialize(params_.data(), seed);
     } else {

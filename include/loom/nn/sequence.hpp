@@ -64,9 +64,11 @@ class sequence {
 
  public:
   /// stream: the random stream of this sequence (0 for a whole network); layer i gets its own
-  /// stream derived from it and from first_index + i, its index in the whole model.
-  explicit sequence(std::uint64_t stream = 0, std::size_t first_index = 0)
-      : impls_(make(stream, first_index, std::index_sequence_for<Layers...>{})) {
+  /// stream derived from it and from first_index + i, its index in the whole model (a pipeline
+  /// stage starts at its first layer's index, so it initialises as that part of the whole
+  /// model). shard: the slice of tensor-parallel layers this rank holds.
+  explicit sequence(std::uint64_t stream = 0, std::size_t first_index = 0, tensor_shard shard = {})
+      : impls_(make(stream, first_index, shard, std::index_sequence_for<Layers...>{})) {
     if constexpr (chain::ok) each([&](auto i) {
       constexpr std::size_t k = i;
       if constexpr (sequence::template relu_fused<(k + 1 < layer_count ? k + 1 : 0)>()) std::get<k>(impls_).fuse_relu();
@@ -132,9 +134,11 @@ class sequence {
 
  private:
   template <std::size_t... I>
-  static impls make(std::uint64_t stream, std::size_t first, std::index_sequence<I...>) {
+  static impls make(std::uint64_t stream, std::size_t first, tensor_shard shard, std::index_sequence<I...>) {
     if constexpr (!chain::ok) return impls{};
-    else return impls{impl_at<I>(layer_site{first + I, counter_hash(0x6c6f6f6dULL, stream, first + I)})...};
+    else
+      return impls{impl_at<I>(
+          layer_site{first + I, counter_hash(0x6c6f6f6dULL, stream, first + I), shard.rank, shard.count})...};
   }
   template <class F>
   void each(F&& f) const {
