@@ -3,7 +3,7 @@
 // The compile-time half of pipeline model parallelism: the policy types
 // (loom::model_parallel<loom::pipeline<Stages, Options...>, Comm>), the partition of a network's
 // layers into stages, and the per-stage schedule tables (GPipe, 1F1B) with the check that their
-// sends and receives pair up. The run-time engine that executes these plans is not built yet.
+// sends and receives pair up.
 
 #include <array>
 #include <cstddef>
@@ -15,6 +15,7 @@
 #include "loom/layers/layer.hpp"
 #include "loom/nn/network.hpp"
 #include "loom/parallel/diagnostics.hpp"
+#include "loom/parallel/tensor_parallel.hpp"
 
 namespace loom {
 
@@ -899,26 +900,48 @@ struct stage_partition {
 
 // ---- The policy -------------------------------------------------------------------------------
 
-/// Model parallelism over communicator Comm. Parallelism is a loom::pipeline<Stages, Options...>
-/// (tensor parallelism is not built yet). This type holds the plan only: the run-time engine
-/// that trains with it is not built yet.
-template <class Parallelism, class Comm>
-struct model_parallel {
-  static_assert(is_pipeline_v<Parallelism>,
-                "loom::model_parallel<Parallelism, Comm>: Parallelism must be loom::pipeline<Stages, Options...> "
-                "(tensor parallelism is not built yet)");
-  using parallelism = std::conditional_t<is_pipeline_v<Parallelism>, Parallelism, pipeline<1>>;
-  using comm_type = Comm;
-  static constexpr std::size_t stages = parallelism::stages;
-  static constexpr std::size_t micro_batch_count = parallelism::micro_batch_count;
+namespace detail {
+/// What model_parallel exposes of a pipeline: its stage count, schedule and partitions.
+template <class Parallelism>
+struct model_parallel_members {};
+template <std::size_t Stages, class... Options>
+struct model_parallel_members<pipeline<Stages, Options...>> {
+  using pipeline_type = pipeline<Stages, Options...>;
+  static constexpr std::size_t stages = pipeline_type::stages;
+  static constexpr std::size_t micro_batch_count = pipeline_type::micro_batch_count;
   /// The schedule's tables.
-  using schedule = typename parallelism::schedule;
+  using schedule = typename pipeline_type::schedule;
   /// Network's layers cut into stages.
   template <class Network>
-  using partition = stage_partition<Network, parallelism>;
+  using partition = stage_partition<Network, pipeline_type>;
 
  private:
-  using checked_ = std::bool_constant<parallelism::ok>;
+  using checked_ = std::bool_constant<pipeline_type::ok>;
+};
+template <std::size_t Width>
+struct model_parallel_members<tensor_parallel<Width>> {
+  /// Ranks that share each tensor-parallel layer.
+  static constexpr std::size_t width = Width;
+};
+}  // namespace detail
+
+/// Model parallelism over communicator Comm. Parallelism is a loom::pipeline<Stages, Options...>
+/// (the layers cut into stages, one rank each) or a loom::tensor_parallel<Width> (the weights of
+/// column_parallel / row_parallel layers split over Width ranks).
+template <class Parallelism, class Comm>
+struct model_parallel
+    : detail::model_parallel_members<
+          std::conditional_t<is_pipeline_v<Parallelism> || is_tensor_parallel_v<Parallelism>, Parallelism, pipeline<1>>> {
+  static_assert(is_pipeline_v<Parallelism> || is_tensor_parallel_v<Parallelism>,
+                "loom::model_parallel<Parallelism, Comm>: Parallelism must be loom::pipeline<Stages, Options...> or "
+                "loom::tensor_parallel<Width>");
+  using parallelism = std::conditional_t<is_pipeline_v<Parallelism> || is_tensor_parallel_v<Parallelism>, Parallelism, pipeline<1>>;
+  using comm_type = Comm;
+  /// Ranks one model is split over: the pipeline's stages, or the tensor-parallel width.
+  static constexpr std::size_t group_size = [] {
+    if constexpr (is_pipeline_v<parallelism>) return parallelism::stages;
+    else return parallelism::width;
+  }();
 };
 
 template <class T>

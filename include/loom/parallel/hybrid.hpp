@@ -1,0 +1,43 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// loom::hybrid<loom::data_parallel<Comm, ...>, Parallelism>: a 2-D grid of ranks. Each model
+// replica is split over a group of P ranks (P = the pipeline's stages, or the tensor-parallel
+// width); D = world size / P replicas train by data parallelism.
+//
+// Grid: world rank r is model-parallel index r % P (its stage, or its weight slice) in replica
+// r / P. Consecutive ranks form one model-parallel group — the traffic-heavy group stays on one
+// machine when ranks are placed by slot (mpirun's default). The world communicator is split by
+// colour twice: model-parallel groups (colour r / P) carry pipeline messages or tensor-parallel
+// allreduces; data-parallel groups (colour r % P) carry only the gradient allreduce.
+
+#include <cstddef>
+#include <type_traits>
+
+#include "loom/parallel/data_parallel.hpp"
+#include "loom/parallel/pipeline_plan.hpp"
+#include "loom/parallel/tensor_parallel.hpp"
+
+namespace loom {
+
+template <class DataParallel, class Parallelism>
+struct hybrid {
+  static_assert(is_data_parallel_v<DataParallel>,
+                "loom::hybrid<DataParallel, Parallelism>: DataParallel must be loom::data_parallel<Comm, ...>");
+  static_assert(is_pipeline_v<Parallelism> || is_tensor_parallel_v<Parallelism>,
+                "loom::hybrid<DataParallel, Parallelism>: Parallelism must be loom::pipeline<Stages, ...> or "
+                "loom::tensor_parallel<Width>");
+  using data_parallel_type = DataParallel;
+  using comm_type = typename DataParallel::comm_type;
+  /// The same split of one replica as model_parallel<Parallelism, Comm> gives.
+  using model_parallel_type = model_parallel<Parallelism, comm_type>;
+  using parallelism = Parallelism;
+  /// Ranks per model replica (P).
+  static constexpr std::size_t group_size = model_parallel_type::group_size;
+};
+
+template <class T>
+inline constexpr bool is_hybrid_v = false;
+template <class D, class P>
+inline constexpr bool is_hybrid_v<hybrid<D, P>> = true;
+
+}  // namespace loom
