@@ -1,0 +1,184 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// What the Fashion-MNIST examples share: the networks, the command-line flags, loading the data
+// and the `result:` line. examples/fashion_mnist trains data-parallel, examples/pipeline and
+// examples/tensor_parallel split the same networks over ranks; with the same flags all three
+// start from the same parameters and print comparable results.
+
+#include <charconv>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <iostream>
+#include <string>
+#include <string_view>
+
+#include "loom/loom.hpp"
+#if LOOM_HAS_MPI
+#include "loom/comm/mpi.hpp"
+#include "loom/data/mapped.hpp"
+#endif
+
+namespace example {
+
+using mlp = loom::network<loom::input<784>,
+                          loom::linear<256>, loom::relu,
+                          loom::linear<128>, loom::relu,
+                          loom::linear<10>>;
+
+using cnn = loom::network<loom::input<1, 28, 28>,
+                          loom::conv2d<32, 3, 1, 1>, loom::relu, loom::max_pool2d<2>,
+                          loom::conv2d<64, 3, 1, 1>, loom::relu, loom::max_pool2d<2>,
+                          loom::flatten,
+                          loom::linear<128>, loom::relu,
+                          loom::linear<10>>;
+
+struct flags {
+  std::string model = "mlp";
+  std::size_t epochs = 5;
+  std::size_t batch = 64;
+  float lr = 0.02f;
+  float momentum = 0.9f;
+  std::string optimizer = "sgd";
+  std::uint64_t seed = 1;
+  int threads = 0;
+  std::size_t max_steps = 0;
+  std::size_t train_samples = 0;
+  std::size_t test_samples = 0;
+  std::string data = loom::data::default_fashion_mnist_dir;
+  bool quiet = false;
+};
+
+inline constexpr const char* common_usage = R"(  --model mlp|cnn        network to train (default mlp: 784-256-128-10 with ReLU;
+                         cnn: two 3x3 conv + max-pool blocks, then 128 and 10)
+  --epochs N             passes over the training set (default 5)
+  --batch N              samples per step, over all ranks (default 64)
+  --lr X                 learning rate (default 0.02)
+  --momentum X           SGD momentum (default 0.9)
+  --optimizer sgd|adam   (default sgd)
+  --seed N               seed of initialisation and shuffling (default 1)
+  --threads N            compute threads per rank, 0 = cores / ranks on this host (default 0)
+  --max-steps N          stop after N steps in all (default: no limit)
+  --train-samples N      use only the first N training images (default: all 60000)
+  --test-samples N       evaluate on the first N test images (default: all 10000)
+  --data DIR             directory with the IDX files (default /usr/share/datasets/fashion-mnist)
+  --quiet                no progress output
+)";
+
+/// Parses the command line. `program` names the example in messages; `usage` is its whole usage
+/// text; `extra(name, value)` takes the example's own flags and returns false for an unknown one.
+class parser {
+ public:
+  parser(std::string program, std::string usage) : program_(std::move(program)), usage_(std::move(usage)) {}
+
+  [[noreturn]] void fail(const std::string& msg) const {
+    std::cerr << program_ << ": " << msg << "\n\n" << usage_;
+    std::exit(2);
+  }
+
+  template <class N>
+  N number(std::string_view flag, std::string_view text) const {
+    N v{};
+    auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    if (ec != std::errc{} || p != text.data() + text.size())
+      fail("--" + std::string(flag) + " needs a number, got '" + std::string(text) + "'");
+    return v;
+  }
+
+  flags parse(int argc, char** argv, const std::function<bool(std::string_view, std::string_view)>& extra = {}) const {
+    flags f;
+    for (int i = 1; i < argc; ++i) {
+      std::string_view a = argv[i];
+      if (a == "--help" || a == "-h") {
+        std::cout << usage_;
+        std::exit(0);
+      }
+      if (a == "--quiet") {
+        f.quiet = true;
+        continue;
+      }
+      if (a.substr(0, 2) != "--") fail("unexpected argument '" + std::string(a) + "'");
+      std::string_view name = a.substr(2), value;
+      if (auto eq = name.find('='); eq != std::string_view::npos) {
+        value = name.substr(eq + 1);
+        name = name.substr(0, eq);
+      } else {
+        if (i + 1 >= argc) fail("--" + std::string(name) + " needs a value");
+        value = argv[++i];
+      }
+      if (name == "model") f.model = value;
+      else if (name == "epochs") f.epochs = number<std::size_t>(name, value);
+      else if (name == "batch") f.batch = number<std::size_t>(name, value);
+      else if (name == "lr") f.lr = number<float>(name, value);
+      else if (name == "momentum") f.momentum = number<float>(name, value);
+      else if (name == "optimizer") f.optimizer = value;
+      else if (name == "seed") f.seed = number<std::uint64_t>(name, value);
+      else if (name == "threads") f.threads = number<int>(name, value);
+      else if (name == "max-steps") f.max_steps = number<std::size_t>(name, value);
+      else if (name == "train-samples") f.train_samples = number<std::size_t>(name, value);
+      else if (name == "test-samples") f.test_samples = number<std::size_t>(name, value);
+      else if (name == "data") f.data = value;
+      else if (!extra || !extra(name, value)) fail("unknown flag --" + std::string(name));
+    }
+    if (f.model != "mlp" && f.model != "cnn") fail("--model must be mlp or cnn, got '" + f.model + "'");
+    if (f.optimizer != "sgd" && f.optimizer != "adam") fail("--optimizer must be sgd or adam, got '" + f.optimizer + "'");
+    if (f.batch == 0) fail("--batch must be at least 1");
+    if (f.epochs == 0) fail("--epochs must be at least 1");
+    return f;
+  }
+
+ private:
+  std::string program_, usage_;
+};
+
+template <class Set>
+Set subset(Set set, std::size_t n) {
+  return n ? set.first(n) : std::move(set);
+}
+
+/// The training or test images. With MPI, memory-mapped: a rank touches only the pages of its
+/// own samples.
+inline auto load(const flags& f, loom::data::split which) {
+  const std::size_t n = which == loom::data::split::train ? f.train_samples : f.test_samples;
+#if LOOM_HAS_MPI
+  return subset(loom::data::mapped_fashion_mnist(f.data, which), n);
+#else
+  return subset(loom::data::fashion_mnist(f.data, which), n);
+#endif
+}
+
+inline loom::fit_options fit_options_of(const flags& f) {
+  loom::fit_options fo;
+  fo.epochs = f.epochs;
+  fo.batch = f.batch;
+  fo.max_steps = f.max_steps;
+  fo.progress = f.quiet ? nullptr : &std::cerr;
+  return fo;
+}
+
+/// The machine-readable line every example ends with (printed by rank 0). `extra` is appended
+/// (e.g. " stages=2 micro_batches=4 schedule=1f1b").
+inline void print_result(const flags& f, const loom::fit_result& fit, const loom::eval_result& eval, double params_l2,
+                         const std::string& extra = "") {
+  std::printf("result: model=%s epochs=%zu batch=%zu test_accuracy=%.4f train_loss=%.4f samples_per_s=%.0f "
+              "params_l2=%.6f ranks=%d comm_exposed_s=%.3f%s\n",
+              f.model.c_str(), fit.epochs, f.batch, eval.accuracy, fit.train_loss, fit.samples_per_s(), params_l2,
+              fit.ranks, fit.figures.empty() ? 0.0 : fit.figures[0].comm_exposed_s, extra.c_str());
+}
+
+/// Runs body; a loom::error ends the whole job (peers may be waiting in a collective for this
+/// rank) with the message, exit status 1.
+template <class Body>
+int guarded(const char* program, Body&& body) {
+  try {
+    return body();
+  } catch (const loom::error& e) {
+#if LOOM_HAS_MPI
+    if (loom::mpi_comm::world().size() > 1) loom::mpi_comm::world().abort(1, std::string(program) + ": " + e.what());
+#endif
+    std::cerr << program << ": " << e.what() << "\n";
+    return 1;
+  }
+}
+
+}  // namespace example
