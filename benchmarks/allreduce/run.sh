@@ -28,48 +28,8 @@ jobs=${LOOM_JOBS:-2}
 ranks=${RANKS:-2}
 rounds=${ROUNDS:-1}
 
-die() { echo "run.sh: $*" >&2; exit 1; }
-
-# QUIET_WAIT=S: before each measurement, wait up to S seconds for the machine to be idle (other
-# processes using under 0.3 cores over 2 s): on a shared machine this moves the runs into the
-# quiet spells. 0 (default): do not wait.
-quiet_wait() {
-  local limit=${QUIET_WAIT:-0} waited=0 a b busy
-  [ "$limit" -gt 0 ] 2>/dev/null || return 0
-  while :; do
-    read -r -a a < <(head -n1 /proc/stat)
-    sleep 2
-    read -r -a b < <(head -n1 /proc/stat)
-    busy=$(( (b[1] + b[2] + b[3] + b[6] + b[7]) - (a[1] + a[2] + a[3] + a[6] + a[7]) ))  # ticks in 2 s
-    [ $((busy * 100 / (2 * $(getconf CLK_TCK)))) -ge 30 ] || return 0
-    [ $waited -lt "$limit" ] || { echo "run.sh: machine still busy after ${waited} s; measuring anyway" >&2; return 0; }
-    waited=$((waited + 2))
-  done
-}
-
-# Builds the targets given into $build_dir (configuring it first if needed); sets build_dir.
-build() {
-  local gen=()
-  command -v ninja >/dev/null && gen=(-G Ninja)
-  build_dir=${LOOM_BUILD_DIR:-$repo/build}
-  local log
-  log=$(mktemp)
-  if { [ -f "$build_dir/CMakeCache.txt" ] ||
-       cmake -S "$repo" -B "$build_dir" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release >"$log" 2>&1; } &&
-     cmake --build "$build_dir" -j "$jobs" --target "$@" >"$log" 2>&1; then
-    rm -f "$log"
-    return 0
-  fi
-  [ -z "${LOOM_BUILD_DIR:-}" ] || { tail -n 20 "$log" >&2; die "building $* in $build_dir failed"; }
-  tail -n 5 "$log" >&2
-  echo "run.sh: building in $build_dir failed (other work in progress?); trying $repo/build-bench without tests" >&2
-  build_dir=$repo/build-bench
-  [ -f "$build_dir/CMakeCache.txt" ] ||
-    cmake -S "$repo" -B "$build_dir" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DLOOM_BUILD_TESTS=OFF >&2 ||
-    die "configuring $build_dir failed"
-  cmake --build "$build_dir" -j "$jobs" --target "$@" >&2 || die "building $* in $build_dir failed"
-  rm -f "$log"
-}
+# strip_env, die, quiet_wait, build, mpi_flags, field
+source "$repo/benchmarks/common/lib.sh"
 
 setup() {
   command -v mpirun >/dev/null || die "mpirun not found: apt-get install openmpi-bin libopenmpi-dev libboost-mpi-dev"

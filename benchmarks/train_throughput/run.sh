@@ -27,42 +27,15 @@ peer="$here/torch_peer.py"
 jobs=${LOOM_JOBS:-1}
 
 # Variables that tune BLAS / OpenMP. loom runs without any of them; PyTorch "as installed" too.
-strip_env=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE -u OPENBLAS_NUM_THREADS -u OPENBLAS_VERBOSE
-  -u OMP_NUM_THREADS -u OMP_WAIT_POLICY -u OMP_PROC_BIND -u OMP_PLACES -u GOMP_SPINCOUNT
-  -u MKL_NUM_THREADS -u ONEDNN_MAX_CPU_ISA -u DNNL_MAX_CPU_ISA -u ONEDNN_VERBOSE -u DNNL_VERBOSE)
 
-die() { echo "run.sh: $*" >&2; exit 1; }
-
-# Builds the targets given into $build_dir (configuring it first if needed); sets build_dir.
-build() {
-  local gen=()
-  command -v ninja >/dev/null && gen=(-G Ninja)
-  build_dir=${LOOM_BUILD_DIR:-$repo/build}
-  local log
-  log=$(mktemp)
-  if { [ -f "$build_dir/CMakeCache.txt" ] ||
-       cmake -S "$repo" -B "$build_dir" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release >"$log" 2>&1; } &&
-     cmake --build "$build_dir" -j "$jobs" --target "$@" >&2; then
-    return 0
-  fi
-  [ -z "${LOOM_BUILD_DIR:-}" ] || die "building $* in $build_dir failed"
-  tail -n 20 "$log" >&2
-  echo "run.sh: building in $build_dir failed (other work in progress?); trying $repo/build-bench without tests" >&2
-  build_dir=$repo/build-bench
-  [ -f "$build_dir/CMakeCache.txt" ] ||
-    cmake -S "$repo" -B "$build_dir" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DLOOM_BUILD_TESTS=OFF >&2 ||
-    die "configuring $build_dir failed"
-  cmake --build "$build_dir" -j "$jobs" --target "$@" >&2 || die "building $* in $build_dir failed"
-}
+# strip_env, die, quiet_wait, build, mpi_flags, field
+source "$repo/benchmarks/common/lib.sh"
 
 check_torch() {
   [ -x "$py" ] || die "$py not found (Debian's python3-torch runs on /usr/bin/python3)"
   "$py" -c 'import torch' 2>/dev/null ||
     die "$py cannot import torch: apt-get install python3-torch (and libopenblas0-pthread, which libtorch recommends)"
 }
-
-# The value of key in a `key=value ...` line.
-field() { printf '%s\n' "$1" | tr ' ' '\n' | sed -n "s/^$2=//p" | head -n1; }
 
 # The table from the raw `row:` lines in file $1.
 table() {
