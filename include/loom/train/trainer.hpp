@@ -28,7 +28,9 @@
 #include "loom/optim/clip.hpp"
 #include "loom/optim/schedule.hpp"
 #include "loom/parallel/data_parallel.hpp"
+#include "loom/parallel/hybrid.hpp"
 #include "loom/parallel/single_process.hpp"
+#include "loom/parallel/tensor_parallel.hpp"
 #include "loom/train/progress.hpp"
 
 namespace loom {
@@ -56,12 +58,67 @@ template <class Comm, class... Options>
 struct comm_type_of<data_parallel<Comm, Options...>> {
   using type = Comm;
 };
+template <std::size_t Width, class Comm>
+struct comm_type_of<model_parallel<tensor_parallel<Width>, Comm>> {
+  using type = Comm;
+};
+template <class Comm, class... Options, std::size_t Width>
+struct comm_type_of<hybrid<data_parallel<Comm, Options...>, tensor_parallel<Width>>> {
+  using type = Comm;
+};
+
+/// The policies of tensor parallelism the trainer runs: model_parallel<tensor_parallel<T>, Comm>
+/// and hybrid<data_parallel<Comm, ...>, tensor_parallel<T>>. tensor_width: T (1 otherwise).
+template <class Policy>
+inline constexpr std::size_t tensor_width_of = 0;
+template <std::size_t Width, class Comm>
+inline constexpr std::size_t tensor_width_of<model_parallel<tensor_parallel<Width>, Comm>> = Width;
+template <class DataParallel, std::size_t Width>
+inline constexpr std::size_t tensor_width_of<hybrid<DataParallel, tensor_parallel<Width>>> = Width;
+template <class Policy>
+inline constexpr bool is_tensor_parallel_policy_v = tensor_width_of<Policy> != 0;
+
+/// The engine the trainer drives for Policy, and the network its model runs (Network, or one
+/// rank's slice of it under tensor parallelism).
+template <class Network, class T, class Policy>
+struct engine_of {
+  using type = single_process_engine<Network, T>;
+  using network = Network;
+};
+template <class Network, class T, class Comm, class... Options>
+struct engine_of<Network, T, data_parallel<Comm, Options...>> {
+  using type = data_parallel_engine<Network, T, data_parallel<Comm, Options...>>;
+  using network = Network;
+};
+template <class Network, class T, std::size_t Width, class Comm>
+struct engine_of<Network, T, model_parallel<tensor_parallel<Width>, Comm>> {
+  using type = tensor_parallel_engine<Network, T, Comm, Width>;
+  using network = typename type::rank_network;
+};
+template <class Network, class T, class DataParallel, std::size_t Width>
+struct engine_of<Network, T, hybrid<DataParallel, tensor_parallel<Width>>> {
+  using type = tensor_parallel_engine<Network, T, typename DataParallel::comm_type, Width, DataParallel>;
+  using network = typename type::rank_network;
+};
+
+/// The place of this process in the whole world (an engine's rank() / world() are the data
+/// loader's: the replica index and count, which tensor parallelism makes differ).
+template <class Engine>
+int world_rank_of(const Engine& e) {
+  if constexpr (requires { e.world_rank(); }) return e.world_rank();
+  else return e.rank();
+}
+template <class Engine>
+int world_size_of(const Engine& e) {
+  if constexpr (requires { e.world_size(); }) return e.world_size();
+  else return e.world();
+}
 
 /// Whether Policy's communicator can move memory of Backend's space: any can move host memory;
 /// GPU memory needs one that says so (nccl_comm::moves_device_memory).
 template <class Policy, class Backend>
 constexpr bool policy_reaches_backend_memory() {
-  if constexpr (!is_data_parallel_v<Policy> || Backend::memory_space::host_accessible) {
+  if constexpr (std::is_void_v<typename comm_type_of<Policy>::type> || Backend::memory_space::host_accessible) {
     return true;
   } else {
     return requires { requires comm_type_of<Policy>::type::moves_device_memory; };
@@ -126,28 +183,39 @@ template <class Network, class Loss, class Optimizer, class Policy = single_proc
 class trainer {
   static_assert(is_network_v<Network>, "loom::trainer's first argument must be a loom::network<loom::input<...>, ...>");
   static_assert(detail::policy_reaches_backend_memory<Policy, Backend>(),
-                "loom::trainer: this data_parallel communicator cannot move GPU memory (mpi_comm and local_comm "
-                "take host memory): with loom::cuda use loom::data_parallel<loom::nccl_comm> from <loom/comm/nccl.hpp>");
-  static_assert(std::is_same_v<Policy, single_process> || is_data_parallel_v<Policy>,
-                "loom::trainer: Policy must be loom::single_process or loom::data_parallel<Comm, ...>");
+                "loom::trainer: this communicator cannot move GPU memory (mpi_comm and local_comm take host "
+                "memory): with loom::cuda use loom::nccl_comm from <loom/comm/nccl.hpp>");
+  static_assert(std::is_same_v<Policy, single_process> || is_data_parallel_v<Policy> ||
+                    detail::is_tensor_parallel_policy_v<Policy>,
+                "loom::trainer: Policy must be loom::single_process, loom::data_parallel<Comm, ...>, "
+                "loom::model_parallel<loom::tensor_parallel<T>, Comm>, loom::hybrid<loom::data_parallel<Comm, ...>, "
+                "loom::tensor_parallel<T>>, or a pipeline (loom::model_parallel<loom::pipeline<...>, Comm>, "
+                "loom::hybrid<..., loom::pipeline<...>>)");
   using T = float;
-  using model_type = ::loom::model<Network, T, Backend>;
+  static constexpr bool tensor_split = detail::is_tensor_parallel_policy_v<Policy>;
+  using engine_type = typename detail::engine_of<Network, T, Policy>::type;
+  /// The network this rank runs: Network, or under tensor parallelism its slice of it.
+  using rank_network = typename detail::engine_of<Network, T, Policy>::network;
+  using model_type = ::loom::model<rank_network, T, Backend>;
   using optimizer_state = typename Optimizer::template state<T, Backend>;
-  using engine_type = std::conditional_t<is_data_parallel_v<Policy>, data_parallel_engine<Network, T, Policy>,
-                                         single_process_engine<Network, T>>;
+  using comm_type = typename detail::comm_type_of<Policy>::type;
   static constexpr std::size_t out_width = Network::output_shape::size;
 
  public:
   using optimizer_options = typename Optimizer::options;
 
-  /// Trains alone, or under data_parallel<mpi_comm> on the world communicator.
+  /// Trains alone, or under data_parallel<mpi_comm> (tensor parallelism over mpi_comm, hybrid)
+  /// on the world communicator.
   explicit trainer(optimizer_options opt = {}, trainer_options options = {})
-    requires(!is_data_parallel_v<Policy> || requires { Policy::comm_type::world(); })
+    requires(std::is_void_v<comm_type> || requires { comm_type::world(); })
       : trainer(make_engine(), opt, options) {}
 
-  /// Trains under data_parallel on `comm` (e.g. a loom::local_comm of a local_world).
+  /// Trains under data_parallel, tensor parallelism or hybrid on `comm` (e.g. a
+  /// loom::local_comm of a local_world). Under tensor parallelism: comm has exactly T ranks
+  /// (model_parallel) or a multiple of T (hybrid; world rank r is slice r % T of replica r / T);
+  /// collective; throws loom::invalid_argument otherwise.
   template <class Comm>
-    requires(is_data_parallel_v<Policy> && std::is_same_v<Comm, typename detail::comm_type_of<Policy>::type>)
+    requires(!std::is_void_v<comm_type> && std::is_same_v<Comm, comm_type>)
   trainer(Comm comm, optimizer_options opt = {}, trainer_options options = {})
       : trainer(engine_type(std::move(comm)), opt, options) {}
 
@@ -170,13 +238,13 @@ class trainer {
                            ";clip_grad_norm=" + std::to_string(opts.clip_grad_norm));
     data::distributed_loader<Dataset> loader(data, opts.batch, options_.seed, engine_.rank(), engine_.world());
     reserve(opts.batch);
-    const bool show = engine_.rank() == 0;
+    const bool show = detail::world_rank_of(engine_) == 0;
     progress_display progress(show ? opts.progress : nullptr, opts.progress_style,
                               opts.progress == &std::cerr ? ::isatty(2) : opts.progress == &std::cout ? ::isatty(1) : false);
     rank_figures& fig = engine_.figures();
     fig = {};
     fit_result r;
-    r.ranks = engine_.world();
+    r.ranks = detail::world_size_of(engine_);
     const auto start = clock::now();
     bool stop = false;
     for (std::size_t epoch = 0; epoch < opts.epochs && !stop; ++epoch) {
@@ -237,7 +305,7 @@ class trainer {
       const std::size_t n = next_batch(loader, global_n);
       if (n == 0) continue;
       run_context ctx{.training = false, .accumulate = false, .seed = options_.seed, .step = step_,
-                      .sample_offset = loader.local_offset()};
+                      .sample_offset = loader.local_offset(), .tensor = tensor_group()};
       const T* y = model_.forward(ctx, x_.data(), n);
       const loss_value v = Loss::template compute<Backend, out_width, T>(y, labels_.data(), nullptr, n, T(1), ws_);
       sums[0] += v.sum;
@@ -256,27 +324,54 @@ class trainer {
   optimizer_state& optimizer() noexcept { return state_; }
   /// Optimizer steps taken so far, over all fit() calls.
   std::size_t steps() const noexcept { return step_; }
-  /// This process's rank and the number of ranks (0 and 1 when training alone).
-  int rank() const { return engine_.rank(); }
-  int ranks() const { return engine_.world(); }
+  /// This process's rank and the number of ranks (0 and 1 when training alone), in the whole
+  /// world (under tensor parallelism each group's ranks count apart).
+  int rank() const { return detail::world_rank_of(engine_); }
+  int ranks() const { return detail::world_size_of(engine_); }
   engine_type& engine() noexcept { return engine_; }
+
+  /// The L2 norm of the whole model's parameters, summed in double. Under tensor parallelism
+  /// the split parameters' squares are summed over the tensor group and replicated ones count
+  /// once, so every rank gets the whole model's norm (collective over the tensor group).
+  double parameters_l2() {
+    if constexpr (tensor_split) return engine_.template l2<Backend>(model_.parameters().data());
+    else return model_.parameters_l2();
+  }
+
+  /// The whole model's flat parameters (Network::parameter_count, Network's layout) as a host
+  /// vector, on every rank. Under tensor parallelism the slices are gathered over the tensor
+  /// group (collective over it); otherwise a copy of model().parameters().
+  std::vector<T> gather_parameters() {
+    if constexpr (tensor_split) return engine_.gather_parameters(model_.copy_parameters_to_host());
+    else return model_.copy_parameters_to_host();
+  }
 
  private:
   using clock = std::chrono::steady_clock;
   static double seconds(clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
+  /// The tensor group of this rank for run_context::tensor (null unless tensor parallel).
+  loom::tensor_group* tensor_group() noexcept {
+    if constexpr (tensor_split) return engine_.group();
+    else return nullptr;
+  }
+  static tensor_shard model_shard(engine_type& engine) {
+    if constexpr (tensor_split) return engine.shard();
+    else return {};
+  }
+
   static engine_type make_engine() {
-    if constexpr (is_data_parallel_v<Policy>)
-      return engine_type(Policy::comm_type::world());
+    if constexpr (!std::is_void_v<comm_type>)
+      return engine_type(comm_type::world());
     else
       return engine_type();
   }
 
   trainer(engine_type engine, optimizer_options opt, trainer_options options)
       : options_(options), opt_(opt), init_threads_((set_threads(options.threads), 0)), engine_(std::move(engine)),
-        model_(options.seed), state_(opt, Network::parameter_count) {
+        model_(options.seed, 0, model_shard(engine_)), state_(opt, model_type::parameter_count) {
     engine_.check_same_job(job_description());
-    engine_.broadcast_parameters(model_.parameters().data(), Network::parameter_count);
+    engine_.broadcast_parameters(model_.parameters().data(), model_type::parameter_count);
   }
 
   std::string job_description() const {
@@ -338,7 +433,7 @@ class trainer {
     loss_value v;
     if (n > 0) {
       run_context ctx{.training = true, .accumulate = m > 0 && had_samples_, .seed = options_.seed,
-                      .step = step_ * 1000003 + m, .sample_offset = offset};
+                      .step = step_ * 1000003 + m, .sample_offset = offset, .tensor = tensor_group()};
       const T* y = model_.forward(ctx, x_.data(), n);
       v = Loss::template compute<Backend, out_width, T>(y, labels_.data(), dy_.data(), n,
                                                         T(1) / static_cast<T>(global_n * group), ws_);
@@ -348,7 +443,7 @@ class trainer {
         model_.backward(ctx, dy_.data(), n);
       had_samples_ = true;
     } else if (!(m > 0 && had_samples_)) {
-      Backend::zero(grads, Network::parameter_count);  // nothing of this batch here: contribute zeros
+      Backend::zero(grads, model_type::parameter_count);  // nothing of this batch here: contribute zeros
       had_samples_ = true;
     }
     engine_.figures().compute_s += seconds(t0, clock::now());
@@ -359,7 +454,17 @@ class trainer {
   void optimizer_step(const fit_options& opts) {
     const auto t0 = clock::now();
     auto grads = model_.gradients();
-    if (opts.clip_grad_norm > 0) clip_grad_norm<Backend>(grads.data(), grads.size(), opts.clip_grad_norm);
+    if (opts.clip_grad_norm > 0) {
+      if constexpr (tensor_split) {
+        // The whole model's gradient norm, as clip_grad_norm computes it for one buffer.
+        const double norm = engine_.template l2<Backend>(grads.data());
+        const double factor = opts.clip_grad_norm / (norm + 1e-6);
+        if (std::isfinite(norm) && factor < 1.0)
+          Backend::for_each(grads.size(), detail::scale_by<T>{grads.data(), static_cast<T>(factor)});
+      } else {
+        clip_grad_norm<Backend>(grads.data(), grads.size(), opts.clip_grad_norm);
+      }
+    }
     state_.step(model_.parameters().data(), grads.data(), grads.size(), opts.schedule(step_, opt_.lr));
     ++step_;
     had_samples_ = false;
