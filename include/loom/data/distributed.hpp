@@ -120,9 +120,16 @@ class distributed_loader {
   /// The most samples one rank gets in a step, ceil(global_batch / world): the room next()
   /// needs.
   std::size_t max_local_batch() const noexcept {
+    if (block_) return std::min(block_, batch_);
     const auto w = static_cast<std::size_t>(world_);
     return (batch_ + w - 1) / w;
   }
+
+  /// Splits every global batch in fixed blocks instead of evenly: rank r takes positions
+  /// [r block, (r + 1) block) of each global batch, cut at its end, so the first ranks fill up
+  /// first and the last may get none (deterministic training deals whole chunks this way; see
+  /// loom::chunk_plan). 0 restores the even split. Takes effect at the next next().
+  void set_rank_block(std::size_t block) noexcept { block_ = block; }
 
   /// This rank and the number of ranks.
   int rank() const noexcept { return rank_; }
@@ -144,8 +151,8 @@ class distributed_loader {
     const std::size_t n = std::min(batch_, order_.size() - pos_);
     const auto w = static_cast<std::size_t>(world_);
     const auto r = static_cast<std::size_t>(rank_);
-    const std::size_t lo = n * r / w;
-    const std::size_t hi = n * (r + 1) / w;
+    const std::size_t lo = block_ ? std::min(n, r * block_) : n * r / w;
+    const std::size_t hi = block_ ? std::min(n, (r + 1) * block_) : n * (r + 1) / w;
     for (std::size_t k = lo; k < hi; ++k) {
       detail::write_sample(*data_, order_[pos_ + k], x + (k - lo) * sample, labels + (k - lo));
     }
@@ -180,6 +187,7 @@ class distributed_loader {
   std::vector<std::size_t> order_;
   std::size_t epoch_ = 0;
   std::size_t pos_ = 0;
+  std::size_t block_ = 0;  // samples per rank block; 0: the even split
   batch_share last_{};
 };
 

@@ -27,6 +27,7 @@
 #include "loom/nn/model.hpp"
 #include "loom/optim/clip.hpp"
 #include "loom/optim/schedule.hpp"
+#include "loom/parallel/chunk_tree.hpp"
 #include "loom/parallel/data_parallel.hpp"
 #include "loom/parallel/hybrid.hpp"
 #include "loom/parallel/single_process.hpp"
@@ -150,6 +151,15 @@ struct fit_options {
   lr_schedule schedule{};
   /// Clip the global gradient norm to this value before each step (0: no clipping).
   double clip_grad_norm = 0;
+  /// Split-invariant (deterministic) mode, 0 = off: cut every global batch into chunks of this
+  /// many consecutive samples, run each chunk's forward and backward on its own, and add the
+  /// chunk gradients in one fixed binary tree over the chunk index, across ranks by send/recv
+  /// instead of an allreduce — so the parameters after any number of steps are bitwise the same
+  /// on 1, 2, 4, ... ranks (at the same threads per rank). Ranks must be a power of two; rank r
+  /// takes whole chunks (loom::chunk_plan). Gradients are exchanged after every micro-step of
+  /// an accumulation group. Costs smaller gemms and an exchange without overlap
+  /// (docs/data-parallel.md). single_process and data_parallel only.
+  std::size_t deterministic_chunk = 0;
   /// Where progress goes (null: nowhere) and how.
   std::ostream* progress = &std::cerr;
   progress_mode progress_style = progress_mode::automatic;
@@ -235,8 +245,18 @@ class trainer {
     engine_.check_same_job("fit: epochs=" + std::to_string(opts.epochs) + ";batch=" + std::to_string(opts.batch) +
                            ";accumulation=" + std::to_string(opts.accumulation) + ";max_steps=" +
                            std::to_string(opts.max_steps) + ";samples=" + std::to_string(data.size()) +
-                           ";clip_grad_norm=" + std::to_string(opts.clip_grad_norm));
+                           ";clip_grad_norm=" + std::to_string(opts.clip_grad_norm) +
+                           ";deterministic_chunk=" + std::to_string(opts.deterministic_chunk));
     data::distributed_loader<Dataset> loader(data, opts.batch, options_.seed, engine_.rank(), engine_.world());
+    chunks_.reset();
+    if (opts.deterministic_chunk) {
+      if constexpr (!std::is_same_v<Policy, single_process> && !is_data_parallel_v<Policy>)
+        throw invalid_argument("loom::trainer::fit: deterministic_chunk=" + std::to_string(opts.deterministic_chunk) +
+                               " needs loom::single_process or loom::data_parallel<Comm, ...>, not this policy "
+                               "(tensor or pipeline parallelism): set deterministic_chunk = 0");
+      chunks_ = chunk_plan::make(opts.batch, opts.deterministic_chunk, static_cast<std::size_t>(engine_.world()));
+      loader.set_rank_block(chunks_->rank_block());
+    }
     reserve(opts.batch);
     const bool show = detail::world_rank_of(engine_) == 0;
     progress_display progress(show ? opts.progress : nullptr, opts.progress_style,
@@ -264,7 +284,8 @@ class trainer {
           std::size_t global_n = 0;
           const std::size_t n = next_batch(loader, global_n);
           fig.data_s += seconds(t0, clock::now());
-          const loss_value v = micro_step(n, global_n, loader.local_offset(), m, group);
+          const loss_value v = chunks_ ? chunked_micro_step(n, global_n, loader.local_offset(), m, group)
+                                       : micro_step(n, global_n, loader.local_offset(), m, group);
           sums[0] += v.sum;
           sums[1] += static_cast<double>(v.correct);
           sums[2] += static_cast<double>(n);
@@ -451,6 +472,59 @@ class trainer {
     return v;
   }
 
+  /// micro_step in deterministic mode (chunks_ set): each chunk of this rank's n samples runs
+  /// forward and backward alone from the same buffer; their gradients go into the chunk tree,
+  /// whose sum is finished across ranks by tree_allreduce, then into the tree over the group's
+  /// micro-steps, which gradients() gets on the last one.
+  loss_value chunked_micro_step(std::size_t n, std::size_t global_n, std::size_t offset, std::size_t m, std::size_t group) {
+    constexpr std::size_t in = Network::input_shape::size;
+    constexpr std::size_t count = model_type::parameter_count;
+    const std::size_t c = chunks_->chunk;
+    const auto t0 = clock::now();
+    T* grads = model_.gradients().data();
+    x_chunk_.reserve_discard(c * in);
+    labels_chunk_.reserve_discard(c);
+    if (m == 0) step_tree_.reset(count);
+    chunk_tree_.reset(count);
+    loss_value v;
+    for (std::size_t at = 0; at < n; at += c) {
+      // (k, input) from one buffer for every chunk, so each chunk is computed alike on any rank.
+      const std::size_t k = std::min(c, n - at);
+      Backend::copy(x_chunk_.data(), x_.data() + at * in, k * in);
+      Backend::copy(labels_chunk_.data(), labels_.data() + at, k);
+      run_context ctx{.training = true, .accumulate = false, .seed = options_.seed, .step = step_ * 1000003 + m,
+                      .sample_offset = offset + at};
+      const T* y = model_.forward(ctx, x_chunk_.data(), k);
+      const loss_value u = Loss::template compute<Backend, out_width, T>(y, labels_chunk_.data(), dy_.data(), k,
+                                                                        T(1) / static_cast<T>(global_n * group), ws_);
+      v.sum += u.sum;
+      v.correct += u.correct;
+      model_.backward(ctx, dy_.data(), k);
+      chunk_tree_.push(grads);
+    }
+    chunk_tree_.fold(grads);  // this rank's subtree; nothing when it has no sample
+    const auto t1 = clock::now();
+    auto& fig = engine_.figures();
+    fig.compute_s += seconds(t0, t1);
+    if constexpr (is_data_parallel_v<Policy>) {
+      if (engine_.world() > 1) {
+        tree_scratch_.reserve_discard(count);
+        fig.bytes_sent += tree_allreduce<T, Backend>(engine_.comm(), grads, tree_scratch_.data(), count,
+                                                     [&](std::size_t first, std::size_t) { return chunks_->has_samples(first, global_n); });
+        const double s = seconds(t1, clock::now());
+        fig.comm_s += s;
+        fig.comm_exposed_s += s;
+      }
+    }
+    if (group > 1) {
+      const auto t2 = clock::now();
+      step_tree_.push(grads);
+      if (m + 1 == group) step_tree_.fold(grads);
+      fig.compute_s += seconds(t2, clock::now());
+    }
+    return v;
+  }
+
   void optimizer_step(const fit_options& opts) {
     const auto t0 = clock::now();
     auto grads = model_.gradients();
@@ -485,7 +559,13 @@ class trainer {
   buffer<std::int32_t, staging_space> labels_stage_;
   loss_workspace<Backend> ws_;
   std::size_t step_ = 0;
-  bool had_samples_ = false;  // gradients of the current optimizer step have been written
+  bool had_samples_ = false;
+  // Deterministic mode (fit_options::deterministic_chunk): the plan of the current fit, one
+  // chunk's input, the sums over chunks and over micro-steps, and the exchange's receive buffer.
+  std::optional<chunk_plan> chunks_;
+  buffer<T, typename Backend::memory_space> x_chunk_, tree_scratch_;
+  buffer<std::int32_t, typename Backend::memory_space> labels_chunk_;
+  gradient_tree<T, Backend> chunk_tree_, step_tree_;  // gradients of the current optimizer step have been written
 };
 
 }  // namespace loom

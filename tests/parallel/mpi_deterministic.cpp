@@ -1,0 +1,97 @@
+// SPDX-License-Identifier: Apache-2.0
+// Deterministic (split-invariant) data parallelism over loom::mpi_comm, run by CTest under
+// `mpirun -np N` (N = 2, 4): with fit_options::deterministic_chunk, N processes with global batch
+// B end bitwise where one process with batch B does — the mlp and the example's ReLU/max-pool
+// cnn over 50 steps, and a tail batch that leaves ranks without samples — and a chunk that
+// leaves ranks idle is refused on every rank. Exit status is non-zero on any rank's failure.
+
+#include <cstdio>
+#include <string>
+
+#include "common.hpp"
+#include "loom/comm/mpi.hpp"
+
+using namespace loom_test;
+using mpi_dp = loom::data_parallel<loom::mpi_comm>;
+
+namespace {
+
+int failures = 0;
+
+void check(bool ok, const std::string& what) {
+  if (!ok) {
+    ++failures;
+    std::fprintf(stderr, "rank %d: FAILED: %s\n", loom::mpi_comm::world().rank(), what.c_str());
+  }
+}
+
+const loom::sgd::options momentum{.lr = 0.02f, .momentum = 0.9f};
+
+loom::fit_options chunked(std::size_t n, std::size_t batch, std::size_t chunk) {
+  auto o = steps(n, batch);
+  o.deterministic_chunk = chunk;
+  return o;
+}
+
+/// Trains Net on all ranks, then compares with one process trained on rank 0 (the others wait
+/// for its parameters): every replica and the reference must be bitwise equal.
+template <class Net, class Dataset>
+void equivalence(const char* name, const Dataset& data, const loom::fit_options& o) {
+  auto comm = loom::mpi_comm::world();
+  loom::trainer<Net, loom::softmax_cross_entropy, loom::sgd, mpi_dp> t{momentum, {.seed = 1, .threads = 1}};
+  t.fit(data, o);
+  auto p = t.model().parameters();
+  const std::vector<float> mine(p.begin(), p.end());
+  std::vector<float> ref(mine.size());
+  if (comm.rank() == 0) {
+    loom::trainer<Net, loom::softmax_cross_entropy, loom::sgd> alone{momentum, {.seed = 1, .threads = 1}};
+    alone.fit(data, o);
+    auto q = alone.model().parameters();
+    ref.assign(q.begin(), q.end());
+  }
+  comm.broadcast(ref.data(), ref.size(), 0);
+  const double d = relative_distance(mine, ref);
+  check(d <= 1e-5, std::string(name) + ": relative distance to one process " + std::to_string(d) + " > 1e-5");
+  check(mine == ref, std::string(name) + ": not bitwise equal to one process (relative distance " + std::to_string(d) + ")");
+  if (comm.rank() == 0)
+    std::printf("%s: %d ranks, %zu steps of %zu in chunks of %zu: relative distance to 1 process %.3g%s\n", name,
+                comm.size(), o.max_steps, o.batch, o.deterministic_chunk, d, mine == ref ? " (bitwise equal)" : "");
+}
+
+void idle_ranks_refused() {
+  auto comm = loom::mpi_comm::world();
+  loom::trainer<mlp, loom::softmax_cross_entropy, loom::sgd, mpi_dp> t{momentum, {.seed = 1, .threads = 1}};
+  std::string message = "(no error)";
+  try {
+    t.fit(train_set(), chunked(2, 64, 64));
+  } catch (const loom::invalid_argument& e) {
+    message = e.what();
+  }
+  const std::string want = "deterministic_chunk=64 with batch=64 on " + std::to_string(comm.size()) +
+                           " ranks: a full batch makes 1 chunk of at most 64 samples, which leaves " +
+                           std::to_string(comm.size() - 1) + " rank";
+  check(message.find(want) != std::string::npos, "chunk of a whole batch: expected an error containing '" + want +
+                                                     "', got: " + message);
+  check(t.steps() == 0, "the refused fit took steps");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  loom::mpi::environment env{argc, argv};
+  auto comm = loom::mpi_comm::world();
+  try {
+    equivalence<mlp>("mlp", train_set(), chunked(50, 64, 16));
+    equivalence<cnn>("the example's cnn", train_set(), chunked(50, 64, 16));
+    // 656 = 10 x 64 + 16: each epoch ends with one chunk, rank 0's; 24 steps cross two epochs.
+    const auto tail = loom::data::fashion_mnist(loom::data::split::train).first(656);
+    equivalence<mlp>("mlp, a tail batch of one chunk", tail, chunked(24, 64, 16));
+    idle_ranks_refused();
+  } catch (const loom::error& e) {
+    check(false, e.what());
+  }
+  int total = failures;
+  comm.allreduce(&total, 1, loom::reduce_op::sum);
+  if (comm.rank() == 0) std::printf("%s\n", total == 0 ? "all checks passed" : "some checks failed");
+  return total == 0 ? 0 : 1;
+}
