@@ -464,6 +464,27 @@ struct tensor_parallel_layout {
     }
   }
 
+  /// The inverse of gather: rank `rank`'s slice (rank_network::parameter_count values) of the
+  /// whole network's flat parameters, host memory — to load whole parameters into a split model.
+  template <class T>
+  static void scatter(const T* whole, std::size_t rank, T* slice) {
+    for (const piece& p : pieces) {
+      const T* in = whole + p.whole_offset;
+      T* out = slice + p.rank_offset;
+      if (p.role == kind::replicated) {
+        std::copy_n(in, p.whole_count, out);
+      } else if (p.role == kind::column) {
+        const std::size_t rows = p.rows / Width;
+        std::copy_n(in + rank * rows * p.cols, rows * p.cols, out);
+        std::copy_n(in + p.rows * p.cols + rank * rows, rows, out + rows * p.cols);
+      } else {
+        const std::size_t cols = p.cols / Width;
+        for (std::size_t i = 0; i < p.rows; ++i) std::copy_n(in + i * p.cols + rank * cols, cols, out + i * cols);
+        std::copy_n(in + p.rows * p.cols, p.rows, out + p.rows * cols);
+      }
+    }
+  }
+
   /// The sums of squares of one rank's values v (parameters or gradients, rank_network's
   /// layout, Backend's memory), in double: [0] over the split values (summed over the group,
   /// they give the whole layers'), [1] over the replicated ones (the same on every rank).
