@@ -190,3 +190,30 @@ TEST_CASE("A rank given a different job stops every rank with the differing fiel
   REQUIRE(caught.size() == 2);
   CHECK_THAT(caught[0], Catch::Contains("rank 1 differs from rank 0") && Catch::Contains("[seed=2] where rank 0 has [seed=1]"));
 }
+
+TEST_CASE("Gradient accumulation under tensor parallelism matches one process", "[parallel][tensor]") {
+  // 10 optimizer steps of 2 micro-batches of 32: the slices' backward adds to their gradients.
+  loom::trainer<mlp, loom::softmax_cross_entropy, loom::sgd> one{sgd_opt, {.seed = 1, .threads = 1}};
+  one.fit(train_set(), steps(10, 32, 2));
+  const auto r = train<tp_mlp, tp_policy<2>>(2, 10, 32, steps(10, 32, 2));
+  const double d = relative_distance(r[0].gathered, one.gather_parameters());
+  CHECK(d <= 1e-5);
+  CHECK(d > 0);
+  CHECK(r[0].fit.steps == 10);
+}
+
+TEST_CASE("A row layer reading the whole input and a gathered column layer train as one process does",
+          "[parallel][tensor]") {
+  // The first layer is a row_parallel without a column before it (its input gradient is never
+  // needed: no allreduce in backward), the last a column_parallel without a row after it (its
+  // output is gathered before the loss).
+  using unpaired_mlp = loom::network<loom::input<784>, loom::row_parallel<loom::linear<64>>, loom::relu,
+                                     loom::column_parallel<loom::linear<10>>>;
+  using plain = loom::network<loom::input<784>, loom::linear<64>, loom::relu, loom::linear<10>>;
+  const auto ref = reference<plain>(20, 64);
+  const auto r = train<unpaired_mlp, tp_policy<2>>(2, 20, 64);
+  CHECK(r[0].gathered == r[1].gathered);
+  const double d = relative_distance(r[0].gathered, ref);
+  CHECK(d <= 1e-5);
+  CHECK(d > 0);
+}
