@@ -58,6 +58,17 @@ struct add_row {
   }
 };
 
+/// Backend::gemm (row-major C = alpha op(A) op(B) + beta C) in the run's math mode where the
+/// backend and run_context have one (mixed precision), as loom::linear runs it.
+template <class Backend, class Ctx, class T>
+void slice_gemm(const Ctx& ctx, bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, T alpha, const T* a,
+                std::size_t lda, const T* b, std::size_t ldb, T beta, T* c, std::size_t ldc) {
+  if constexpr (requires { Backend::gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ctx.math); })
+    Backend::gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ctx.math);
+  else
+    Backend::gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
 /// The group a tensor-parallel layer communicates over. Requires: ctx.tensor set, of Width ranks.
 template <std::size_t Width>
 tensor_group& tensor_group_of(const run_context& ctx, const char* layer, std::size_t index) {
@@ -93,7 +104,8 @@ void check_site(const layer_site& site, const char* layer) {
 template <class Linear>
 struct column_parallel : detail::already_reported {
   static_assert(detail::is_linear_v<Linear>,
-                "loom::column_parallel<L>: L must be a loom::linear<N, Init>, e.g. loom::column_parallel<loom::linear<256>>");
+                "loom::column_parallel<L>: L must be a loom::linear<N, Init>, e.g. "
+                "loom::column_parallel<loom::linear<256>>");
 };
 
 template <std::size_t Out, class Init>
@@ -163,7 +175,8 @@ struct column_parallel_shard<linear<Out, Init>, Width, SplitOutput> {
                     "divides N (the layer index, N and the width are in the loom::diagnostic:: name the compiler "
                     "prints)");
       if constexpr (Out % Width != 0)
-        return detail::fail_with<diagnostic::column_parallel_at_layer_has_outputs_not_divisible_by_width<Index, Out, Width>>();
+        return detail::fail_with<
+            diagnostic::column_parallel_at_layer_has_outputs_not_divisible_by_width<Index, Out, Width>>();
       return true;
     }
   }
@@ -185,7 +198,8 @@ struct column_parallel_shard<linear<Out, Init>, Width, SplitOutput> {
     void initialize(T* params, std::uint64_t seed) const {
       // Rows [r rows_, (r+1) rows_) of the whole W (Out, In) are one contiguous run of its flat
       // index; the standard deviation is the whole layer's.
-      detail::fill_normal_from(params, rows_ * in_, site_.shard * rows_ * in_, Init::stddev(in_, Out), seed, site_.stream);
+      detail::fill_normal_from(params, rows_ * in_, site_.shard * rows_ * in_, Init::stddev(in_, Out), seed,
+                               site_.stream);
       std::fill_n(params + rows_ * in_, rows_, T(0));
     }
 
@@ -195,7 +209,8 @@ struct column_parallel_shard<linear<Out, Init>, Width, SplitOutput> {
       const T* b = params + rows_ * in_;
       if constexpr (SplitOutput || Width == 1) {
         Backend::for_each(batch, kernels::broadcast_row<T, rows_>{b, y.data});
-        Backend::gemm(false, true, batch, rows_, in_, T(1), x.data, in_, w, in_, T(1), y.data, rows_);  // (batch, Out/T)
+        // (batch, Out/T)
+        detail::slice_gemm<Backend>(ctx, false, true, batch, rows_, in_, T(1), x.data, in_, w, in_, T(1), y.data, rows_);
       } else {
         // Gathered: every rank writes its columns of a zeroed (batch, Out), the sum fills them all.
         const std::size_t first = site_.shard * rows_;
@@ -203,7 +218,8 @@ struct column_parallel_shard<linear<Out, Init>, Width, SplitOutput> {
         Backend::zero(bias_.data(), Out);
         Backend::copy(bias_.data() + first, b, rows_);
         Backend::for_each(batch, kernels::broadcast_row<T, Out>{bias_.data(), y.data});
-        Backend::gemm(false, true, batch, rows_, in_, T(1), x.data, in_, w, in_, T(1), y.data + first, Out);
+        detail::slice_gemm<Backend>(ctx, false, true, batch, rows_, in_, T(1), x.data, in_, w, in_, T(1), y.data + first,
+                                    Out);
         detail::tensor_group_of<Width>(ctx, name, site_.index).allreduce_sum(y.data, batch * Out);  // (batch, Out)
       }
       y.format = {};
@@ -217,10 +233,12 @@ struct column_parallel_shard<linear<Out, Init>, Width, SplitOutput> {
       // dy: (batch, Out/T), or this rank's columns of the whole (batch, Out) when gathered.
       constexpr std::size_t ld = SplitOutput ? rows_ : Out;
       const T* g = SplitOutput ? dy : dy + site_.shard * rows_;
-      Backend::gemm(true, false, rows_, in_, batch, T(1), g, ld, x.data, in_, ctx.accumulate ? T(1) : T(0), dw, in_);
+      detail::slice_gemm<Backend>(ctx, true, false, rows_, in_, batch, T(1), g, ld, x.data, in_,
+                                  ctx.accumulate ? T(1) : T(0), dw, in_);
       Backend::for_each(rows_, kernels::sum_rows<T>{g, db, batch, ld, ctx.accumulate});
       if (dx) {
-        Backend::gemm(false, false, batch, in_, rows_, T(1), g, ld, w, in_, T(0), dx, in_);  // (batch, In), partial
+        // (batch, In): this slice's part of the input gradient
+        detail::slice_gemm<Backend>(ctx, false, false, batch, in_, rows_, T(1), g, ld, w, in_, T(0), dx, in_);
         if constexpr (Width > 1) detail::tensor_group_of<Width>(ctx, name, site_.index).allreduce_sum(dx, batch * in_);
       }
     }
@@ -266,7 +284,8 @@ struct row_parallel_shard<linear<Out, Init>, Width, SplitInput> {
                     "that the width divides K (the layer index, K and the width are in the loom::diagnostic:: name "
                     "the compiler prints)");
       if constexpr (whole_inputs<In> % Width != 0)
-        return detail::fail_with<diagnostic::row_parallel_at_layer_has_inputs_not_divisible_by_width<Index, whole_inputs<In>, Width>>();
+        return detail::fail_with<
+            diagnostic::row_parallel_at_layer_has_inputs_not_divisible_by_width<Index, whole_inputs<In>, Width>>();
       return true;
     }
   }
@@ -298,7 +317,8 @@ struct row_parallel_shard<linear<Out, Init>, Width, SplitInput> {
                  std::size_t batch) {
       const T* w = params;  // (Out, K/T)
       const T* b = params + Out * cols_;
-      Backend::gemm(false, true, batch, Out, cols_, T(1), x.data + first_column(), ldx_, w, cols_, T(0), y.data, Out);
+      detail::slice_gemm<Backend>(ctx, false, true, batch, Out, cols_, T(1), x.data + first_column(), ldx_, w, cols_,
+                                  T(0), y.data, Out);
       if constexpr (Width > 1) detail::tensor_group_of<Width>(ctx, name, site_.index).allreduce_sum(y.data, batch * Out);
       Backend::for_each(batch, detail::add_row<T, Out>{b, y.data});  // (batch, Out)
       y.format = {};
@@ -309,16 +329,18 @@ struct row_parallel_shard<linear<Out, Init>, Width, SplitInput> {
       const T* w = params;
       T* dw = dparams;
       T* db = dparams + Out * cols_;
-      Backend::gemm(true, false, Out, cols_, batch, T(1), dy, Out, x.data + first_column(), ldx_,
+      detail::slice_gemm<Backend>(ctx, true, false, Out, cols_, batch, T(1), dy, Out, x.data + first_column(), ldx_,
                     ctx.accumulate ? T(1) : T(0), dw, cols_);
       Backend::for_each(Out, kernels::sum_rows<T>{dy, db, batch, Out, ctx.accumulate});
       if (!dx) return;
       if constexpr (SplitInput || Width == 1) {
-        Backend::gemm(false, false, batch, cols_, Out, T(1), dy, Out, w, cols_, T(0), dx, cols_);  // (batch, K/T)
+        // (batch, K/T)
+        detail::slice_gemm<Backend>(ctx, false, false, batch, cols_, Out, T(1), dy, Out, w, cols_, T(0), dx, cols_);
       } else {
         // This rank's columns of a zeroed (batch, K); the sum over the group fills them all.
         Backend::zero(dx, batch * whole_);
-        Backend::gemm(false, false, batch, cols_, Out, T(1), dy, Out, w, cols_, T(0), dx + first_column(), whole_);
+        detail::slice_gemm<Backend>(ctx, false, false, batch, cols_, Out, T(1), dy, Out, w, cols_, T(0),
+                                    dx + first_column(), whole_);
         detail::tensor_group_of<Width>(ctx, name, site_.index).allreduce_sum(dx, batch * whole_);
       }
     }

@@ -83,7 +83,8 @@ class comm_tensor_group final : public tensor_group {
 /// the place in the whole world.
 template <class Network, class T, class Comm, std::size_t Width, class DataParallel = void>
 class tensor_parallel_engine {
-  static_assert(communicator<Comm>, "loom::tensor_parallel: Comm must be a loom communicator (loom::mpi_comm, loom::local_comm)");
+  static_assert(communicator<Comm>,
+                "loom::tensor_parallel: Comm must be a loom communicator (loom::mpi_comm, loom::local_comm)");
   static constexpr bool hybrid = !std::is_void_v<DataParallel>;
   struct no_data_parallel {};
   template <class D>
@@ -105,7 +106,8 @@ class tensor_parallel_engine {
   explicit tensor_parallel_engine(Comm world) : world_(std::move(world)) {
     const int n = world_.size(), r = world_.rank(), w = static_cast<int>(Width);
     if (hybrid ? n % w != 0 : n != w)
-      throw invalid_argument(std::string(hybrid ? "loom::hybrid<data_parallel, tensor_parallel<" : "loom::model_parallel<tensor_parallel<") +
+      throw invalid_argument(std::string(hybrid ? "loom::hybrid<data_parallel, tensor_parallel<"
+                                                : "loom::model_parallel<tensor_parallel<") +
                              std::to_string(Width) + ">>: the communicator has " + std::to_string(n) + " ranks; " +
                              (hybrid ? "it needs a multiple of " : "it needs exactly ") + std::to_string(Width) +
                              " (one per slice of the tensor-parallel layers" + (hybrid ? ", times the replicas)" : ")"));
@@ -140,7 +142,8 @@ class tensor_parallel_engine {
     std::string message;
     for (int r = 1; r < world_.size(); ++r) {
       const std::string other(all.data() + field * static_cast<std::size_t>(r));
-      if (other != first) message += "\n  rank " + std::to_string(r) + " differs from rank 0:" + differing_fields(first, other);
+      if (other != first)
+        message += "\n  rank " + std::to_string(r) + " differs from rank 0:" + differing_fields(first, other);
     }
     if (!message.empty())
       throw communication_error("loom::tensor_parallel: the ranks do not run the same job (" +
@@ -187,7 +190,8 @@ class tensor_parallel_engine {
     std::vector<double> mine = figures().to_vector(), all(k * static_cast<std::size_t>(world_.size()));
     world_.allgather(mine.data(), all.data(), k);
     std::vector<rank_figures> out;
-    for (int r = 0; r < world_.size(); ++r) out.push_back(rank_figures::from(all.data() + k * static_cast<std::size_t>(r)));
+    for (int r = 0; r < world_.size(); ++r)
+      out.push_back(rank_figures::from(all.data() + k * static_cast<std::size_t>(r)));
     return out;
   }
 
@@ -196,7 +200,8 @@ class tensor_parallel_engine {
   std::vector<T> gather_parameters(const std::vector<T>& mine) {
     if (mine.size() != rank_network::parameter_count)
       throw invalid_argument("loom::tensor_parallel_engine::gather_parameters: expected " +
-                             std::to_string(rank_network::parameter_count) + " values, got " + std::to_string(mine.size()));
+                             std::to_string(rank_network::parameter_count) + " values, got " +
+                             std::to_string(mine.size()));
     std::vector<T> slices(Width * rank_network::parameter_count), whole(Network::parameter_count);
     tensor_comm().allgather(mine.data(), slices.data(), mine.size());
     layout::gather(slices.data(), whole.data());
