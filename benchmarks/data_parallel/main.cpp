@@ -85,6 +85,7 @@ struct flags {
   double seconds = 2.0;
   double warmup = 0.5;
   std::size_t repeats = 5;
+  std::size_t deterministic_chunk = 0;
   std::uint64_t seed = 1;
   std::string data = loom::data::default_fashion_mnist_dir;
 };
@@ -97,9 +98,12 @@ constexpr const char* usage = R"(usage: mpirun -np N bench_data_parallel [flags]
   --warmup X         seconds of warm-up before the repeats (default 0.5)
   --repeats N        timed repeats per row; the median is reported (default 5)
   --seed N           initialisation and shuffling seed (default 1)
+  --deterministic-chunk C
+                     split-invariant mode (fit_options::deterministic_chunk): chunks of C samples
+                     summed in a fixed tree, exchanged by send/recv (default 0: off)
   --data DIR         Fashion-MNIST IDX files (default /usr/share/datasets/fashion-mnist)
 Prints per row on stdout (rank 0):
-  row: impl=loom model=M batch=B ranks=N threads=T samples_per_s=S (median, all ranks together)
+  row: impl=loom model=M batch=B ranks=N threads=T chunk=C samples_per_s=S (median, all ranks together)
        runs=S1,.. steps=K train_loss=L compute_s=.. comm_s=.. exposed_s=.. wait_s=.. data_s=..
        (rank 0's figures summed over the timed runs) others_cores=O env=..
   rank: model=M batch=B rank=R compute_s=.. comm_s=.. exposed_s=.. wait_s=.. data_s=.. samples_per_s=..
@@ -162,6 +166,7 @@ flags parse(int argc, char** argv) {
     else if (name == "warmup") f.warmup = std::strtod(std::string(value).c_str(), nullptr);
     else if (name == "repeats") f.repeats = number<std::size_t>(name, value);
     else if (name == "seed") f.seed = number<std::uint64_t>(name, value);
+    else if (name == "deterministic-chunk") f.deterministic_chunk = number<std::size_t>(name, value);
     else if (name == "data") f.data = value;
     else bad_flag("unknown flag --" + std::string(name));
   }
@@ -202,6 +207,7 @@ row_result measure(const flags& f, const Dataset& train, std::size_t batch) {
   loom::fit_options fo;
   fo.epochs = std::size_t(1) << 40;  // bounded by max_steps
   fo.batch = batch;
+  fo.deterministic_chunk = f.deterministic_chunk;
   fo.progress = nullptr;
   row_result r;
   // Runs exactly n more steps on every rank; returns samples per second of all ranks together
@@ -274,10 +280,11 @@ int main(int argc, char** argv) {
           runs += std::to_string(std::lround(v));
         }
         const loom::rank_figures& g = r.figures[0];
-        std::printf("row: impl=loom model=%s batch=%zu ranks=%zu threads=%d samples_per_s=%.0f runs=%s steps=%zu "
+        std::printf("row: impl=loom model=%s batch=%zu ranks=%zu threads=%d chunk=%zu samples_per_s=%.0f runs=%s steps=%zu "
                     "train_loss=%.4f compute_s=%.3f comm_s=%.3f exposed_s=%.3f wait_s=%.3f data_s=%.3f fit_s=%.3f "
                     "others_cores=%.2f env=%s\n",
-                    model.c_str(), batch, r.figures.size(), f.threads, r.median, runs.c_str(), r.steps, r.train_loss,
+                    model.c_str(), batch, r.figures.size(), f.threads, f.deterministic_chunk, r.median, runs.c_str(), r.steps,
+                    r.train_loss,
                     g.compute_s, g.comm_s, g.comm_exposed_s, g.wait_s, g.data_s, g.seconds, r.others_cores,
                     foreign_env().c_str());
         for (std::size_t k = 0; k < r.figures.size(); ++k) {

@@ -4,10 +4,13 @@
 # -np 2, 1 thread per rank) against PyTorch DistributedDataParallel (gloo, 2 processes x 1
 # thread, tuned OpenBLAS) on the example's mlp and cnn. Modes:
 #   run.sh [--model mlp,cnn] [--batch 64,128] [--seconds 2] [--repeats 5] [--torch-1]
+#          [--deterministic-chunk C]
 #       builds bench_data_parallel if needed, then for each (model, global batch) row runs loom
 #       on 1 rank, loom on 2 ranks and PyTorch DDP on 2 processes one after the other (the
 #       order reversed every other row, so that noise hits all alike) and prints one table and
 #       the per-rank figures. --torch-1 also runs PyTorch DDP on 1 process (its own scaling).
+#       --deterministic-chunk C runs loom in split-invariant mode (fit_options::
+#       deterministic_chunk = C; docs/data-parallel.md), PyTorch as always.
 #   run.sh table FILE     the tables again from the raw lines of an earlier run.
 # Environment: LOOM_BUILD_DIR (default build/; if configuring or building there fails,
 # build-bench/ with LOOM_BUILD_TESTS=OFF), LOOM_JOBS (default 2), TORCH_PYTHON (default
@@ -104,7 +107,7 @@ table() {
 }
 
 run_all() {
-  local models=mlp,cnn batches=64,128 seconds=2 repeats=5 torch1=0
+  local models=mlp,cnn batches=64,128 seconds=2 repeats=5 torch1=0 dchunk=0
   while [ $# -gt 0 ]; do
     case $1 in
       --model) models=$2; shift 2 ;;
@@ -112,6 +115,7 @@ run_all() {
       --seconds) seconds=$2; shift 2 ;;
       --repeats) repeats=$2; shift 2 ;;
       --torch-1) torch1=1; shift ;;
+      --deterministic-chunk) dchunk=$2; shift 2 ;;
       *) die "unknown flag $1 (see the top of $0)" ;;
     esac
   done
@@ -134,6 +138,7 @@ run_all() {
   run_loom() {  # model batch ranks
     quiet_wait
     "${strip_env[@]}" "${mpi[@]}" -np "$3" "$bench" --model "$1" --batch "$2" --threads "$threads" "${common[@]}" \
+      --deterministic-chunk "$dchunk" \
       2>>"$results.stderr" | tee -a "$results" >&2
   }
   run_torch() {  # model batch procs
@@ -164,6 +169,7 @@ run_all() {
   echo "after a warm-up; $(nproc) cores: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1)), $(date -u +%Y-%m-%dT%H:%MZ), $((SECONDS - started)) s"
   echo "  loom:  trainer + data_parallel<mpi_comm>, ${mpi[*]} -np 1 / -np 2, $threads thread(s) per rank, memory-mapped"
   echo "         Fashion-MNIST, no BLAS/OpenMP tuning variables (env: $(field "$(grep -m1 '^row: impl=loom' "$results")" env))"
+  [ "$dchunk" = 0 ] || echo "         split-invariant mode, fit_options::deterministic_chunk = $dchunk"
   echo "  torch: DistributedDataParallel, gloo on 127.0.0.1, torch.multiprocessing, $threads thread(s) per process, data"
   echo "         preloaded as tensors; OPENBLAS_CORETYPE=SkylakeX OPENBLAS_NUM_THREADS=1, set_flush_denormal(True);"
   echo "         blas $(field "$first_torch" blas), core $(field "$first_torch" blas_core)"
