@@ -22,6 +22,7 @@
 #include "loom/layers/linear.hpp"
 #include "loom/layers/pool2d.hpp"
 #include "loom/layers/residual.hpp"
+#include "loom/layers/tensor_parallel.hpp"
 #include "loom/nn/loss.hpp"
 #include "loom/nn/model.hpp"
 #include "loom/nn/network.hpp"

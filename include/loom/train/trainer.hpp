@@ -31,7 +31,7 @@
 #include "loom/parallel/data_parallel.hpp"
 #include "loom/parallel/hybrid.hpp"
 #include "loom/parallel/single_process.hpp"
-#include "loom/parallel/tensor_parallel.hpp"
+#include "loom/parallel/tensor_parallel_engine.hpp"
 #include "loom/train/progress.hpp"
 
 namespace loom {
@@ -193,8 +193,9 @@ template <class Network, class Loss, class Optimizer, class Policy = single_proc
 class trainer {
   static_assert(is_network_v<Network>, "loom::trainer's first argument must be a loom::network<loom::input<...>, ...>");
   static_assert(detail::policy_reaches_backend_memory<Policy, Backend>(),
-                "loom::trainer: this communicator cannot move GPU memory (mpi_comm and local_comm take host "
-                "memory): with loom::cuda use loom::nccl_comm from <loom/comm/nccl.hpp>");
+                "loom::trainer: this data_parallel communicator cannot move GPU memory (mpi_comm and local_comm "
+                "take host memory): with loom::cuda use loom::data_parallel<loom::nccl_comm> from <loom/comm/nccl.hpp> "
+                "(tensor parallelism, too, needs a communicator that moves GPU memory)");
   static_assert(std::is_same_v<Policy, single_process> || is_data_parallel_v<Policy> ||
                     detail::is_tensor_parallel_policy_v<Policy>,
                 "loom::trainer: Policy must be loom::single_process, loom::data_parallel<Comm, ...>, "

@@ -1,0 +1,237 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// The engine the trainer drives for tensor parallelism (loom::model_parallel<loom::tensor_parallel<T>,
+// Comm>, loom::hybrid<loom::data_parallel<Comm, ...>, loom::tensor_parallel<T>>): the grid of
+// ranks, the tensor group the layers' allreduces run over (comm_tensor_group), the gradient
+// allreduce across replicas, and the gathering of the split model. The policy is in
+// loom/parallel/tensor_parallel.hpp, the layers in loom/layers/tensor_parallel.hpp.
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "loom/comm/communicator.hpp"
+#include "loom/core/error.hpp"
+#include "loom/layers/tensor_parallel.hpp"
+#include "loom/parallel/data_parallel.hpp"
+#include "loom/parallel/figures.hpp"
+#include "loom/parallel/tensor_parallel.hpp"
+
+namespace loom {
+
+/// The tensor_group of the layers over a loom communicator: its allreduces are the
+/// communicator's, timed and counted for the rank's figures.
+template <class Comm>
+class comm_tensor_group final : public tensor_group {
+  using clock = std::chrono::steady_clock;
+
+ public:
+  explicit comm_tensor_group(Comm comm) : comm_(std::move(comm)) {}
+  int rank() const override { return comm_.rank(); }
+  int size() const override { return comm_.size(); }
+  void allreduce_sum(float* data, std::size_t n) override { reduce(data, n); }
+  void allreduce_sum(double* data, std::size_t n) override { reduce(data, n); }
+  Comm& comm() noexcept { return comm_; }
+
+  /// Seconds spent in allreduces and bytes sent (as a ring sends them) since the last take().
+  std::pair<double, double> take() noexcept { return {std::exchange(seconds_, 0.0), std::exchange(bytes_, 0.0)}; }
+
+ private:
+  template <class T>
+  void reduce(T* data, std::size_t n) {
+    const auto t0 = clock::now();
+    comm_.allreduce(data, n, reduce_op::sum);
+    seconds_ += std::chrono::duration<double>(clock::now() - t0).count();
+    const double k = static_cast<double>(comm_.size());
+    bytes_ += k > 1 ? 2.0 * (k - 1) / k * static_cast<double>(n * sizeof(T)) : 0.0;
+  }
+
+  Comm comm_;
+  double seconds_ = 0, bytes_ = 0;
+};
+
+/// Drives one rank of tensor-parallel training for the trainer (the interface of
+/// data_parallel_engine). World rank r holds slice r % Width of replica r / Width. Width
+/// consecutive ranks form a tensor group (communicator split by colour r / Width), which runs the
+/// layers' allreduces; with DataParallel (a loom::data_parallel<Comm, ...>, for
+/// loom::hybrid) the ranks holding the same slice form a data-parallel group (colour r % Width)
+/// over which every gradient of this rank, split or replicated, is averaged by
+/// data_parallel_engine. DataParallel void: one replica, the world is the tensor group.
+///
+/// rank() / world() are the data-parallel index and replica count (what the data loader splits
+/// batches by: all ranks of a tensor group read the same samples); world_rank() / world_size()
+/// the place in the whole world.
+template <class Network, class T, class Comm, std::size_t Width, class DataParallel = void>
+class tensor_parallel_engine {
+  static_assert(communicator<Comm>,
+                "loom::tensor_parallel: Comm must be a loom communicator (loom::mpi_comm, loom::local_comm)");
+  static constexpr bool hybrid = !std::is_void_v<DataParallel>;
+  struct no_data_parallel {};
+  template <class D>
+  struct dp_engine_of {
+    using type = data_parallel_engine<tensor_parallel_network<Network, Width>, T, D>;
+  };
+  using dp_engine = typename std::conditional_t<hybrid, dp_engine_of<DataParallel>,
+                                                std::type_identity<no_data_parallel>>::type;
+
+ public:
+  using layout = tensor_parallel_layout<Network, Width>;
+  /// The network this rank runs: Network with its tensor-parallel layers sliced.
+  using rank_network = typename layout::rank_network;
+  static constexpr std::size_t width = Width;
+
+  /// Splits world into tensor groups (and data-parallel groups for hybrid). Collective.
+  /// Throws: loom::invalid_argument when world's size is not Width (model_parallel) or not a
+  /// multiple of it (hybrid) — on every rank alike, before any communication.
+  explicit tensor_parallel_engine(Comm world) : world_(std::move(world)) {
+    const int n = world_.size(), r = world_.rank(), w = static_cast<int>(Width);
+    if (hybrid ? n % w != 0 : n != w)
+      throw invalid_argument(std::string(hybrid ? "loom::hybrid<data_parallel, tensor_parallel<"
+                                                : "loom::model_parallel<tensor_parallel<") +
+                             std::to_string(Width) + ">>: the communicator has " + std::to_string(n) + " ranks; " +
+                             (hybrid ? "it needs a multiple of " : "it needs exactly ") + std::to_string(Width) +
+                             " (one per slice of the tensor-parallel layers" + (hybrid ? ", times the replicas)" : ")"));
+    group_ = std::make_unique<comm_tensor_group<Comm>>(world_.split(r / w, r));
+    if constexpr (hybrid) dp_.emplace(world_.split(r % w, r));
+  }
+
+  /// Data-parallel index and replica count.
+  int rank() const { return world_.rank() / static_cast<int>(Width); }
+  int world() const { return world_.size() / static_cast<int>(Width); }
+  int world_rank() const { return world_.rank(); }
+  int world_size() const { return world_.size(); }
+  /// This rank's slice of the tensor-parallel layers.
+  tensor_shard shard() const { return {static_cast<std::size_t>(world_.rank()) % Width, Width}; }
+  /// The tensor group, for run_context::tensor; valid as long as the engine (moves keep it).
+  tensor_group* group() noexcept { return group_.get(); }
+  Comm& tensor_comm() noexcept { return group_->comm(); }
+
+  /// Checks that every rank of the world runs the same job (the description plus the grid);
+  /// every rank throws the same loom::communication_error naming the ranks and the fields that
+  /// differ otherwise. Collective over the world.
+  void check_same_job(const std::string& description) {
+    const std::string mine = description + ";tensor_parallel=" + std::to_string(Width) + ";world=" +
+                             std::to_string(world_.size());
+    constexpr std::size_t field = 2048;
+    if (mine.size() >= field)
+      throw invalid_argument("loom::tensor_parallel: job description longer than " + std::to_string(field) + " bytes");
+    std::vector<char> buf(field, '\0'), all(field * static_cast<std::size_t>(world_.size()), '\0');
+    std::memcpy(buf.data(), mine.data(), mine.size());
+    world_.allgather(buf.data(), all.data(), field);
+    const std::string first(all.data());
+    std::string message;
+    for (int r = 1; r < world_.size(); ++r) {
+      const std::string other(all.data() + field * static_cast<std::size_t>(r));
+      if (other != first)
+        message += "\n  rank " + std::to_string(r) + " differs from rank 0:" + differing_fields(first, other);
+    }
+    if (!message.empty())
+      throw communication_error("loom::tensor_parallel: the ranks do not run the same job (" +
+                                std::to_string(world_.size()) + " ranks); every rank stops:" + message);
+  }
+
+  /// Makes every replica of this slice start from replica 0's values (hybrid; one replica:
+  /// nothing to do — every slice initialises as its part of the whole model). Collective.
+  void broadcast_parameters(T* params, std::size_t n) {
+    if constexpr (hybrid) dp_->broadcast_parameters(params, n);
+  }
+
+  /// Backward finished layer `layer` on the last micro-step: starts the gradient buckets that
+  /// are complete (hybrid).
+  void layer_done(std::size_t layer, T* grads) {
+    if constexpr (hybrid) dp_->layer_done(layer, grads);
+  }
+
+  /// Completes the gradient allreduce across replicas (hybrid), and accounts the tensor
+  /// group's allreduces of the step (blocking: all of it exposed).
+  void finish(T* grads) {
+    if constexpr (hybrid) dp_->finish(grads);
+    const auto [s, bytes] = group_->take();
+    rank_figures& f = figures();
+    f.comm_s += s;
+    f.comm_exposed_s += s;
+    f.bytes_sent += bytes;
+  }
+
+  /// Sums values over the replicas (each tensor group counted once: its ranks saw the same
+  /// samples). Collective over the data-parallel group.
+  void sum(double* values, std::size_t n) {
+    if constexpr (hybrid) dp_->sum(values, n);
+  }
+
+  rank_figures& figures() {
+    if constexpr (hybrid) return dp_->figures();
+    else return figures_;
+  }
+
+  /// Every rank's figures on every rank, world rank order. Collective over the world.
+  std::vector<rank_figures> gather_figures() {
+    constexpr std::size_t k = rank_figures::field_count;
+    std::vector<double> mine = figures().to_vector(), all(k * static_cast<std::size_t>(world_.size()));
+    world_.allgather(mine.data(), all.data(), k);
+    std::vector<rank_figures> out;
+    for (int r = 0; r < world_.size(); ++r)
+      out.push_back(rank_figures::from(all.data() + k * static_cast<std::size_t>(r)));
+    return out;
+  }
+
+  /// The whole model's flat parameters in Network's layout from this rank's slice (host
+  /// memory, rank_network's layout). Collective over the tensor group.
+  std::vector<T> gather_parameters(const std::vector<T>& mine) {
+    if (mine.size() != rank_network::parameter_count)
+      throw invalid_argument("loom::tensor_parallel_engine::gather_parameters: expected " +
+                             std::to_string(rank_network::parameter_count) + " values, got " +
+                             std::to_string(mine.size()));
+    std::vector<T> slices(Width * rank_network::parameter_count), whole(Network::parameter_count);
+    tensor_comm().allgather(mine.data(), slices.data(), mine.size());
+    layout::gather(slices.data(), whole.data());
+    return whole;
+  }
+
+  /// The L2 norm of the whole model's values (parameters or gradients) from this rank's slice
+  /// v (rank_network's layout, Backend's memory): split values' squares summed over the tensor
+  /// group, replicated ones counted once. Collective over the tensor group.
+  template <class Backend>
+  double l2(const T* v) {
+    std::array<double, 2> s = layout::template split_squares<Backend>(v);
+    if constexpr (Width > 1) tensor_comm().allreduce(s.data(), 1, reduce_op::sum);
+    return std::sqrt(s[0] + s[1]);
+  }
+
+ private:
+  static std::string differing_fields(const std::string& a, const std::string& b) {
+    auto fields = [](const std::string& s) {
+      std::vector<std::string> out;
+      for (std::size_t at = 0; at <= s.size();) {
+        std::size_t end = s.find(';', at);
+        if (end == std::string::npos) end = s.size();
+        if (end > at) out.push_back(s.substr(at, end - at));
+        at = end + 1;
+      }
+      return out;
+    };
+    const auto fa = fields(a), fb = fields(b);
+    std::string out;
+    for (std::size_t i = 0; i < std::max(fa.size(), fb.size()); ++i) {
+      const std::string x = i < fa.size() ? fa[i] : "(none)", y = i < fb.size() ? fb[i] : "(none)";
+      if (x != y) out += " [" + y + "] where rank 0 has [" + x + "]";
+    }
+    return out;
+  }
+
+  Comm world_;
+  std::unique_ptr<comm_tensor_group<Comm>> group_;
+  std::optional<dp_engine> dp_;
+  rank_figures figures_;
+};
+
+}  // namespace loom
