@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "loom/core/math_mode.hpp"
 #include "loom/core/random.hpp"
 #include "loom/core/shape.hpp"
 #include "loom/layers/activation.hpp"
@@ -70,10 +71,12 @@ using train_cnn = network<input<1, 12, 12>, conv2d<8, 3, 1, 1>, relu, max_pool2d
                           avg_pool2d<2>, flatten, linear<10>>;
 #define LOOM_CUDA_TEST_TRAIN_CASES(X) X(train_mlp) X(train_cnn)
 
-/// Parameters, input and output gradient of one pass (host, plain row-major).
+/// Parameters, input and output gradient of one pass (host, plain row-major), and the math
+/// mode of its products.
 struct pass_input {
   std::vector<float> params, x, dy;
   std::size_t batch = 0;
+  math_mode math = math_mode::fp32;
 };
 
 /// Output, input gradient and parameter gradients of one pass (host, plain row-major).
@@ -94,9 +97,10 @@ struct train_result {
   std::vector<float> params;
 };
 
-/// `steps` SGD steps (momentum 0.9) of Network on Backend over the synthetic set, seed 1.
+/// `steps` SGD steps (momentum 0.9) of Network on Backend over the synthetic set, seed 1, with
+/// trainer_options::math = math.
 template <class Network, class Backend>
-train_result run_training(std::size_t steps);
+train_result run_training(std::size_t steps, math_mode math = math_mode::fp32);
 
 /// A deterministic labelled image set: 1 x 12 x 12 bytes, 10 classes. A faint 4 x 4 patch
 /// whose place says the class (class 9: a slightly brighter image) under noise, and 15% of the

@@ -51,6 +51,7 @@ pass_result run_pass(const pass_input& in) {
   run_context ctx;
   ctx.seed = 7;
   ctx.step = 3;
+  ctx.math = in.math;
   auto y = seq.forward(ctx, params.data(), activation<const T, Backend>{x.data()}, batch);
   // The CPU may answer in a blocked layout: compare plain values, and give backward its
   // gradient in the layout the output has.
@@ -67,10 +68,10 @@ pass_result run_pass(const pass_input& in) {
 }
 
 template <class Network, class Backend>
-train_result run_training(std::size_t steps) {
+train_result run_training(std::size_t steps, math_mode math) {
   static const synthetic_images data(1600);
   trainer<Network, softmax_cross_entropy, sgd, single_process, Backend> t{{.lr = 0.02f, .momentum = 0.9f},
-                                                                          {.seed = 1, .threads = 2}};
+                                                                          {.seed = 1, .threads = 2, .math = math}};
   fit_options o;
   o.epochs = 1000;
   o.max_steps = steps;
@@ -94,4 +95,4 @@ train_result run_training(std::size_t steps) {
       const loom::cuda_tests::pass_input&);
 #define LOOM_CUDA_TEST_INSTANTIATE_TRAIN(name)                                                              \
   template loom::cuda_tests::train_result                                                                   \
-  loom::cuda_tests::run_training<loom::cuda_tests::name, LOOM_TEST_BACKEND>(std::size_t);
+  loom::cuda_tests::run_training<loom::cuda_tests::name, LOOM_TEST_BACKEND>(std::size_t, loom::math_mode);

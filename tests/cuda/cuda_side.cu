@@ -18,6 +18,8 @@ void gemm_with_a_bad_leading_dimension() {
   cuda::gemm(false, false, 4, 8, 8, 1.0f, a.data(), 2, b.data(), 8, 0.0f, c.data(), 8);
 }
 
+bool cuda_supports_bf16() { return cuda::supports(math_mode::bf16); }
+
 double sum_on_gpu(const std::vector<float>& values) {
   buffer<float, cuda_space> v;
   to_space(values, v);

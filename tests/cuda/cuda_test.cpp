@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // loom::cuda against loom::cpu: every layer's forward and backward, whole networks, and 200-step
 // training runs agree; the caching allocator reuses blocks; failures of CUDA and cuBLAS calls
-// are loom::backend_error naming the call. Both backends run in translation units of their own
+// are loom::backend_error naming the call; in bf16 math cuda stays within bf16 tolerance of
+// cpu. Both backends run in translation units of their own
 // (cpu_side.cpp, cuda_side.cu); this one compares.
 
 #include <catch2/catch.hpp>
@@ -130,4 +131,68 @@ TEST_CASE("cuda::sum adds in double and repeats itself exactly", "[cuda][sum]") 
   CHECK(a == b);
   CHECK(std::abs(a - expected) <= 1e-9 * std::abs(expected) + 1e-9);
   CHECK(sum_on_gpu({}) == 0.0);
+}
+
+namespace {
+
+/// One pass of Network in bf16 on both backends and in fp32 on cuda: cuda's bf16 results stay
+/// within bf16 tolerance of the CPU's (cuBLAS and oneDNN both round operands to bf16; cuDNN
+/// convolutions run TF32, finer than bf16) and of cuda's fp32 results. `must_differ`: the
+/// case's products are all cuBLAS calls, so bf16 must visibly change them. `from_fp32`: how far
+/// from fp32 the case may go (whole networks more than a layer: flipped ReLU and max-pool
+/// choices send gradients elsewhere).
+template <class Network>
+void check_bf16_pass(std::size_t batch, std::uint64_t seed, bool must_differ, double from_fp32) {
+  pass_input in;
+  in.batch = batch;
+  in.math = loom::math_mode::bf16;
+  in.params = as_floats(loom::testing::random_values(Network::parameter_count, seed, 0.3, 0.01));
+  in.x = as_floats(loom::testing::random_values(batch * Network::input_shape::size, seed + 1, 1.0, 0.0));
+  in.dy = as_floats(loom::testing::random_values(batch * Network::output_shape::size, seed + 2, 1.0, 0.0));
+  const pass_result c = run_pass<Network, loom::cpu>(in);
+  const pass_result g = run_pass<Network, loom::cuda>(in);
+  pass_input fp32 = in;
+  fp32.math = loom::math_mode::fp32;
+  const pass_result g32 = run_pass<Network, loom::cuda>(fp32);
+  auto agree = [&](const char* what, const std::vector<float>& gpu, const std::vector<float>& cpu,
+                   const std::vector<float>& gpu32) {
+    const double to_cpu = loom::testing::normwise_error(gpu, cpu), to_fp32 = loom::testing::normwise_error(gpu, gpu32);
+    INFO(what << ": cuda bf16 vs cpu bf16, normwise " << to_cpu << "; cuda bf16 vs cuda fp32, normwise " << to_fp32);
+    CHECK(to_cpu <= 1e-2);
+    CHECK(to_fp32 <= from_fp32);
+    if (must_differ) CHECK(to_fp32 > 1e-4);
+  };
+  agree("output", g.y, c.y, g32.y);
+  agree("input gradient", g.dx, c.dx, g32.dx);
+  agree("parameter gradients", g.dparams, c.dparams, g32.dparams);
+}
+
+}  // namespace
+
+TEST_CASE("cuda in bf16 stays within bf16 tolerance of cpu in bf16 and of cuda in fp32", "[cuda][bf16]") {
+  REQUIRE(cuda_supports_bf16());  // every GPU from compute capability 8.0 on
+  for (std::size_t batch : {1, 7, 32}) {
+    INFO("batch " << batch);
+    check_bf16_pass<linear_case>(batch, 300 + batch, true, 2e-2);
+    check_bf16_pass<mlp_case>(batch, 350 + batch, true, 0.15);
+    check_bf16_pass<conv_case>(batch, 310 + batch, false, 2e-2);
+    check_bf16_pass<conv_strided_case>(batch, 320 + batch, false, 2e-2);
+    check_bf16_pass<conv_relu_case>(batch, 340 + batch, false, 0.15);
+    check_bf16_pass<cnn_case>(batch, 360 + batch, false, 0.15);
+  }
+}
+
+TEST_CASE("200 bf16 training steps on cuda end within 0.05 of the cpu bf16 run's loss", "[cuda][bf16][train]") {
+  REQUIRE(cuda_supports_bf16());
+  auto check = [](const train_result& g, const train_result& c) {
+    INFO("cuda bf16: train loss " << g.train_loss << ", eval loss " << g.eval_loss << ", accuracy " << g.eval_accuracy);
+    INFO("cpu bf16:  train loss " << c.train_loss << ", eval loss " << c.eval_loss << ", accuracy " << c.eval_accuracy);
+    CHECK(g.steps == 200);
+    CHECK(std::abs(g.train_loss - c.train_loss) <= 0.05);
+    CHECK(std::abs(g.eval_loss - c.eval_loss) <= 0.05);
+    CHECK(g.eval_loss < 2.0);
+  };
+  const auto bf16 = loom::math_mode::bf16;
+  SECTION("mlp") { check(run_training<train_mlp, loom::cuda>(200, bf16), run_training<train_mlp, loom::cpu>(200, bf16)); }
+  SECTION("cnn") { check(run_training<train_cnn, loom::cuda>(200, bf16), run_training<train_cnn, loom::cpu>(200, bf16)); }
 }

@@ -2,7 +2,8 @@
 #pragma once
 // A serial host backend for the GPU check (benchmarks/gpu/gpu_check.cu): the same kernel bodies
 // as loom::cpu and loom::cuda run in plain loops, matrix products and convolutions as direct
-// loops (accumulating in double). It needs nothing but a C++ compiler (no oneDNN, no OpenMP), so
+// loops (accumulating in double; in math_mode::bf16 over operands rounded to bf16 first, the
+// rounding loom::cpu and loom::cuda apply). It needs nothing but a C++ compiler (no oneDNN, no OpenMP), so
 // the check can compare loom::cuda against it on any machine with a GPU; reference_test.cpp
 // checks it against loom::cpu. Slow; for checks only.
 
@@ -13,9 +14,18 @@
 #include "loom/backend/kernels/pool.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/geometry.hpp"
+#include "loom/core/math_mode.hpp"
 #include "loom/core/memory.hpp"
 
 namespace loom::gpu_check {
+
+/// v as a product sees it in math mode m: rounded to bf16 in bf16 mode (float only).
+template <class T>
+double operand(T v, math_mode m) {
+  if constexpr (std::is_same_v<T, float>)
+    if (m == math_mode::bf16) return static_cast<double>(detail::round_to_bf16(v));
+  return static_cast<double>(v);
+}
 
 struct reference_format {
   constexpr bool plain() const noexcept { return true; }
@@ -28,7 +38,8 @@ class reference_conv2d_plan {
   explicit reference_conv2d_plan(conv2d_geometry g) : g_(g) {}
   void fuse_relu() { relu_ = true; }
 
-  reference_format forward(const T* x, const reference_format&, const T* w, const T* b, T* y, std::size_t batch) {
+  reference_format forward(const T* x, const reference_format&, const T* w, const T* b, T* y, std::size_t batch,
+                           math_mode m = math_mode::fp32) {
     const std::size_t oh = g_.oh(), ow = g_.ow();
     for (std::size_t n = 0; n < batch; ++n)
       for (std::size_t o = 0; o < g_.oc; ++o)
@@ -40,7 +51,7 @@ class reference_conv2d_plan {
                 for (std::size_t q = 0; q < g_.k; ++q) {
                   std::size_t xi;
                   if (!at(n, c, i, j, p, q, xi)) continue;
-                  s += static_cast<double>(x[xi]) * static_cast<double>(w[((o * g_.c + c) * g_.k + p) * g_.k + q]);
+                  s += operand(x[xi], m) * operand(w[((o * g_.c + c) * g_.k + p) * g_.k + q], m);
                 }
             T v = static_cast<T>(s);
             if (relu_ && v < T(0)) v = T(0);
@@ -49,8 +60,10 @@ class reference_conv2d_plan {
     return {};
   }
 
+  /// In bf16 mode dy, x and w enter rounded (the bias gradient too sums the rounded dy, as
+  /// oneDNN's bf16 convolution does).
   void backward(const T* x, const reference_format&, const T* w, const T* dy, T* dx, T* dw, T* db, std::size_t batch,
-                bool accumulate) {
+                bool accumulate, math_mode m = math_mode::fp32) {
     const std::size_t oh = g_.oh(), ow = g_.ow();
     if (dx) std::memset(dx, 0, batch * g_.c * g_.h * g_.w * sizeof(T));
     if (!accumulate) {
@@ -61,7 +74,7 @@ class reference_conv2d_plan {
       for (std::size_t o = 0; o < g_.oc; ++o)
         for (std::size_t i = 0; i < oh; ++i)
           for (std::size_t j = 0; j < ow; ++j) {
-            const T d = dy[((n * g_.oc + o) * oh + i) * ow + j];
+            const T d = static_cast<T>(operand(dy[((n * g_.oc + o) * oh + i) * ow + j], m));
             if (db) db[o] += d;
             for (std::size_t c = 0; c < g_.c; ++c)
               for (std::size_t p = 0; p < g_.k; ++p)
@@ -69,8 +82,8 @@ class reference_conv2d_plan {
                   std::size_t xi;
                   if (!at(n, c, i, j, p, q, xi)) continue;
                   const std::size_t wi = ((o * g_.c + c) * g_.k + p) * g_.k + q;
-                  dw[wi] += d * x[xi];
-                  if (dx) dx[xi] += d * w[wi];
+                  dw[wi] += d * static_cast<T>(operand(x[xi], m));
+                  if (dx) dx[xi] += d * static_cast<T>(operand(w[wi], m));
                 }
           }
   }
@@ -138,19 +151,23 @@ struct reference {
     for (std::size_t i = 0; i < n; ++i) s += static_cast<double>(f(i));
     return s;
   }
-  /// Row-major C = alpha op(A) op(B) + beta C, accumulated in double.
+  /// Row-major C = alpha op(A) op(B) + beta C, accumulated in double (over bf16-rounded A and
+  /// B in math_mode::bf16).
   template <class T>
   static void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, T alpha, const T* a,
-                   std::size_t lda, const T* b, std::size_t ldb, T beta, T* c, std::size_t ldc) {
+                   std::size_t lda, const T* b, std::size_t ldb, T beta, T* c, std::size_t ldc,
+                   math_mode math = math_mode::fp32) {
     for (std::size_t i = 0; i < m; ++i)
       for (std::size_t j = 0; j < n; ++j) {
         double s = 0;
         for (std::size_t p = 0; p < k; ++p)
-          s += static_cast<double>(trans_a ? a[p * lda + i] : a[i * lda + p]) *
-               static_cast<double>(trans_b ? b[j * ldb + p] : b[p * ldb + j]);
+          s += operand(trans_a ? a[p * lda + i] : a[i * lda + p], math) *
+               operand(trans_b ? b[j * ldb + p] : b[p * ldb + j], math);
         c[i * ldc + j] = static_cast<T>(alpha * s + (beta == T(0) ? 0.0 : static_cast<double>(beta * c[i * ldc + j])));
       }
   }
+  /// Every math mode: bf16 is a rounding of the operands here.
+  static bool supports(math_mode) { return true; }
   template <class T>
   static void copy(T* dst, const T* src, std::size_t n) {
     if (n && dst != src) std::memcpy(dst, src, n * sizeof(T));

@@ -46,6 +46,26 @@ double max_abs(std::span<const T> v) {
   return m;
 }
 
+/// |actual - expected| / |expected| in the 2-norm: how far one result is from another as a
+/// whole (infinity for different sizes, a zero or a non-finite expected). For reduced-precision
+/// math (bf16), whose rounding errors scale with the terms of a sum rather than the sum, so
+/// that element-wise bounds say little where sums cancel.
+template <class A, class B>
+double normwise_error(std::span<const A> actual, std::span<const B> expected) {
+  if (actual.size() != expected.size()) return std::numeric_limits<double>::infinity();
+  double d2 = 0, n2 = 0;
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    const double d = static_cast<double>(actual[i]) - static_cast<double>(expected[i]);
+    d2 += d * d;
+    n2 += static_cast<double>(expected[i]) * static_cast<double>(expected[i]);
+  }
+  return n2 > 0 && std::isfinite(d2) && std::isfinite(n2) ? std::sqrt(d2 / n2) : std::numeric_limits<double>::infinity();
+}
+template <class A, class B>
+double normwise_error(const std::vector<A>& actual, const std::vector<B>& expected) {
+  return normwise_error(std::span<const A>(actual), std::span<const B>(expected));
+}
+
 /// The outcome of comparing two spans element by element.
 struct relative_comparison {
   double max_error = 0;        // the largest rel(actual[i], expected[i], floor)

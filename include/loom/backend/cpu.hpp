@@ -12,6 +12,7 @@
 #include "loom/backend/cpu/launch.hpp"
 #include "loom/backend/cpu/pool2d.hpp"
 #include "loom/backend/cpu/runtime.hpp"
+#include "loom/core/math_mode.hpp"
 #include "loom/core/memory.hpp"
 #include "loom/core/shape.hpp"
 
@@ -38,12 +39,18 @@ struct cpu {
   static double sum(std::size_t n, F f) {
     return detail::cpu_sum(n, f);
   }
-  /// Row-major C = alpha op(A) op(B) + beta C.
+  /// Row-major C = alpha op(A) op(B) + beta C. In math_mode::bf16 (float only) A and B are
+  /// rounded to bf16 and the products summed in float; C stays float.
+  /// Throws loom::invalid_argument for bf16 on a CPU without oneDNN bf16 support.
   template <class T>
   static void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, T alpha, const T* a,
-                   std::size_t lda, const T* b, std::size_t ldb, T beta, T* c, std::size_t ldc) {
-    detail::cpu_gemm<T>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+                   std::size_t lda, const T* b, std::size_t ldb, T beta, T* c, std::size_t ldc,
+                   math_mode math = math_mode::fp32) {
+    detail::cpu_gemm<T>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, math);
   }
+  /// Whether this CPU runs `math`: fp32 always; bf16 where oneDNN has bf16 primitives
+  /// (AVX-512 and later: avx512_core, fast with avx512_bf16 or amx_bf16).
+  static bool supports(math_mode math) { return math == math_mode::fp32 || detail::bf16_gemm::available(); }
   template <class T>
   static void copy(T* dst, const T* src, std::size_t n) {
     if (n && dst != src) std::memcpy(dst, src, n * sizeof(T));

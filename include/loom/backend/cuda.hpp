@@ -22,6 +22,7 @@
 #include "loom/backend/cuda/memory.hpp"
 #include "loom/backend/cuda/pool2d.hpp"
 #include "loom/backend/cuda/runtime.hpp"
+#include "loom/core/math_mode.hpp"
 #include "loom/core/memory.hpp"
 
 namespace loom {
@@ -54,12 +55,19 @@ struct cuda {
   static double sum(std::size_t n, F f) {
     return detail::cuda_sum(n, f);
   }
-  /// Row-major C = alpha op(A) op(B) + beta C (cuBLAS).
+  /// Row-major C = alpha op(A) op(B) + beta C (cuBLAS). In math_mode::bf16 (float only) A and
+  /// B are converted to bf16 on the tensor cores and the products summed in float; C stays
+  /// float. Check supports(math_mode::bf16) first: on GPUs before compute capability 8.0
+  /// cuBLAS may compute such a call in another precision.
   template <class T>
   static void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, T alpha, const T* a,
-                   std::size_t lda, const T* b, std::size_t ldb, T beta, T* c, std::size_t ldc) {
-    detail::cuda_gemm<T>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+                   std::size_t lda, const T* b, std::size_t ldb, T beta, T* c, std::size_t ldc,
+                   math_mode math = math_mode::fp32) {
+    detail::cuda_gemm<T>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, math);
   }
+  /// Whether the current GPU runs `math`: fp32 always; bf16 with bf16 tensor cores (compute
+  /// capability 8.0 and later).
+  static bool supports(math_mode math) { return math == math_mode::fp32 || detail::cuda_has_bf16_tensor_cores(); }
   /// Copies n elements; either side may be device or host memory (unified addressing).
   template <class T>
   static void copy(T* dst, const T* src, std::size_t n) {

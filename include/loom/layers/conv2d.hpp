@@ -2,7 +2,8 @@
 #pragma once
 // loom::conv2d<OutChannels, Kernel, Stride, Pad>: a 2-D convolution over (C, H, W) inputs with
 // square windows and equal padding on every side. Weights are (OutChannels, C, K, K), then
-// OutChannels biases. The backend runs it (oneDNN on the CPU).
+// OutChannels biases. The backend runs it (oneDNN on the CPU, cuDNN on the GPU), in the run's
+// math mode (ctx.math).
 
 #include <algorithm>
 #include <cstddef>
@@ -72,14 +73,15 @@ struct conv2d {
       std::fill_n(params + g_.weight_count(), OutChannels, T(0));
     }
 
-    void forward(const run_context&, const T* params, activation<const T, Backend> x, activation<T, Backend>& y,
+    void forward(const run_context& ctx, const T* params, activation<const T, Backend> x, activation<T, Backend>& y,
                  std::size_t batch) {
-      y.format = plan_.forward(x.data, x.format, params, params + g_.weight_count(), y.data, batch);
+      y.format = plan_.forward(x.data, x.format, params, params + g_.weight_count(), y.data, batch, ctx.math);
     }
 
     void backward(const run_context& ctx, const T* params, activation<const T, Backend> x, activation<const T, Backend>,
                   const T* dy, T* dx, T* dparams, std::size_t batch) {
-      plan_.backward(x.data, x.format, params, dy, dx, dparams, dparams + g_.weight_count(), batch, ctx.accumulate);
+      plan_.backward(x.data, x.format, params, dy, dx, dparams, dparams + g_.weight_count(), batch, ctx.accumulate,
+                     ctx.math);
     }
 
    private:

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "loom/core/config.hpp"
+#include "loom/core/math_mode.hpp"
 #include "loom/core/random.hpp"
 #include "loom/core/shape.hpp"
 
@@ -59,6 +60,9 @@ struct run_context {
   /// The tensor-parallel group of this rank (null when the model is not split by tensor
   /// parallelism; a column/row-parallel layer then holds its whole weight).
   tensor_group* tensor = nullptr;
+  /// The precision of matrix products and convolutions (trainer_options::math): fp32, or bf16
+  /// operands with float accumulation. Parameters, gradients and activations stay float.
+  math_mode math = math_mode::fp32;
 };
 
 /// Parameter initialisation schemes for layers with weights.

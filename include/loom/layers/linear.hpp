@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // loom::linear<Out>: y = x W^T + b on a 1-D input. W is (Out, In) row-major, then b (Out),
-// in the network's flat parameter buffer. Matrix products go to the backend's GEMM.
+// in the network's flat parameter buffer. Matrix products go to the backend's GEMM, in the
+// run's math mode (ctx.math: fp32, or bf16 operands with float accumulation).
 
 #include <algorithm>
 #include <cstddef>
@@ -52,12 +53,12 @@ struct linear {
       std::fill_n(params + Out * in_, Out, T(0));
     }
 
-    void forward(const run_context&, const T* params, activation<const T, Backend> x, activation<T, Backend>& y,
+    void forward(const run_context& ctx, const T* params, activation<const T, Backend> x, activation<T, Backend>& y,
                  std::size_t batch) {
       const T* w = params;  // (Out, In)
       const T* b = params + Out * in_;
       Backend::for_each(batch, kernels::broadcast_row<T, Out>{b, y.data});
-      Backend::gemm(false, true, batch, Out, in_, T(1), x.data, in_, w, in_, T(1), y.data, Out);  // (batch, Out)
+      Backend::gemm(false, true, batch, Out, in_, T(1), x.data, in_, w, in_, T(1), y.data, Out, ctx.math);  // (batch, Out)
       y.format = {};
     }
 
@@ -66,9 +67,10 @@ struct linear {
       const T* w = params;
       T* dw = dparams;
       T* db = dparams + Out * in_;
-      Backend::gemm(true, false, Out, in_, batch, T(1), dy, Out, x.data, in_, ctx.accumulate ? T(1) : T(0), dw, in_);
+      Backend::gemm(true, false, Out, in_, batch, T(1), dy, Out, x.data, in_, ctx.accumulate ? T(1) : T(0), dw, in_,
+                    ctx.math);
       Backend::for_each(Out, kernels::sum_rows<T>{dy, db, batch, Out, ctx.accumulate});
-      if (dx) Backend::gemm(false, false, batch, in_, Out, T(1), dy, Out, w, in_, T(0), dx, in_);  // (batch, In)
+      if (dx) Backend::gemm(false, false, batch, in_, Out, T(1), dy, Out, w, in_, T(0), dx, in_, ctx.math);  // (batch, In)
     }
 
    private:

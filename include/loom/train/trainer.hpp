@@ -133,6 +133,11 @@ struct trainer_options {
   std::uint64_t seed = 1;
   /// Threads of the one compute pool; 0 = cores available / ranks on this host.
   int threads = 0;
+  /// Precision of matrix products and convolutions: fp32, or bf16 (mixed precision: bf16
+  /// operands, float accumulation; parameters, gradients and optimizer state stay float).
+  /// The trainer's constructor throws loom::invalid_argument when the backend cannot run it
+  /// (Backend::supports(math) is false).
+  math_mode math = math_mode::fp32;
 };
 
 /// Options of one fit() call.
@@ -327,7 +332,7 @@ class trainer {
       const std::size_t n = next_batch(loader, global_n);
       if (n == 0) continue;
       run_context ctx{.training = false, .accumulate = false, .seed = options_.seed, .step = step_,
-                      .sample_offset = loader.local_offset(), .tensor = tensor_group()};
+                      .sample_offset = loader.local_offset(), .tensor = tensor_group(), .math = options_.math};
       const T* y = model_.forward(ctx, x_.data(), n);
       const loss_value v = Loss::template compute<Backend, out_width, T>(y, labels_.data(), nullptr, n, T(1), ws_);
       sums[0] += v.sum;
@@ -392,6 +397,10 @@ class trainer {
   trainer(engine_type engine, optimizer_options opt, trainer_options options)
       : options_(options), opt_(opt), init_threads_((set_threads(options.threads), 0)), engine_(std::move(engine)),
         model_(options.seed, 0, model_shard(engine_)), state_(opt, model_type::parameter_count) {
+    if (!Backend::supports(options_.math))
+      throw invalid_argument(std::string("loom::trainer: trainer_options::math = loom::math_mode::") +
+                             to_string(options_.math) + " is not available on loom::" + Backend::name +
+                             " here (see loom::" + Backend::name + "::supports): use math_mode::fp32");
     engine_.check_same_job(job_description());
     engine_.broadcast_parameters(model_.parameters().data(), model_type::parameter_count);
   }
@@ -399,7 +408,7 @@ class trainer {
   std::string job_description() const {
     return "network=" + std::string(typeid(Network).name()) + ";parameters=" + std::to_string(Network::parameter_count) +
            ";loss=" + Loss::name + ";optimizer=" + Optimizer::name + ";seed=" + std::to_string(options_.seed) +
-           ";ranks=" + std::to_string(engine_.world());
+           ";ranks=" + std::to_string(engine_.world()) + ";math=" + to_string(options_.math);
   }
 
   template <class Dataset>
@@ -455,7 +464,7 @@ class trainer {
     loss_value v;
     if (n > 0) {
       run_context ctx{.training = true, .accumulate = m > 0 && had_samples_, .seed = options_.seed,
-                      .step = step_ * 1000003 + m, .sample_offset = offset, .tensor = tensor_group()};
+                      .step = step_ * 1000003 + m, .sample_offset = offset, .tensor = tensor_group(), .math = options_.math};
       const T* y = model_.forward(ctx, x_.data(), n);
       v = Loss::template compute<Backend, out_width, T>(y, labels_.data(), dy_.data(), n,
                                                         T(1) / static_cast<T>(global_n * group), ws_);
@@ -494,7 +503,7 @@ class trainer {
       Backend::copy(x_chunk_.data(), x_.data() + at * in, k * in);
       Backend::copy(labels_chunk_.data(), labels_.data() + at, k);
       run_context ctx{.training = true, .accumulate = false, .seed = options_.seed, .step = step_ * 1000003 + m,
-                      .sample_offset = offset + at};
+                      .sample_offset = offset + at, .math = options_.math};
       const T* y = model_.forward(ctx, x_chunk_.data(), k);
       const loss_value u = Loss::template compute<Backend, out_width, T>(y, labels_chunk_.data(), dy_.data(), k,
                                                                         T(1) / static_cast<T>(global_n * group), ws_);

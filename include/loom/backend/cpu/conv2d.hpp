@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // 2-D convolution on the CPU: forward, backward-data and backward-weights. float runs oneDNN
-// primitives (created once per batch size and input layout, then reused) and keeps the output
-// in the layout oneDNN prefers; double, for gradient checks, runs a direct reference loop.
+// primitives (created once per batch size, input layout and math mode, then reused) and keeps
+// the output in the layout oneDNN prefers; in math_mode::bf16 the primitives take bf16 inputs
+// (x, w, dy, converted by reorders) and write float outputs and gradients. double, for
+// gradient checks, runs a direct reference loop.
 
 #include <cstddef>
 #include <cstring>
@@ -11,7 +13,9 @@
 #include <vector>
 
 #include "loom/backend/cpu/dnnl_support.hpp"
+#include "loom/backend/cpu/gemm.hpp"
 #include "loom/core/geometry.hpp"
+#include "loom/core/math_mode.hpp"
 #include "loom/core/memory.hpp"
 
 namespace loom {
@@ -85,25 +89,30 @@ class cpu_conv2d_plan {
     entries_.clear();
   }
 
-  /// y = conv(x, w) + b. x is in layout xf; returns the layout y was written in.
-  cpu_format forward(const T* x, const cpu_format& xf, const T* w, const T* b, T* y, std::size_t batch) {
+  /// y = conv(x, w) + b. x is in layout xf; returns the layout y was written in. In
+  /// math_mode::bf16 (float only) x and w enter the convolution rounded to bf16.
+  /// Throws loom::invalid_argument for bf16 on a CPU without oneDNN bf16 convolutions.
+  cpu_format forward(const T* x, const cpu_format& xf, const T* w, const T* b, T* y, std::size_t batch,
+                     math_mode math = math_mode::fp32) {
     if constexpr (!std::is_same_v<T, float>) {
       (void)xf;
+      (void)math;
       detail::conv2d_reference<T>::forward(g_, batch, x, w, b, y);
       if (relu_)
         for (std::size_t i = 0; i < batch * g_.oc * g_.oh() * g_.ow(); ++i) y[i] = y[i] > T(0) ? y[i] : T(0);
       return {};
     } else {
-      entry& e = get(batch, xf);
-      const float* src = x;
+      entry& e = get(batch, xf, math);
+      const void* src = x;
       if (!(e.src_given == e.fwd_pd.src_desc())) {
-        e.reorders.run(e.src_given, x, e.fwd_pd.src_desc(), e.src_scratch.get(e.fwd_pd.src_desc().get_size() / 4));
-        src = e.src_scratch.get(0);
+        void* p = e.src_scratch.get(e.fwd_pd.src_desc());
+        e.reorders.run(e.src_given, x, e.fwd_pd.src_desc(), p);
+        src = p;
       }
-      const float* wts = weights_in(e, w, e.fwd_pd.weights_desc(), e.w_fwd_scratch);
+      const void* wts = weights_in(e, w, e.fwd_pd.weights_desc(), e.w_fwd_scratch);
       auto& eng = detail::dnnl_engine();
-      dnnl::memory ms(e.fwd_pd.src_desc(), eng, const_cast<float*>(src));
-      dnnl::memory mw(e.fwd_pd.weights_desc(), eng, const_cast<float*>(wts));
+      dnnl::memory ms(e.fwd_pd.src_desc(), eng, const_cast<void*>(src));
+      dnnl::memory mw(e.fwd_pd.weights_desc(), eng, const_cast<void*>(wts));
       dnnl::memory mb(e.fwd_pd.bias_desc(), eng, const_cast<float*>(b));
       dnnl::memory md(e.fwd_pd.dst_desc(), eng, y);
       detail::dnnl_checked("running a convolution forward", [&] {
@@ -115,29 +124,37 @@ class cpu_conv2d_plan {
   }
 
   /// Given dy (in the layout forward returned), writes dx (in layout xf) when dx is non-null,
-  /// and dw, db — overwritten, or added to when accumulate is true. x is forward's input.
+  /// and dw, db — overwritten, or added to when accumulate is true. x is forward's input. In
+  /// math_mode::bf16 x, w and dy enter the products rounded to bf16; dx, dw, db are float.
   void backward(const T* x, const cpu_format& xf, const T* w, const T* dy, T* dx, T* dw, T* db, std::size_t batch,
-                bool accumulate) {
+                bool accumulate, math_mode math = math_mode::fp32) {
     if constexpr (!std::is_same_v<T, float>) {
       (void)xf;
+      (void)math;
       detail::conv2d_reference<T>::backward(g_, batch, x, w, dy, dx, dw, db, accumulate);
     } else {
-      entry& e = get(batch, xf);
+      entry& e = get(batch, xf, math);
       auto& eng = detail::dnnl_engine();
-      // diff_dst arrives in the forward dst layout; the backward primitives may want another.
-      auto diff_dst_for = [&](const dnnl::memory::desc& want, detail::scratch& s) -> const float* {
+      // diff_dst arrives in the forward dst layout (float); the backward primitives may want
+      // another layout, or bf16. Backward-data and backward-weights usually want the same.
+      const void* ddst_converted = nullptr;
+      dnnl::memory::desc ddst_converted_desc;
+      auto diff_dst_for = [&](const dnnl::memory::desc& want, detail::scratch& s) -> const void* {
         if (want == e.fwd_pd.dst_desc()) return dy;
-        float* p = s.get(want.get_size() / 4);
+        if (ddst_converted && want == ddst_converted_desc) return ddst_converted;
+        void* p = s.get(want);
         e.reorders.run(e.fwd_pd.dst_desc(), dy, want, p);
+        ddst_converted = p;
+        ddst_converted_desc = want;
         return p;
       };
       if (dx) {
-        const float* wts = weights_in(e, w, e.bwd_data_pd.weights_desc(), e.w_bwd_scratch);
-        const float* ddst = diff_dst_for(e.bwd_data_pd.diff_dst_desc(), e.ddst_scratch);
+        const void* wts = weights_in(e, w, e.bwd_data_pd.weights_desc(), e.w_bwd_scratch);
+        const void* ddst = diff_dst_for(e.bwd_data_pd.diff_dst_desc(), e.ddst_scratch);
         const bool direct = e.bwd_data_pd.diff_src_desc() == e.src_given;
-        float* dsrc = direct ? dx : e.dsrc_scratch.get(e.bwd_data_pd.diff_src_desc().get_size() / 4);
-        dnnl::memory mdd(e.bwd_data_pd.diff_dst_desc(), eng, const_cast<float*>(ddst));
-        dnnl::memory mw(e.bwd_data_pd.weights_desc(), eng, const_cast<float*>(wts));
+        float* dsrc = direct ? dx : static_cast<float*>(e.dsrc_scratch.get(e.bwd_data_pd.diff_src_desc()));
+        dnnl::memory mdd(e.bwd_data_pd.diff_dst_desc(), eng, const_cast<void*>(ddst));
+        dnnl::memory mw(e.bwd_data_pd.weights_desc(), eng, const_cast<void*>(wts));
         dnnl::memory mds(e.bwd_data_pd.diff_src_desc(), eng, dsrc);
         detail::dnnl_checked("running a convolution backward-data", [&] {
           e.bwd_data.execute(detail::dnnl_stream(), {{DNNL_ARG_DIFF_DST, mdd}, {DNNL_ARG_WEIGHTS, mw}, {DNNL_ARG_DIFF_SRC, mds}});
@@ -146,19 +163,23 @@ class cpu_conv2d_plan {
         if (!direct) e.reorders.run(e.bwd_data_pd.diff_src_desc(), dsrc, e.src_given, dx);
       }
       // backward-weights
-      const float* src = x;
+      const void* src = x;
       if (!(e.bwd_w_pd.src_desc() == e.src_given)) {
-        float* p = e.src_scratch.get(e.bwd_w_pd.src_desc().get_size() / 4);
+        void* p = e.src_scratch.get(e.bwd_w_pd.src_desc());
         e.reorders.run(e.src_given, x, e.bwd_w_pd.src_desc(), p);
         src = p;
       }
-      const float* ddst = diff_dst_for(e.bwd_w_pd.diff_dst_desc(), e.ddst_scratch);
+      // A second scratch when backward-weights wants dy differently from backward-data.
+      const void* ddst = diff_dst_for(e.bwd_w_pd.diff_dst_desc(),
+                                      ddst_converted && !(e.bwd_w_pd.diff_dst_desc() == ddst_converted_desc)
+                                          ? e.ddst_w_scratch
+                                          : e.ddst_scratch);
       const auto plain_w = plain_weights();
       const bool w_direct = !accumulate && e.bwd_w_pd.diff_weights_desc() == plain_w;
-      float* dwts = w_direct ? dw : e.dw_scratch.get(e.bwd_w_pd.diff_weights_desc().get_size() / 4);
+      float* dwts = w_direct ? dw : static_cast<float*>(e.dw_scratch.get(e.bwd_w_pd.diff_weights_desc()));
       float* dbias = accumulate ? e.db_scratch.get(g_.oc) : db;
-      dnnl::memory ms(e.bwd_w_pd.src_desc(), eng, const_cast<float*>(src));
-      dnnl::memory mdd(e.bwd_w_pd.diff_dst_desc(), eng, const_cast<float*>(ddst));
+      dnnl::memory ms(e.bwd_w_pd.src_desc(), eng, const_cast<void*>(src));
+      dnnl::memory mdd(e.bwd_w_pd.diff_dst_desc(), eng, const_cast<void*>(ddst));
       dnnl::memory mdw(e.bwd_w_pd.diff_weights_desc(), eng, dwts);
       dnnl::memory mdb(e.bwd_w_pd.diff_bias_desc(), eng, dbias);
       detail::dnnl_checked("running a convolution backward-weights", [&] {
@@ -188,7 +209,8 @@ class cpu_conv2d_plan {
  private:
   struct entry {
     std::size_t batch;
-    dnnl::memory::desc src_given;  // the layout x arrives in
+    math_mode math;
+    dnnl::memory::desc src_given;  // the layout x arrives in (float)
     cpu_format dst_format;
     dnnl::convolution_forward::primitive_desc fwd_pd;
     dnnl::convolution_forward fwd;
@@ -197,8 +219,8 @@ class cpu_conv2d_plan {
     dnnl::convolution_backward_weights::primitive_desc bwd_w_pd;
     dnnl::convolution_backward_weights bwd_w;
     detail::reorder_cache reorders;
-    detail::scratch src_scratch, w_fwd_scratch, w_bwd_scratch, ddst_scratch, dsrc_scratch, dw_scratch, dw_plain_scratch,
-        db_scratch;
+    detail::scratch src_scratch, w_fwd_scratch, w_bwd_scratch, ddst_scratch, ddst_w_scratch, dsrc_scratch, dw_scratch,
+        dw_plain_scratch, db_scratch;
   };
 
   dnnl::memory::desc plain_weights() const {
@@ -208,62 +230,91 @@ class cpu_conv2d_plan {
             dnnl::memory::format_tag::oihw};
   }
 
-  const float* weights_in(entry& e, const float* w, const dnnl::memory::desc& want, detail::scratch& s) {
+  const void* weights_in(entry& e, const float* w, const dnnl::memory::desc& want, detail::scratch& s) {
     const auto plain = plain_weights();
     if (want == plain) return w;
-    float* p = s.get(want.get_size() / 4);
+    void* p = s.get(want);
     e.reorders.run(plain, w, want, p);
     return p;
   }
 
-  entry& get(std::size_t batch, const cpu_format& xf) {
+  entry& get(std::size_t batch, const cpu_format& xf, math_mode math) {
     const auto given = detail::desc_of(xf, batch, g_.c, g_.h, g_.w);
     for (auto& e : entries_)
-      if (e->batch == batch && e->src_given == given) return *e;
-    return detail::dnnl_checked("creating convolution primitives", [&]() -> entry& {
-      using dt = dnnl::memory::dim;
-      using tag = dnnl::memory::format_tag;
-      using f32 = dnnl::memory::data_type;
-      const dt n = static_cast<dt>(batch), oh = static_cast<dt>(g_.oh()), ow = static_cast<dt>(g_.ow());
-      dnnl::memory::desc src_any({n, static_cast<dt>(g_.c), static_cast<dt>(g_.h), static_cast<dt>(g_.w)}, f32::f32, tag::any);
-      dnnl::memory::desc w_any({static_cast<dt>(g_.oc), static_cast<dt>(g_.c), static_cast<dt>(g_.k), static_cast<dt>(g_.k)},
-                               f32::f32, tag::any);
-      dnnl::memory::desc b_md({static_cast<dt>(g_.oc)}, f32::f32, tag::x);
-      dnnl::memory::desc dst_any({n, static_cast<dt>(g_.oc), oh, ow}, f32::f32, tag::any);
-      const dnnl::memory::dims strides{static_cast<dt>(g_.stride), static_cast<dt>(g_.stride)};
-      const dnnl::memory::dims pad{static_cast<dt>(g_.pad), static_cast<dt>(g_.pad)};
-      auto& eng = detail::dnnl_engine();
-      dnnl::primitive_attr attr;
-      if (relu_) {
-        dnnl::post_ops ops;
-        ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
-        attr.set_post_ops(ops);
-      }
-      auto make_fwd = [&](const dnnl::memory::desc& dst) {
-        return dnnl::convolution_forward::primitive_desc(
-            dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, src_any,
-                                            w_any, b_md, dst, strides, pad, pad),
-            attr, eng);
-      };
-      auto fwd_pd = make_fwd(dst_any);
-      const std::size_t out_elems = batch * g_.oc * g_.oh() * g_.ow();
-      if (!detail::unpadded(fwd_pd.dst_desc(), out_elems)) fwd_pd = make_fwd(detail::plain_nchw(batch, g_.oc, g_.oh(), g_.ow()));
-      cpu_format dst_format;
-      if (!(fwd_pd.dst_desc() == detail::plain_nchw(batch, g_.oc, g_.oh(), g_.ow()))) dst_format.desc = fwd_pd.dst_desc();
-      auto bwd_data_pd = dnnl::convolution_backward_data::primitive_desc(
-          dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, src_any, w_any, fwd_pd.dst_desc(),
-                                                strides, pad, pad),
-          eng, fwd_pd);
-      auto bwd_w_pd = dnnl::convolution_backward_weights::primitive_desc(
-          dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src_any, w_any, b_md,
-                                                   fwd_pd.dst_desc(), strides, pad, pad),
-          eng, fwd_pd);
-      entries_.push_back(std::make_unique<entry>(entry{batch, given, dst_format, fwd_pd, dnnl::convolution_forward(fwd_pd),
-                                                       bwd_data_pd, dnnl::convolution_backward_data(bwd_data_pd), bwd_w_pd,
-                                                       dnnl::convolution_backward_weights(bwd_w_pd), {}, {}, {}, {}, {},
-                                                       {}, {}, {}, {}}));
-      return *entries_.back();
-    });
+      if (e->batch == batch && e->math == math && e->src_given == given) return *e;
+    try {
+      return make(batch, given, math);
+    } catch (const dnnl::error& err) {
+      if (math == math_mode::bf16 && err.status == dnnl_unimplemented)
+        throw invalid_argument(detail::cpu_bf16_unsupported("convolution"));
+      throw backend_error(std::string("loom: oneDNN failed while creating convolution primitives: ") + err.what() +
+                          " (status " + std::to_string(static_cast<int>(err.status)) + ")");
+    }
+  }
+
+  entry& make(std::size_t batch, const dnnl::memory::desc& given, math_mode math) {
+    using dt = dnnl::memory::dim;
+    using tag = dnnl::memory::format_tag;
+    using f32 = dnnl::memory::data_type;
+    // What enters the products: bf16 in math_mode::bf16. Outputs and gradients stay f32.
+    const f32 in_type = math == math_mode::bf16 ? f32::bf16 : f32::f32;
+    const dt n = static_cast<dt>(batch), oh = static_cast<dt>(g_.oh()), ow = static_cast<dt>(g_.ow());
+    dnnl::memory::desc src_any({n, static_cast<dt>(g_.c), static_cast<dt>(g_.h), static_cast<dt>(g_.w)}, in_type, tag::any);
+    dnnl::memory::desc diff_src_any({n, static_cast<dt>(g_.c), static_cast<dt>(g_.h), static_cast<dt>(g_.w)}, f32::f32,
+                                    tag::any);
+    dnnl::memory::desc w_any({static_cast<dt>(g_.oc), static_cast<dt>(g_.c), static_cast<dt>(g_.k), static_cast<dt>(g_.k)},
+                             in_type, tag::any);
+    dnnl::memory::desc diff_w_any(
+        {static_cast<dt>(g_.oc), static_cast<dt>(g_.c), static_cast<dt>(g_.k), static_cast<dt>(g_.k)}, f32::f32, tag::any);
+    dnnl::memory::desc b_md({static_cast<dt>(g_.oc)}, f32::f32, tag::x);
+    dnnl::memory::desc dst_any({n, static_cast<dt>(g_.oc), oh, ow}, f32::f32, tag::any);
+    const dnnl::memory::dims strides{static_cast<dt>(g_.stride), static_cast<dt>(g_.stride)};
+    const dnnl::memory::dims pad{static_cast<dt>(g_.pad), static_cast<dt>(g_.pad)};
+    auto& eng = detail::dnnl_engine();
+    dnnl::primitive_attr attr;
+    if (relu_) {
+      dnnl::post_ops ops;
+      ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+      attr.set_post_ops(ops);
+    }
+    auto make_fwd = [&](const dnnl::memory::desc& dst) {
+      return dnnl::convolution_forward::primitive_desc(
+          dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, src_any,
+                                          w_any, b_md, dst, strides, pad, pad),
+          attr, eng);
+    };
+    auto fwd_pd = make_fwd(dst_any);
+    const std::size_t out_elems = batch * g_.oc * g_.oh() * g_.ow();
+    if (!detail::unpadded(fwd_pd.dst_desc(), out_elems)) fwd_pd = make_fwd(detail::plain_nchw(batch, g_.oc, g_.oh(), g_.ow()));
+    if (math == math_mode::bf16) {
+      // bf16 primitives prefer channels-last outputs, which loom's pooling does not read: ask
+      // for the blocked layout fp32 primitives choose (nChw16c / nChw8c), or plain NCHW.
+      auto blocked = [&](tag t) { return dnnl::memory::desc({n, static_cast<dt>(g_.oc), oh, ow}, f32::f32, t); };
+      const auto d = fwd_pd.dst_desc();
+      const auto plain = detail::plain_nchw(batch, g_.oc, g_.oh(), g_.ow());
+      if (!(d == plain || d == blocked(tag::nChw16c) || d == blocked(tag::nChw8c)))
+        fwd_pd = make_fwd(g_.oc % 16 == 0 ? blocked(tag::nChw16c) : g_.oc % 8 == 0 ? blocked(tag::nChw8c) : plain);
+    }
+    cpu_format dst_format;
+    if (!(fwd_pd.dst_desc() == detail::plain_nchw(batch, g_.oc, g_.oh(), g_.ow()))) dst_format.desc = fwd_pd.dst_desc();
+    // dy: in the forward output's layout for fp32 (no reorder); any layout of bf16 otherwise.
+    const dnnl::memory::desc diff_dst =
+        math == math_mode::bf16 ? dnnl::memory::desc({n, static_cast<dt>(g_.oc), oh, ow}, f32::bf16, tag::any)
+                                : fwd_pd.dst_desc();
+    auto bwd_data_pd = dnnl::convolution_backward_data::primitive_desc(
+        dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, diff_src_any, w_any, diff_dst,
+                                              strides, pad, pad),
+        eng, fwd_pd);
+    auto bwd_w_pd = dnnl::convolution_backward_weights::primitive_desc(
+        dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src_any, diff_w_any, b_md,
+                                                 diff_dst, strides, pad, pad),
+        eng, fwd_pd);
+    entries_.push_back(std::make_unique<entry>(entry{batch, math, given, dst_format, fwd_pd,
+                                                     dnnl::convolution_forward(fwd_pd), bwd_data_pd,
+                                                     dnnl::convolution_backward_data(bwd_data_pd), bwd_w_pd,
+                                                     dnnl::convolution_backward_weights(bwd_w_pd), {}, {}, {}, {}, {},
+                                                     {}, {}, {}, {}, {}}));
+    return *entries_.back();
   }
 
   conv2d_geometry g_;

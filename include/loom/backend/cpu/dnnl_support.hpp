@@ -70,7 +70,8 @@ inline bool unpadded(const dnnl::memory::desc& d, std::size_t elements) {
 /// Copies src (layout `from`) into dst (layout `to`) with a cached reorder primitive.
 class reorder_cache {
  public:
-  void run(const dnnl::memory::desc& from, const float* src, const dnnl::memory::desc& to, float* dst) {
+  /// src and dst hold the types their descs name (f32, or bf16 for a conversion).
+  void run(const dnnl::memory::desc& from, const void* src, const dnnl::memory::desc& to, void* dst) {
     for (auto& e : entries_)
       if (e.from == from && e.to == to) return exec(e, src, dst);
     entries_.push_back(dnnl_checked("creating a reorder", [&] {
@@ -84,8 +85,8 @@ class reorder_cache {
     dnnl::memory::desc from, to;
     dnnl::reorder prim;
   };
-  static void exec(entry& e, const float* src, float* dst) {
-    dnnl::memory s(e.from, dnnl_engine(), const_cast<float*>(src));
+  static void exec(entry& e, const void* src, void* dst) {
+    dnnl::memory s(e.from, dnnl_engine(), const_cast<void*>(src));
     dnnl::memory d(e.to, dnnl_engine(), dst);
     dnnl_checked("running a reorder", [&] {
       e.prim.execute(dnnl_stream(), s, d);
@@ -102,6 +103,8 @@ class scratch {
     buf_.reserve_discard(n);
     return buf_.data();
   }
+  /// Room for a tensor of desc d, whatever its element type.
+  void* get(const dnnl::memory::desc& d) { return get((d.get_size() + sizeof(float) - 1) / sizeof(float)); }
 
  private:
   buffer<float> buf_;

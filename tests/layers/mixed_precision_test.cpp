@@ -1,0 +1,293 @@
+// SPDX-License-Identifier: Apache-2.0
+// math_mode::bf16 on the CPU: the matrix products and convolutions see bf16-rounded operands and
+// sum in float. Checked exactly against double runs of the same layer on operands rounded to
+// bf16 beforehand (agreement to float rounding), and against fp32 runs (bf16-sized differences:
+// close, but not equal — so bf16 really ran). fp32 runs stay bitwise what they were.
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "gradient_check.hpp"
+#include "loom/backend/cpu.hpp"
+#include "loom/core/math_mode.hpp"
+#include "loom/layers/activation.hpp"
+#include "loom/layers/conv2d.hpp"
+#include "loom/layers/flatten.hpp"
+#include "loom/layers/linear.hpp"
+#include "loom/layers/pool2d.hpp"
+#include "loom/nn/model.hpp"
+#include "loom/nn/network.hpp"
+#include "relative_error.hpp"
+
+using namespace loom;
+using loom::testing::compare_relative;
+using loom::testing::max_abs;
+using loom::testing::normwise_error;
+
+namespace {
+
+/// Float results of a bf16 run against a double run on bf16-rounded operands: only the order
+/// and precision of float accumulation differ.
+constexpr double exact_tolerance = 1e-4;
+/// bf16 runs against fp32 runs: bf16 keeps 8 significant bits (relative rounding 2^-9 = 0.002
+/// per operand); sums of many such products land well inside 1e-2.
+constexpr double bf16_tolerance = 1e-2;
+/// ...and at least this far apart somewhere, or bf16 did not run.
+constexpr double bf16_at_least = 1e-4;
+constexpr double floor_fraction = 1e-2;
+
+std::vector<double> bf16_rounded(std::vector<double> v) {
+  for (double& x : v) x = static_cast<double>(detail::round_to_bf16(static_cast<float>(x)));
+  return v;
+}
+std::vector<float> to_float(const std::vector<double>& v) { return {v.begin(), v.end()}; }
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+/// Forward and backward of a one-layer Network in float, math `m`, from float parameters p,
+/// input x and output gradient dy; returns the output followed by the parameter gradients and
+/// the input gradient (the model keeps dx of its first layer only when asked: we run the
+/// layer's sequence directly for it).
+template <class Network>
+struct float_run {
+  std::vector<float> y, grads;
+};
+
+template <class Network, class T>
+float_run<Network> run(math_mode m, const std::vector<T>& p, const std::vector<T>& x, const std::vector<T>& dy,
+                       std::size_t batch, bool accumulate_twice = false) {
+  model<Network, T> net(1);
+  std::copy(p.begin(), p.end(), net.parameters().begin());
+  run_context ctx;
+  ctx.math = m;
+  const T* y = net.forward(ctx, x.data(), batch);
+  float_run<Network> r;
+  r.y.assign(y, y + batch * Network::output_shape::size);
+  net.backward(ctx, dy.data(), batch);
+  if (accumulate_twice) {
+    ctx.accumulate = true;
+    net.forward(ctx, x.data(), batch);
+    net.backward(ctx, dy.data(), batch);
+  }
+  const auto g = net.gradients();
+  r.grads.assign(g.begin(), g.end());
+  return r;
+}
+
+/// The three-way check for a one-layer network: bf16 float run == double run on rounded
+/// operands (to float rounding); bf16 run ~ fp32 run (bf16 rounding), and != it.
+template <class Network>
+void check_layer(std::size_t batch, std::uint64_t seed, bool accumulate_twice = false) {
+  // Parameters, input and output gradient, all float-representable.
+  auto p = loom::testing::random_values(Network::parameter_count, seed, 0.3, 0.0);
+  for (double& v : p) v = static_cast<double>(static_cast<float>(v));
+  auto x = loom::testing::random_values(batch * Network::input_shape::size, seed + 1, 1.0, 0.0);
+  for (double& v : x) v = static_cast<double>(static_cast<float>(v));
+  auto dy = loom::testing::random_values(batch * Network::output_shape::size, seed + 2, 1.0, 0.0);
+  for (double& v : dy) v = static_cast<double>(static_cast<float>(v));
+
+  const auto bf = run<Network, float>(math_mode::bf16, to_float(p), to_float(x), to_float(dy), batch, accumulate_twice);
+  const auto fp = run<Network, float>(math_mode::fp32, to_float(p), to_float(x), to_float(dy), batch, accumulate_twice);
+  // The reference: weights rounded to bf16 (biases enter by addition, in float: not rounded).
+  auto p_rounded = p;
+  const std::size_t weights = Network::parameter_count - Network::output_shape::dims[0];
+  for (std::size_t i = 0; i < weights; ++i) p_rounded[i] = static_cast<double>(detail::round_to_bf16(static_cast<float>(p[i])));
+  const auto ref = run<Network, double>(math_mode::fp32, p_rounded, bf16_rounded(x), bf16_rounded(dy), batch, accumulate_twice);
+
+  auto expect = [&](const char* what, const std::vector<float>& bf16, const std::vector<float>& fp32,
+                    const std::vector<float>& reference) {
+    const double floor = floor_fraction * max_abs(std::span<const float>(reference));
+    const auto exact = compare_relative(bf16, reference, floor);
+    const double near = normwise_error(bf16, fp32);
+    INFO(what << ": bf16 vs double on bf16-rounded operands " << exact.str() << "; bf16 vs fp32, normwise " << near);
+    CHECK(max_abs(std::span<const float>(reference)) > 0);
+    CHECK(exact.max_error < exact_tolerance);
+    CHECK(near < bf16_tolerance);
+    CHECK(near > bf16_at_least);
+  };
+  expect("output", bf.y, fp.y, to_float(std::vector<double>(ref.y.begin(), ref.y.end())));
+  const auto part = [](const auto& v, std::size_t from, std::size_t to) {
+    return std::vector<float>(v.begin() + static_cast<std::ptrdiff_t>(from), v.begin() + static_cast<std::ptrdiff_t>(to));
+  };
+  const std::size_t all = Network::parameter_count;
+  expect("weight gradients", part(bf.grads, 0, weights), part(fp.grads, 0, weights), part(ref.grads, 0, weights));
+  // Bias gradients are sums of dy: linear adds float dy (an element-wise kernel), oneDNN's
+  // bf16 convolution adds the bf16 dy it was given. Either way within bf16 tolerance of fp32.
+  const auto db16 = part(bf.grads, weights, all), db32 = part(fp.grads, weights, all);
+  INFO("bias gradients, bf16 vs fp32, normwise: " << normwise_error(db16, db32));
+  CHECK(normwise_error(db16, db32) < bf16_tolerance);
+}
+
+/// The input gradient of a layer in math m (float): a layer in the middle of a network.
+template <class Layer, class In>
+std::vector<float> input_gradient(math_mode m, const std::vector<float>& p, const std::vector<float>& x,
+                                  const std::vector<float>& dy, std::size_t batch) {
+  typename Layer::template impl<In, float, cpu> layer(layer_site{});
+  using Out = typename Layer::template output_shape<In>;
+  std::vector<float> y(batch * Out::size), dx(batch * In::size), dparams(p.size());
+  run_context ctx;
+  ctx.math = m;
+  activation<float, cpu> ya{y.data()};
+  layer.forward(ctx, p.data(), activation<const float, cpu>{x.data()}, ya, batch);
+  // dy in the layout the output came in (plain for linear; conv2d may block it).
+  std::vector<float> dy_in(dy.size());
+  cpu::layout_converter conv;
+  conv.template from_plain<float, Out>(dy.data(), ya.format, dy_in.data(), batch);
+  layer.backward(ctx, p.data(), activation<const float, cpu>{x.data()}, activation<const float, cpu>{ya.data, ya.format},
+                 dy_in.data(), dx.data(), dparams.data(), batch);
+  return dx;
+}
+
+template <class Layer, class In>
+void check_input_gradient(std::size_t batch, std::uint64_t seed) {
+  using Out = typename Layer::template output_shape<In>;
+  const auto p = to_float(loom::testing::random_values(Layer::template parameter_count<In>, seed, 0.3, 0.0));
+  const auto x = to_float(loom::testing::random_values(batch * In::size, seed + 1, 1.0, 0.0));
+  const auto dy = to_float(loom::testing::random_values(batch * Out::size, seed + 2, 1.0, 0.0));
+  std::vector<float> p16(p), dy16(dy);
+  for (float& v : p16) v = detail::round_to_bf16(v);
+  for (float& v : dy16) v = detail::round_to_bf16(v);
+  const auto bf = input_gradient<Layer, In>(math_mode::bf16, p, x, dy, batch);
+  const auto fp = input_gradient<Layer, In>(math_mode::fp32, p, x, dy, batch);
+  // fp32 on operands rounded beforehand: the same products as bf16, in float.
+  const auto ref = input_gradient<Layer, In>(math_mode::fp32, p16, x, dy16, batch);
+  const double floor = floor_fraction * max_abs(std::span<const float>(ref));
+  const auto exact = compare_relative(bf, ref, floor);
+  const double near = normwise_error(bf, fp);
+  INFO("input gradient: bf16 vs fp32 on rounded operands " << exact.str() << "; bf16 vs fp32, normwise " << near);
+  CHECK(max_abs(std::span<const float>(ref)) > 0);
+  CHECK(exact.max_error < exact_tolerance);
+  CHECK(near < bf16_tolerance);
+  CHECK(near > bf16_at_least);
+}
+
+using one_linear = network<input<300>, linear<70>>;
+using one_conv = network<input<3, 12, 12>, conv2d<16, 3, 1, 1>>;
+using strided_conv = network<input<8, 9, 9>, conv2d<5, 3, 2, 0>>;
+using cnn = network<input<1, 28, 28>, conv2d<32, 3, 1, 1>, relu, max_pool2d<2>, conv2d<64, 3, 1, 1>, relu, max_pool2d<2>,
+                    flatten, linear<128>, relu, linear<10>>;
+
+}  // namespace
+
+TEST_CASE("round_to_bf16 rounds to nearest with ties to even and keeps NaN and infinity", "[layers][bf16]") {
+  using detail::bf16_bits;
+  using detail::round_to_bf16;
+  CHECK(bf16_bits(1.0f) == 0x3f80);
+  CHECK(round_to_bf16(1.0f + 0x1p-8f) == 1.0f);               // a tie: to the even neighbour (1.0)
+  CHECK(round_to_bf16(1.0f + 3 * 0x1p-8f) == 1.0f + 0x1p-6f);  // a tie: to the even neighbour above
+  CHECK(round_to_bf16(1.0f + 0x1p-8f + 0x1p-20f) == 1.0f + 0x1p-7f);  // above the tie: up
+  CHECK(round_to_bf16(-3.0f) == -3.0f);
+  CHECK(round_to_bf16(3.4e38f) == std::numeric_limits<float>::infinity());  // past bf16's largest (3.39e38): overflows
+  CHECK(std::isinf(round_to_bf16(-std::numeric_limits<float>::infinity())));
+  CHECK(std::isnan(round_to_bf16(std::numeric_limits<float>::quiet_NaN())));
+  // A NaN whose payload sits in the low bits only must not round into infinity.
+  std::uint32_t u = 0x7f800001u;
+  float snan;
+  std::memcpy(&snan, &u, sizeof snan);
+  CHECK(std::isnan(round_to_bf16(snan)));
+}
+
+TEST_CASE("cpu::gemm in bf16 is the float product of bf16-rounded operands, for every transposition, alpha and beta",
+          "[layers][bf16]") {
+  REQUIRE(cpu::supports(math_mode::bf16));
+  const std::size_t m = 37, n = 29, k = 300;
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb)
+      for (const auto& [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{1.0f, 1.0f}, std::pair{0.5f, -2.0f}}) {
+        // Leading dimensions larger than the rows, as a view into a bigger matrix would have.
+        const std::size_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 5, ldc = n + 2;
+        const auto a = to_float(loom::testing::random_values((ta ? k : m) * lda, 11, 1.0, 0.0));
+        const auto b = to_float(loom::testing::random_values((tb ? n : k) * ldb, 12, 1.0, 0.0));
+        const auto c0 = to_float(loom::testing::random_values(m * ldc, 13, 1.0, 0.0));
+        std::vector<float> c16(c0), c32(c0);
+        cpu::gemm(ta != 0, tb != 0, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c16.data(), ldc, math_mode::bf16);
+        cpu::gemm(ta != 0, tb != 0, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c32.data(), ldc);
+        // Reference in double over the rounded operands.
+        std::vector<double> ad(a.begin(), a.end()), bd(b.begin(), b.end()), cd(c0.begin(), c0.end());
+        ad = bf16_rounded(ad);
+        bd = bf16_rounded(bd);
+        cpu::gemm<double>(ta != 0, tb != 0, m, n, k, alpha, ad.data(), lda, bd.data(), ldb, beta, cd.data(), ldc);
+        std::vector<float> got, ref, f32;
+        for (std::size_t i = 0; i < m; ++i)
+          for (std::size_t j = 0; j < n; ++j) {
+            got.push_back(c16[i * ldc + j]);
+            ref.push_back(static_cast<float>(cd[i * ldc + j]));
+            f32.push_back(c32[i * ldc + j]);
+          }
+        for (std::size_t i = 0; i < m; ++i)  // the padding columns of C are not written
+          for (std::size_t j = n; j < ldc; ++j) CHECK(c16[i * ldc + j] == c0[i * ldc + j]);
+        const double floor = floor_fraction * max_abs(std::span<const float>(ref));
+        const auto exact = compare_relative(got, ref, floor);
+        const double near = normwise_error(got, f32);
+        INFO("trans_a " << ta << " trans_b " << tb << " alpha " << alpha << " beta " << beta << ": vs rounded reference "
+                        << exact.str() << ", vs fp32 normwise " << near);
+        CHECK(exact.max_error < exact_tolerance);
+        CHECK(near < bf16_tolerance);
+        CHECK(near > bf16_at_least);
+      }
+}
+
+TEST_CASE("linear in bf16: output and gradients are products of bf16-rounded operands, near fp32 but not equal",
+          "[layers][bf16][linear]") {
+  check_layer<one_linear>(16, 31);
+  check_layer<one_linear>(16, 32, /*accumulate_twice=*/true);
+  check_input_gradient<linear<70>, shape<300>>(16, 33);
+}
+
+TEST_CASE("conv2d in bf16: output and gradients are products of bf16-rounded operands, near fp32 but not equal",
+          "[layers][bf16][conv2d]") {
+  check_layer<one_conv>(4, 41);
+  check_layer<one_conv>(3, 42, /*accumulate_twice=*/true);
+  check_layer<strided_conv>(5, 43);
+  check_input_gradient<conv2d<16, 3, 1, 1>, shape<3, 12, 12>>(4, 44);
+  check_input_gradient<conv2d<5, 3, 2, 0>, shape<8, 9, 9>>(3, 45);
+}
+
+TEST_CASE("The example cnn in bf16 stays near fp32, repeats bit for bit, and fp32 runs after it are unchanged",
+          "[layers][bf16]") {
+  const std::size_t batch = 8;
+  const auto x = to_float(loom::testing::random_values(batch * cnn::input_shape::size, 51, 1.0, 0.0));
+  const auto dy = to_float(loom::testing::random_values(batch * cnn::output_shape::size, 52, 0.1, 0.0));
+  auto step = [&](model<cnn, float>& m, math_mode mode) {
+    run_context ctx;
+    ctx.math = mode;
+    const float* y = m.forward(ctx, x.data(), batch);
+    std::vector<float> out(y, y + batch * cnn::output_shape::size);
+    m.backward(ctx, dy.data(), batch);
+    const auto g = m.gradients();
+    out.insert(out.end(), g.begin(), g.end());
+    return out;
+  };
+  model<cnn, float> a(9), b(9);
+  const auto fp32_first = step(a, math_mode::fp32);
+  const auto bf16 = step(a, math_mode::bf16);  // the same model: cached fp32 primitives stay apart
+  const auto fp32_again = step(a, math_mode::fp32);
+  CHECK(bitwise_equal(fp32_first, fp32_again));
+  CHECK(bitwise_equal(fp32_first, step(b, math_mode::fp32)));
+  CHECK(bitwise_equal(bf16, step(b, math_mode::bf16)));  // bf16 runs repeat bit for bit too
+  // Output and each layer's gradients, normwise. The output stays within 1e-2. Gradients of
+  // the early layers move more (measured: 9% for the first conv2d at this batch of 8): bf16
+  // flips some ReLU masks and max-pool choices, which sends whole terms of the backward pass
+  // elsewhere, and weight gradients are sums that cancel to far less than their terms.
+  const std::span<const float> y16(bf16.data(), batch * 10), y32(fp32_first.data(), batch * 10);
+  INFO("output, normwise " << normwise_error(y16, y32));
+  CHECK(normwise_error(y16, y32) < bf16_tolerance);
+  CHECK(normwise_error(y16, y32) > bf16_at_least);
+  for (std::size_t l = 0; l < cnn::layer_count; ++l) {
+    const std::size_t at = batch * 10 + cnn::parameter_offsets[l], count = cnn::parameter_counts[l];
+    if (count == 0) continue;
+    const std::span<const float> g16(bf16.data() + at, count), g32(fp32_first.data() + at, count);
+    const double e = normwise_error(g16, g32);
+    INFO("layer " << l << ": |g_bf16 - g_fp32| / |g_fp32| = " << e);
+    CHECK(e < 0.15);
+    CHECK(e > bf16_at_least);
+  }
+}
