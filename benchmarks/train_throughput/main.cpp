@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Training throughput of loom on the real Fashion-MNIST: samples per second of the example's
 // mlp and cnn (the same networks as examples/fashion_mnist) trained with SGD (lr 0.02, momentum
-// 0.9) through loom::trainer::fit, for each (model, batch, threads) row. Each row: a warm-up,
+// 0.9) through loom::trainer::fit, for each (model, batch, threads, math) row — math: fp32, or
+// bf16 (trainer_options::math: bf16 products, fp32 accumulation and master weights). Each row: a warm-up,
 // then `--repeats` timed runs of a fixed number of steps (sized to last about `--seconds`),
 // and the median. The same run measures the ceiling: oneDNN sgemm (256 x 784 x 256) on the same
 // thread count. One machine-readable `row:` line per row on stdout, one `ceiling:` line per
@@ -95,6 +96,7 @@ struct flags {
   std::vector<std::string> models{"mlp", "cnn"};
   std::vector<std::size_t> batches{64, 256};
   std::vector<int> threads{1, 2};
+  std::vector<loom::math_mode> maths{loom::math_mode::fp32};
   double seconds = 2.0;  // per timed repeat
   double warmup = 0.5;   // seconds of warm-up steps per row
   std::size_t repeats = 3;
@@ -108,6 +110,7 @@ constexpr const char* usage = R"(usage: bench_train_throughput [flags]
   --model LIST       models, comma-separated: mlp,cnn (default both)
   --batch LIST       batch sizes, comma-separated (default 64,256)
   --threads LIST     thread counts, comma-separated (default 1,2)
+  --math LIST        precision of products and convolutions: fp32 and/or bf16 (default fp32)
   --seconds X        length of one timed repeat in seconds (default 2)
   --warmup X         seconds of warm-up steps before the repeats (default 0.5)
   --repeats N        timed repeats per row; the median is reported (default 3)
@@ -116,7 +119,7 @@ constexpr const char* usage = R"(usage: bench_train_throughput [flags]
   --ceiling-only     only measure the ceiling for each thread count
   --data DIR         Fashion-MNIST IDX files (default /usr/share/datasets/fashion-mnist)
 Prints per row on stdout:
-  row: impl=loom model=M batch=B threads=T samples_per_s=S (median) runs=S1,S2,.. steps=N
+  row: impl=loom model=M batch=B threads=T math=fp32|bf16 samples_per_s=S (median) runs=S1,S2,.. steps=N
        mflop_per_sample=F gflops=G ceiling_gflops=C ceiling_fraction=G/C nominal_fraction=G/(160*T)
        train_loss=L others_cores=O (CPU cores other processes used during the timed runs)
 and per thread count `ceiling: threads=T gflops=C shape=256x784x256`.
@@ -183,6 +186,18 @@ flags parse(int argc, char** argv) {
         f.models.push_back(m);
         t = comma == std::string_view::npos ? std::string_view{} : t.substr(comma + 1);
       }
+    } else if (name == "math") {
+      f.maths.clear();
+      std::string_view t = value;
+      while (!t.empty()) {
+        const auto comma = t.find(',');
+        const std::string m(t.substr(0, comma));
+        if (m == "fp32") f.maths.push_back(loom::math_mode::fp32);
+        else if (m == "bf16") f.maths.push_back(loom::math_mode::bf16);
+        else bad_flag("--math takes fp32 and/or bf16, got '" + m + "'");
+        t = comma == std::string_view::npos ? std::string_view{} : t.substr(comma + 1);
+      }
+      if (f.maths.empty()) bad_flag("--math needs at least one of fp32, bf16");
     } else if (name == "batch") f.batches = number_list<std::size_t>(name, value);
     else if (name == "threads") f.threads = number_list<int>(name, value);
     else if (name == "seconds") f.seconds = number<double>(name, value);
@@ -255,9 +270,10 @@ struct row_result {
 };
 
 template <class Net>
-row_result measure(const flags& f, const loom::data::fashion_mnist_set& train, std::size_t batch, int threads) {
+row_result measure(const flags& f, const loom::data::fashion_mnist_set& train, std::size_t batch, int threads,
+                   loom::math_mode math) {
   loom::trainer<Net, loom::softmax_cross_entropy, loom::sgd> t{{.lr = 0.02f, .momentum = 0.9f},
-                                                                {.seed = f.seed, .threads = threads}};
+                                                                {.seed = f.seed, .threads = threads, .math = math}};
   loom::fit_options fo;
   fo.epochs = std::size_t(1) << 40;  // bounded by max_steps
   fo.batch = batch;
@@ -314,10 +330,11 @@ int main(int argc, char** argv) {
     for (const auto& model : f.models) {
       const double flop = model == "cnn" ? cnn_flops : mlp_flops;
       for (std::size_t batch : f.batches) {
-        for (std::size_t ti = 0; ti < f.threads.size(); ++ti) {
+        for (std::size_t ti = 0; ti < f.threads.size(); ++ti)
+        for (const loom::math_mode math : f.maths) {
           const int threads = f.threads[ti];
-          const row_result r = model == "cnn" ? measure<cnn>(f, train, batch, threads)
-                                              : measure<mlp>(f, train, batch, threads);
+          const row_result r = model == "cnn" ? measure<cnn>(f, train, batch, threads, math)
+                                              : measure<mlp>(f, train, batch, threads, math);
           const double gflops = r.median * flop / 1e9;
           std::string runs;
           for (double v : r.runs) {
@@ -325,10 +342,11 @@ int main(int argc, char** argv) {
             runs += std::to_string(std::lround(v));
           }
           std::printf(
-              "row: impl=loom model=%s batch=%zu threads=%d samples_per_s=%.0f runs=%s steps=%zu "
+              "row: impl=loom model=%s batch=%zu threads=%d math=%s samples_per_s=%.0f runs=%s steps=%zu "
               "mflop_per_sample=%.3f gflops=%.2f ceiling_gflops=%.1f ceiling_fraction=%.3f nominal_fraction=%.3f "
               "train_loss=%.4f others_cores=%.2f env=%s\n",
-              model.c_str(), batch, threads, r.median, runs.c_str(), r.steps, flop / 1e6, gflops, ceilings[ti],
+              model.c_str(), batch, threads, loom::to_string(math), r.median, runs.c_str(), r.steps, flop / 1e6, gflops,
+              ceilings[ti],
               ceilings[ti] > 0 ? gflops / ceilings[ti] : 0.0, gflops / (160.0 * threads), r.train_loss, r.others_cores,
               foreign_env().c_str());
           std::fflush(stdout);

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # loom against PyTorch on the same training work. Modes:
-#   run.sh [throughput] [--model mlp,cnn] [--batch 64,256] [--threads 1,2] [--seconds 2] [--repeats 3]
-#       builds bench_train_throughput if needed, then for each (model, batch, threads) row runs
+#   run.sh [throughput] [--model mlp,cnn] [--batch 64,256] [--threads 1,2] [--math fp32,bf16]
+#          [--seconds 2] [--repeats 3]
+#       builds bench_train_throughput if needed, then for each (model, batch, threads, math) row runs
 #       loom, PyTorch as installed and PyTorch tuned one after the other (alternating the order
-#       from row to row, so that noise hits all three) and prints one table.
+#       from row to row, so that noise hits all three) and prints one table. --math bf16 rows:
+#       loom with trainer_options::math = bf16, PyTorch with CPU autocast to bfloat16 (default
+#       --math fp32).
 #   run.sh accuracy       full training runs (SGD lr 0.02 momentum 0.9, batch 64, seed 1): mlp
 #                         10 epochs, cnn 5 epochs, loom (examples/fashion_mnist) and PyTorch;
 #                         prints both test accuracies. Takes a while (the cnn epochs).
@@ -47,7 +50,8 @@ table() {
     }
     function ratio(x, y) { return (x != "" && y != "" && y + 0 > 0) ? sprintf("%.2f", x / y) : "-" }
     /^row:/ {
-      k = get($0, "model") " " get($0, "batch") " " get($0, "threads")
+      m = get($0, "math"); if (m == "") m = "fp32"
+      k = get($0, "model") " " get($0, "batch") " " get($0, "threads") " " m
       if (!(k in seen)) { seen[k] = 1; order[++rows] = k }
       impl = get($0, "impl"); v = get($0, "variant"); o = get($0, "others_cores")
       if (o != "" && (!(k in busy) || o + 0 > busy[k] + 0)) busy[k] = o
@@ -57,17 +61,17 @@ table() {
       else if (v == "tuned") tuned[k] = get($0, "samples_per_s")
     }
     END {
-      printf "%-5s %5s %7s %10s %12s %11s %10s %9s %7s %8s %6s %6s\n", "model", "batch", "threads", "loom", \
+      printf "%-5s %5s %7s %4s %10s %12s %11s %10s %9s %7s %8s %6s %6s\n", "model", "batch", "threads", "math", "loom", \
         "torch-inst", "torch-tuned", "loom/tuned", "loom/inst", "GFLOP/s", "ceiling", "%ceil", "others "
       for (r = 1; r <= rows; r++) {
         k = order[r]; split(k, p, " ")
-        printf "%-5s %5s %7s %10s %12s %11s %10s %9s %7s %8s %6s %6s\n", p[1], p[2], p[3], \
+        printf "%-5s %5s %7s %4s %10s %12s %11s %10s %9s %7s %8s %6s %6s\n", p[1], p[2], p[3], p[4], \
           (k in loom) ? loom[k] : "-", (k in inst) ? inst[k] : "-", (k in tuned) ? tuned[k] : "-", \
           ratio(loom[k], tuned[k]), ratio(loom[k], inst[k]), (k in gf) ? gf[k] : "-", \
           (k in ceil) ? ceil[k] : "-", (k in ceil && ceil[k] > 0) ? sprintf("%.0f%%", 100 * gf[k] / ceil[k]) : "-", \
           (k in busy) ? busy[k] (busy[k] > cores - p[3] + 0.25 ? "*" : " ") : "-"
         if (k in busy && busy[k] > cores - p[3] + 0.25) marked = 1
-        if (p[2] == 64 && p[3] == 1 && (k in loom) && (k in tuned))
+        if (p[2] == 64 && p[3] == 1 && p[4] == "fp32" && (k in loom) && (k in tuned))
           target = target sprintf("  %s batch 64, 1 thread: loom/tuned %.2f %s\n", p[1], loom[k] / tuned[k], \
                                   loom[k] / tuned[k] >= 1.5 ? "(meets >= 1.5)" : "(misses >= 1.5)")
       }
@@ -77,12 +81,13 @@ table() {
 }
 
 throughput() {
-  local models=mlp,cnn batches=64,256 threads=1,2 seconds=2 repeats=3
+  local models=mlp,cnn batches=64,256 threads=1,2 maths=fp32 seconds=2 repeats=3
   while [ $# -gt 0 ]; do
     case $1 in
       --model) models=$2; shift 2 ;;
       --batch) batches=$2; shift 2 ;;
       --threads) threads=$2; shift 2 ;;
+      --math) maths=$2; shift 2 ;;
       --seconds) seconds=$2; shift 2 ;;
       --repeats) repeats=$2; shift 2 ;;
       --quick) seconds=1; shift ;;
@@ -103,29 +108,32 @@ throughput() {
   local loom_env=()
   [ -z "${LOOM_ENV:-}" ] || read -r -a loom_env <<<"$LOOM_ENV"
   run_loom() {
-    "${strip_env[@]}" "${loom_env[@]}" "$bench" --model "$1" --batch "$2" --threads "$3" "${common[@]}" 2>>"$results.stderr" | tee -a "$results" >&2
+    "${strip_env[@]}" "${loom_env[@]}" "$bench" --model "$1" --batch "$2" --threads "$3" --math "$4" "${common[@]}" \
+      2>>"$results.stderr" | tee -a "$results" >&2
   }
   run_installed() {
-    "${strip_env[@]}" "$py" "$peer" --variant installed --model "$1" --batch "$2" --threads "$3" "${common[@]}" \
+    "${strip_env[@]}" "$py" "$peer" --variant installed --model "$1" --batch "$2" --threads "$3" --math "$4" "${common[@]}" \
       2>>"$results.stderr" | tee -a "$results" >&2
   }
   run_tuned() {
     "${strip_env[@]}" OPENBLAS_CORETYPE=SkylakeX OPENBLAS_NUM_THREADS="${TUNED_BLAS_THREADS:-1}" \
-      "$py" "$peer" --variant tuned --flush-denormal --model "$1" --batch "$2" --threads "$3" "${common[@]}" \
+      "$py" "$peer" --variant tuned --flush-denormal --model "$1" --batch "$2" --threads "$3" --math "$4" "${common[@]}" \
       2>>"$results.stderr" | tee -a "$results" >&2
   }
 
-  local m b t
+  local m b t x
   for m in ${models//,/ }; do
     for b in ${batches//,/ }; do
       for t in ${threads//,/ }; do
-        echo "run.sh: $m batch $b, $t thread(s) [$((SECONDS - started)) s]" >&2
-        if [ $((row % 2)) = 0 ]; then
-          run_loom "$m" "$b" "$t"; run_installed "$m" "$b" "$t"; run_tuned "$m" "$b" "$t"
-        else
-          run_tuned "$m" "$b" "$t"; run_installed "$m" "$b" "$t"; run_loom "$m" "$b" "$t"
-        fi
-        row=$((row + 1))
+        for x in ${maths//,/ }; do
+          echo "run.sh: $m batch $b, $t thread(s), $x [$((SECONDS - started)) s]" >&2
+          if [ $((row % 2)) = 0 ]; then
+            run_loom "$m" "$b" "$t" "$x"; run_installed "$m" "$b" "$t" "$x"; run_tuned "$m" "$b" "$t" "$x"
+          else
+            run_tuned "$m" "$b" "$t" "$x"; run_installed "$m" "$b" "$t" "$x"; run_loom "$m" "$b" "$t" "$x"
+          fi
+          row=$((row + 1))
+        done
       done
     done
   done

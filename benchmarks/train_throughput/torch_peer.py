@@ -3,9 +3,12 @@
 """The PyTorch peer of bench_train_throughput: the same networks, initialisation, optimizer,
 batches and thread counts, on the real Fashion-MNIST preloaded as tensors (no DataLoader).
 
-Throughput mode (default): for each (model, batch, threads) row, a warm-up, then --repeats
+Throughput mode (default): for each (model, batch, threads, math) row, a warm-up, then --repeats
 timed runs of a fixed number of steps (sized to last about --seconds), and the median; one
-`row: impl=torch ...` line per row, in the same format as the C++ side.
+`row: impl=torch ...` line per row, in the same format as the C++ side. --math bf16 runs the
+forward pass under CPU autocast to bfloat16 (torch.autocast("cpu", dtype=torch.bfloat16):
+linear and convolution in bf16, parameters, gradients and the optimizer in float32), PyTorch's
+counterpart of loom's trainer_options::math = math_mode::bf16.
 
 Accuracy mode (--accuracy): full epochs of training (shuffled each epoch, last partial batch
 included), then the test accuracy, printed as one `result: impl=torch ...` line.
@@ -127,15 +130,18 @@ def blas_info():
 
 
 class Trainer:
-    def __init__(self, model_name, seed):
+    def __init__(self, model_name, seed, math="fp32"):
         torch.manual_seed(seed)
         self.net = make_model(model_name)
         self.opt = torch.optim.SGD(self.net.parameters(), lr=0.02, momentum=0.9)
         self.loss = nn.CrossEntropyLoss()
+        self.bf16 = math == "bf16"
 
     def step(self, x, y):
         self.opt.zero_grad(set_to_none=True)
-        loss = self.loss(self.net(x), y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+            out = self.net(x)
+        loss = self.loss(out.float(), y)
         loss.backward()
         self.opt.step()
         return loss
@@ -147,9 +153,9 @@ def env_label():
     return s or "none"
 
 
-def measure(args, model_name, x, y, batch, threads):
+def measure(args, model_name, x, y, batch, threads, math):
     torch.set_num_threads(threads)
-    t = Trainer(model_name, args.seed)
+    t = Trainer(model_name, args.seed, math)
     t.net.train()
     g = torch.Generator().manual_seed(args.seed)
     perm = torch.randperm(x.shape[0], generator=g)
@@ -191,11 +197,12 @@ def throughput(args):
     for model_name in args.models:
         xm = x.reshape(-1, 784) if model_name == "mlp" else x
         for batch in args.batches:
-            for threads in args.threads:
-                med, runs, steps, loss, others = measure(args, model_name, xm, y, batch, threads)
+            for threads, math_mode in [(t, m) for t in args.threads for m in args.maths]:
+                med, runs, steps, loss, others = measure(args, model_name, xm, y, batch, threads, math_mode)
                 gflops = med * FLOPS[model_name] / 1e9
                 _, core, blas_threads, _ = blas_info()
                 print(f"row: impl=torch variant={args.variant} model={model_name} batch={batch} threads={threads} "
+                      f"math={math_mode} "
                       f"samples_per_s={med:.0f} runs={','.join(str(round(r)) for r in runs)} steps={steps} "
                       f"mflop_per_sample={FLOPS[model_name] / 1e6:.3f} gflops={gflops:.2f} "
                       f"nominal_fraction={gflops / (160.0 * threads):.3f} train_loss={loss:.4f} others_cores={others:.2f} "
@@ -214,7 +221,7 @@ def accuracy(args):
     model_name = args.models[0]
     if model_name == "mlp":
         x, xt = x.reshape(-1, 784), xt.reshape(-1, 784)
-    t = Trainer(model_name, args.seed)
+    t = Trainer(model_name, args.seed, args.maths[0])
     g = torch.Generator().manual_seed(args.seed)
     batch, n = args.batches[0], x.shape[0]
     seconds, samples, loss_sum, seen = 0.0, 0, 0.0, 0
@@ -250,6 +257,7 @@ def main():
     p.add_argument("--model", default="mlp,cnn", help="models, comma-separated: mlp,cnn")
     p.add_argument("--batch", default="64,256", help="batch sizes, comma-separated")
     p.add_argument("--threads", default="1,2", help="thread counts (torch.set_num_threads), comma-separated")
+    p.add_argument("--math", default="fp32", help="fp32 and/or bf16 (CPU autocast), comma-separated")
     p.add_argument("--seconds", type=float, default=2.0, help="length of one timed repeat")
     p.add_argument("--warmup", type=float, default=0.5, help="seconds of warm-up steps per row")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats per row (median reported)")
@@ -266,6 +274,9 @@ def main():
         p.error("--model takes mlp and/or cnn")
     args.batches = [int(b) for b in args.batch.split(",")]
     args.threads = [int(t) for t in args.threads.split(",")]
+    args.maths = [m for m in args.math.split(",") if m]
+    if not args.maths or any(m not in ("fp32", "bf16") for m in args.maths):
+        p.error("--math takes fp32 and/or bf16")
     if args.flush_denormal and not torch.set_flush_denormal(True):
         print("torch_peer: set_flush_denormal is not supported on this CPU", file=sys.stderr)
     blas, core, blas_threads, libs = blas_info()

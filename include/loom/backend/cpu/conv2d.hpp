@@ -114,11 +114,16 @@ class cpu_conv2d_plan {
       dnnl::memory ms(e.fwd_pd.src_desc(), eng, const_cast<void*>(src));
       dnnl::memory mw(e.fwd_pd.weights_desc(), eng, const_cast<void*>(wts));
       dnnl::memory mb(e.fwd_pd.bias_desc(), eng, const_cast<float*>(b));
-      dnnl::memory md(e.fwd_pd.dst_desc(), eng, y);
+      // The primitive writes y directly, or (bf16: its channels-last output) a scratch that a
+      // reorder then brings into the layout loom's other layers read.
+      const bool direct = e.y_desc == e.fwd_pd.dst_desc();
+      float* dst = direct ? y : static_cast<float*>(e.dst_scratch.get(e.fwd_pd.dst_desc()));
+      dnnl::memory md(e.fwd_pd.dst_desc(), eng, dst);
       detail::dnnl_checked("running a convolution forward", [&] {
         e.fwd.execute(detail::dnnl_stream(), {{DNNL_ARG_SRC, ms}, {DNNL_ARG_WEIGHTS, mw}, {DNNL_ARG_BIAS, mb}, {DNNL_ARG_DST, md}});
         detail::dnnl_stream().wait();
       });
+      if (!direct) e.reorders.run(e.fwd_pd.dst_desc(), dst, e.y_desc, y);
       return e.dst_format;
     }
   }
@@ -140,10 +145,10 @@ class cpu_conv2d_plan {
       const void* ddst_converted = nullptr;
       dnnl::memory::desc ddst_converted_desc;
       auto diff_dst_for = [&](const dnnl::memory::desc& want, detail::scratch& s) -> const void* {
-        if (want == e.fwd_pd.dst_desc()) return dy;
+        if (want == e.y_desc) return dy;
         if (ddst_converted && want == ddst_converted_desc) return ddst_converted;
         void* p = s.get(want);
-        e.reorders.run(e.fwd_pd.dst_desc(), dy, want, p);
+        e.reorders.run(e.y_desc, dy, want, p);
         ddst_converted = p;
         ddst_converted_desc = want;
         return p;
@@ -211,7 +216,8 @@ class cpu_conv2d_plan {
     std::size_t batch;
     math_mode math;
     dnnl::memory::desc src_given;  // the layout x arrives in (float)
-    cpu_format dst_format;
+    cpu_format dst_format;  // the layout y is handed on in
+    dnnl::memory::desc y_desc;  // the same, as a desc (also when plain)
     dnnl::convolution_forward::primitive_desc fwd_pd;
     dnnl::convolution_forward fwd;
     dnnl::convolution_backward_data::primitive_desc bwd_data_pd;
@@ -219,8 +225,8 @@ class cpu_conv2d_plan {
     dnnl::convolution_backward_weights::primitive_desc bwd_w_pd;
     dnnl::convolution_backward_weights bwd_w;
     detail::reorder_cache reorders;
-    detail::scratch src_scratch, w_fwd_scratch, w_bwd_scratch, ddst_scratch, ddst_w_scratch, dsrc_scratch, dw_scratch,
-        dw_plain_scratch, db_scratch;
+    detail::scratch src_scratch, w_fwd_scratch, w_bwd_scratch, dst_scratch, ddst_scratch, ddst_w_scratch, dsrc_scratch,
+        dw_scratch, dw_plain_scratch, db_scratch;
   };
 
   dnnl::memory::desc plain_weights() const {
@@ -286,17 +292,19 @@ class cpu_conv2d_plan {
     auto fwd_pd = make_fwd(dst_any);
     const std::size_t out_elems = batch * g_.oc * g_.oh() * g_.ow();
     if (!detail::unpadded(fwd_pd.dst_desc(), out_elems)) fwd_pd = make_fwd(detail::plain_nchw(batch, g_.oc, g_.oh(), g_.ow()));
+    const auto plain = detail::plain_nchw(batch, g_.oc, g_.oh(), g_.ow());
+    dnnl::memory::desc y_desc = fwd_pd.dst_desc();
     if (math == math_mode::bf16) {
-      // bf16 primitives prefer channels-last outputs, which loom's pooling does not read: ask
-      // for the blocked layout fp32 primitives choose (nChw16c / nChw8c), or plain NCHW.
+      // bf16 (AMX) primitives write channels-last, which loom's pooling does not read: y is
+      // handed on in the blocked layout fp32 primitives choose (nChw16c / nChw8c), or plain,
+      // through one reorder after the convolution. Asking the primitive for that layout
+      // instead picks a kernel without AMX, measured 4x slower here.
       auto blocked = [&](tag t) { return dnnl::memory::desc({n, static_cast<dt>(g_.oc), oh, ow}, f32::f32, t); };
-      const auto d = fwd_pd.dst_desc();
-      const auto plain = detail::plain_nchw(batch, g_.oc, g_.oh(), g_.ow());
-      if (!(d == plain || d == blocked(tag::nChw16c) || d == blocked(tag::nChw8c)))
-        fwd_pd = make_fwd(g_.oc % 16 == 0 ? blocked(tag::nChw16c) : g_.oc % 8 == 0 ? blocked(tag::nChw8c) : plain);
+      if (!(y_desc == plain || y_desc == blocked(tag::nChw16c) || y_desc == blocked(tag::nChw8c)))
+        y_desc = g_.oc % 16 == 0 ? blocked(tag::nChw16c) : g_.oc % 8 == 0 ? blocked(tag::nChw8c) : plain;
     }
     cpu_format dst_format;
-    if (!(fwd_pd.dst_desc() == detail::plain_nchw(batch, g_.oc, g_.oh(), g_.ow()))) dst_format.desc = fwd_pd.dst_desc();
+    if (!(y_desc == plain)) dst_format.desc = y_desc;
     // dy: in the forward output's layout for fp32 (no reorder); any layout of bf16 otherwise.
     const dnnl::memory::desc diff_dst =
         math == math_mode::bf16 ? dnnl::memory::desc({n, static_cast<dt>(g_.oc), oh, ow}, f32::bf16, tag::any)
@@ -309,11 +317,11 @@ class cpu_conv2d_plan {
         dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src_any, diff_w_any, b_md,
                                                  diff_dst, strides, pad, pad),
         eng, fwd_pd);
-    entries_.push_back(std::make_unique<entry>(entry{batch, math, given, dst_format, fwd_pd,
+    entries_.push_back(std::make_unique<entry>(entry{batch, math, given, dst_format, y_desc, fwd_pd,
                                                      dnnl::convolution_forward(fwd_pd), bwd_data_pd,
                                                      dnnl::convolution_backward_data(bwd_data_pd), bwd_w_pd,
                                                      dnnl::convolution_backward_weights(bwd_w_pd), {}, {}, {}, {}, {},
-                                                     {}, {}, {}, {}, {}}));
+                                                     {}, {}, {}, {}, {}, {}}));
     return *entries_.back();
   }
 
