@@ -145,6 +145,8 @@ class distributed_loader {
   ///
   /// Requires: x has room for max_local_batch() * sample_shape::size values, labels for
   /// max_local_batch() values; T is a floating-point type or constructible from float.
+  /// Either may be null: that part of the samples is not read (a pipeline's last stage needs
+  /// only the labels, its middle stages only the share).
   template <class T>
   batch_share next(T* x, std::int32_t* labels) {
     constexpr std::size_t sample = sample_shape::size;
@@ -154,7 +156,15 @@ class distributed_loader {
     const std::size_t lo = block_ ? std::min(n, r * block_) : n * r / w;
     const std::size_t hi = block_ ? std::min(n, (r + 1) * block_) : n * (r + 1) / w;
     for (std::size_t k = lo; k < hi; ++k) {
-      detail::write_sample(*data_, order_[pos_ + k], x + (k - lo) * sample, labels + (k - lo));
+      const std::size_t idx = order_[pos_ + k];
+      if (x != nullptr && labels != nullptr) {
+        detail::write_sample(*data_, idx, x + (k - lo) * sample, labels + (k - lo));
+      } else if (x != nullptr) {
+        std::int32_t unused = 0;
+        detail::write_sample(*data_, idx, x + (k - lo) * sample, &unused);
+      } else if (labels != nullptr) {
+        labels[k - lo] = static_cast<std::int32_t>(data_->label(idx));
+      }
     }
     pos_ += n;
     last_ = n == 0 ? batch_share{} : batch_share{hi - lo, n, lo};

@@ -5,6 +5,7 @@
 // backward still runs. This file holds the policy type and the engine the trainer drives; the
 // communicators live in loom/comm/.
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -63,6 +64,55 @@ inline constexpr bool is_data_parallel_v = false;
 template <class C, class... O>
 inline constexpr bool is_data_parallel_v<data_parallel<C, O...>> = true;
 
+namespace detail {
+/// The fields of a job description `key=value;key=value` that differ between a (rank 0's) and
+/// b, as " [b's field] where rank 0 has [a's field]".
+inline std::string job_field_diff(const std::string& a, const std::string& b) {
+  auto fields = [](const std::string& s) {
+    std::vector<std::string> out;
+    std::size_t at = 0;
+    while (at <= s.size()) {
+      std::size_t end = s.find(';', at);
+      if (end == std::string::npos) end = s.size();
+      if (end > at) out.push_back(s.substr(at, end - at));
+      at = end + 1;
+    }
+    return out;
+  };
+  const auto fa = fields(a), fb = fields(b);
+  std::string out;
+  for (std::size_t i = 0; i < std::max(fa.size(), fb.size()); ++i) {
+    const std::string x = i < fa.size() ? fa[i] : "(none)", y = i < fb.size() ? fb[i] : "(none)";
+    if (x != y) out += " [" + y + "] where rank 0 has [" + x + "]";
+  }
+  return out;
+}
+
+/// Every rank of comm describes its job as `key=value` fields; all ranks gather all
+/// descriptions, and if any differs from rank 0's, every rank throws the same
+/// communication_error, starting with `who`, naming the ranks and the fields that differ.
+/// Collective over comm. Used by data_parallel and the pipeline.
+template <class Comm>
+void check_same_job(Comm& comm, const std::string& description, const std::string& who) {
+  constexpr std::size_t width = 2048;
+  if (description.size() >= width)
+    throw invalid_argument(who + ": job description longer than " + std::to_string(width) + " bytes");
+  const int world = comm.size();
+  std::vector<char> mine(width, '\0'), all(width * static_cast<std::size_t>(world), '\0');
+  std::memcpy(mine.data(), description.data(), description.size());
+  comm.allgather(mine.data(), all.data(), width);
+  std::string message;
+  const std::string first(all.data());
+  for (int r = 1; r < world; ++r) {
+    const std::string other(all.data() + width * static_cast<std::size_t>(r));
+    if (other != first) message += "\n  rank " + std::to_string(r) + " differs from rank 0:" + job_field_diff(first, other);
+  }
+  if (!message.empty())
+    throw communication_error(who + ": the ranks do not run the same job (" + std::to_string(world) +
+                              " ranks); every rank stops:" + message);
+}
+}  // namespace detail
+
 /// Drives one rank of data-parallel training for the trainer: checks that every rank runs the
 /// same job, broadcasts rank 0's parameters, starts each bucket's allreduce as backward
 /// finishes its layers, and waits for all of them before the optimizer steps.
@@ -82,23 +132,7 @@ class data_parallel_engine {
   /// Every rank describes its job as `key=value` fields; all ranks gather all descriptions,
   /// and if any differs from rank 0's, every rank throws the same message naming the ranks and
   /// the fields that differ. Collective.
-  void check_same_job(const std::string& description) {
-    constexpr std::size_t width = 2048;
-    if (description.size() >= width)
-      throw invalid_argument("loom::data_parallel: job description longer than " + std::to_string(width) + " bytes");
-    std::vector<char> mine(width, '\0'), all(width * static_cast<std::size_t>(world()), '\0');
-    std::memcpy(mine.data(), description.data(), description.size());
-    comm_.allgather(mine.data(), all.data(), width);
-    std::string message;
-    const std::string first(all.data());
-    for (int r = 1; r < world(); ++r) {
-      const std::string other(all.data() + width * static_cast<std::size_t>(r));
-      if (other != first) message += "\n  rank " + std::to_string(r) + " differs from rank 0:" + field_diff(first, other);
-    }
-    if (!message.empty())
-      throw communication_error("loom::data_parallel: the ranks do not run the same job (" + std::to_string(world()) +
-                                " ranks); every rank stops:" + message);
-  }
+  void check_same_job(const std::string& description) { detail::check_same_job(comm_, description, "loom::data_parallel"); }
 
   /// Makes every replica start from rank 0's parameters. Collective.
   void broadcast_parameters(T* params, std::size_t n) { comm_.broadcast(params, n, 0); }
@@ -173,27 +207,6 @@ class data_parallel_engine {
     figures_.bytes_sent += n > 1 ? 2.0 * double(n - 1) / double(n) * double(bk.count * sizeof(T)) : 0.0;
   }
   static double seconds(clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
-
-  static std::string field_diff(const std::string& a, const std::string& b) {
-    auto fields = [](const std::string& s) {
-      std::vector<std::string> out;
-      std::size_t at = 0;
-      while (at <= s.size()) {
-        std::size_t end = s.find(';', at);
-        if (end == std::string::npos) end = s.size();
-        if (end > at) out.push_back(s.substr(at, end - at));
-        at = end + 1;
-      }
-      return out;
-    };
-    const auto fa = fields(a), fb = fields(b);
-    std::string out;
-    for (std::size_t i = 0; i < std::max(fa.size(), fb.size()); ++i) {
-      const std::string x = i < fa.size() ? fa[i] : "(none)", y = i < fb.size() ? fb[i] : "(none)";
-      if (x != y) out += " [" + y + "] where rank 0 has [" + x + "]";
-    }
-    return out;
-  }
 
   comm_t comm_;
   std::vector<typename comm_t::request> requests_;

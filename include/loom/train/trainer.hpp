@@ -579,3 +579,4 @@ class trainer {
 };
 
 }  // namespace loom
+#include "loom/train/pipeline_trainer.hpp"

@@ -1,0 +1,615 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// loom::pipeline_engine: the run-time half of pipeline model parallelism. One rank runs one
+// stage: it holds only that stage's model (parameters and gradients) and executes the stage's
+// schedule table (loom/parallel/pipeline_plan.hpp) each step: forwards and backwards of the
+// micro-batches, activations sent forward and their gradients back with non-blocking sends and
+// receives. Under loom::hybrid it also averages its stage's gradients over the replicas with a
+// data_parallel_engine. The fit loop around it is loom::trainer (loom/train/pipeline_trainer.hpp);
+// no communicator is included here.
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "loom/backend/default_backend.hpp"
+#include "loom/backend/kernels/optim.hpp"
+#include "loom/comm/communicator.hpp"
+#include "loom/core/error.hpp"
+#include "loom/core/memory.hpp"
+#include "loom/nn/loss.hpp"
+#include "loom/nn/model.hpp"
+#include "loom/parallel/data_parallel.hpp"
+#include "loom/parallel/figures.hpp"
+#include "loom/parallel/hybrid.hpp"
+#include "loom/parallel/pipeline_plan.hpp"
+
+namespace loom {
+
+namespace detail {
+/// Stands for "no data parallelism over the replicas" in pipeline_engine's DataParallel.
+struct no_data_parallel {};
+
+/// The first sample of micro-batch m when n samples are cut into M micro-batches: sizes
+/// n m / M .. n (m + 1) / M differ by at most one (some are empty when n < M).
+constexpr std::size_t micro_batch_begin(std::size_t n, std::size_t m, std::size_t M) { return n * m / M; }
+
+/// Whether layer K of a chain is a loom::relu that the layer before writes itself (no buffer of
+/// its own): the rule of loom::sequence.
+template <class Chain, class T, class Backend, std::size_t K>
+constexpr bool relu_fused_in() {
+  if constexpr (K == 0) {
+    return false;
+  } else {
+    using prev = at<K - 1, typename Chain::layers>;
+    return std::is_same_v<at<K, typename Chain::layers>, relu> &&
+           can_fuse_relu<typename prev::template impl<typename Chain::template input_of<K - 1>, T, Backend>>;
+  }
+}
+
+/// Elements per sample a forward keeps for backward in a chain: every layer's output, except
+/// those of fused ReLUs.
+template <class Chain, class T, class Backend, std::size_t... K>
+constexpr std::size_t saved_elements(std::index_sequence<K...>) {
+  return (std::size_t{0} + ... + (relu_fused_in<Chain, T, Backend, K>() ? 0 : Chain::template output_of<K>::size));
+}
+}  // namespace detail
+
+/// Runs one rank's stage of Network cut by Pipeline (a loom::pipeline<S, ...>), over
+/// communicator Comm; DataParallel is a loom::data_parallel<Comm, ...> under loom::hybrid
+/// (detail::no_data_parallel otherwise).
+///
+/// Ranks: with no data parallelism the world has exactly S ranks and rank s runs stage s; under
+/// hybrid, world rank r runs stage r % S of replica r / S (see loom/parallel/hybrid.hpp). The
+/// world is split twice: pipeline groups (colour r / S) carry activations and their gradients,
+/// data-parallel groups (colour r % S) the gradient allreduces of one stage.
+///
+/// Memory: the stage's parameters and gradients (model()), and one activation slot per
+/// micro-batch alive at once (forwarded, backward not yet run), created on demand and reused:
+/// as many as the schedule's peak_live_activations(stage). A slot holds what the stage's
+/// forward keeps for backward (its input when received from the previous stage, and each
+/// layer's output) plus the gradients passing through.
+///
+/// Messages: micro-batch m's activations go to stage s + 1 with tag 2m, their gradients back to
+/// s with tag 2m + 1. Every send is non-blocking and completes later (before its slot is reused,
+/// and at the end of the step), so a stage computes while its sends drain; a receive is posted
+/// when the table reaches it and waited for before the next pass (or, when posted_with_next,
+/// after the next operation is posted too). Time blocked in those waits is the stage's bubble.
+template <class Network, class Loss, class T, class Backend, class Pipeline, class Comm,
+          class DataParallel = detail::no_data_parallel>
+class pipeline_engine {
+  static_assert(is_pipeline_v<Pipeline>, "loom::pipeline_engine: Pipeline must be a loom::pipeline<Stages, ...>");
+  static_assert(communicator<Comm>,
+                "loom::pipeline_engine: Comm must be a loom communicator (loom::mpi_comm, loom::local_comm)");
+  static_assert(Backend::memory_space::host_accessible,
+                "loom::pipeline_engine: pipeline stages exchange activations through a host-memory communicator "
+                "(mpi_comm, local_comm), so the backend's memory must be host memory: use loom::cpu");
+
+ public:
+  using partition = stage_partition<Network, Pipeline>;
+  using schedule = typename Pipeline::schedule;
+  static constexpr std::size_t stages = Pipeline::stages;
+  static constexpr std::size_t micro_batch_count = Pipeline::micro_batch_count;
+  static constexpr bool hybrid = !std::is_same_v<DataParallel, detail::no_data_parallel>;
+  using request = typename Comm::request;
+
+  /// Stage I's model type: its own network, initialised as layers bounds[I].. of the whole.
+  template <std::size_t I>
+  using stage_model_type = ::loom::model<typename partition::template stage_network<I>, T, Backend>;
+
+ private:
+  template <std::size_t... I>
+  static auto models_of(std::index_sequence<I...>) -> std::variant<stage_model_type<I>...>;
+
+ public:
+  /// One of the stage models, the one of this rank's stage (index = stage).
+  using models_type = decltype(models_of(std::make_index_sequence<stages>{}));
+
+ private:
+  using clock = std::chrono::steady_clock;
+  using space = typename Backend::memory_space;
+  static double seconds(clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+  /// What stage I holds besides its model: the activation slots and, under hybrid, the engine
+  /// that averages its gradients over the replicas.
+  template <std::size_t I>
+  struct stage_state {
+    static constexpr std::size_t index = I;
+    using net = typename partition::template stage_network<I>;
+    using seq_type = typename net::template sequence_type<T, Backend>;
+    using in_shape = typename net::input_shape;
+    using out_shape = typename net::output_shape;
+    static constexpr std::size_t in_size = in_shape::size, out_size = out_shape::size;
+    static constexpr bool first = I == 0, last = I + 1 == stages;
+    /// Elements per sample a slot keeps for backward: the received input, the layers' outputs.
+    static constexpr std::size_t saved_per_sample =
+        (first ? 0 : in_size) + detail::saved_elements<typename net::chain, T, Backend>(std::make_index_sequence<net::layer_count>{});
+    using dp_engine = std::conditional_t<hybrid, data_parallel_engine<net, T, DataParallel>, detail::no_data_parallel>;
+
+    /// One micro-batch's activations and the gradients passing through its backward.
+    struct slot {
+      explicit slot(std::size_t first_layer) : seq(0, first_layer) {}
+      seq_type seq;
+      typename Backend::layout_converter conv;
+      buffer<T, space> input;      // (n, in_size): received from stage I - 1
+      buffer<T, space> dy;         // (n, out_size): the output's gradient, plain
+      buffer<T, space> dy_layout;  // (n, out_size): the same in the output's layout, when not plain
+      buffer<T, space> dx;         // (n, in_size): the input's gradient, sent to stage I - 1
+      const T* x = nullptr;        // the forward's input
+      const T* y = nullptr;        // the forward's output, plain
+      typename Backend::format y_format{};
+      std::size_t n = 0, capacity = 0;
+      bool busy = false;
+      std::vector<request> sends;  // pending sends out of this slot's buffers
+    };
+
+    explicit stage_state(std::optional<Comm> dp_comm) {
+      slot_of.fill(none);
+      if constexpr (hybrid) dp.emplace(std::move(*dp_comm));
+    }
+
+    static constexpr std::size_t none = static_cast<std::size_t>(-1);
+    std::vector<std::unique_ptr<slot>> slots;  // stable addresses: requests point into them
+    std::array<std::size_t, micro_batch_count> slot_of{};
+    std::optional<dp_engine> dp;
+  };
+
+  template <std::size_t... I>
+  static auto states_of(std::index_sequence<I...>) -> std::variant<stage_state<I>...>;
+  using states_type = decltype(states_of(std::make_index_sequence<stages>{}));
+
+  template <std::size_t I = 0>
+  static models_type make_model(std::size_t stage, std::uint64_t seed) {
+    if constexpr (I + 1 < stages)
+      if (stage != I) return make_model<I + 1>(stage, seed);
+    return models_type(std::in_place_index<I>, seed, partition::bounds[I]);
+  }
+  template <std::size_t I = 0>
+  static states_type make_state(std::size_t stage, std::optional<Comm>& dp_comm) {
+    if constexpr (I + 1 < stages)
+      if (stage != I) return make_state<I + 1>(stage, dp_comm);
+    return states_type(std::in_place_index<I>, std::move(dp_comm));
+  }
+
+ public:
+  /// Joins the ranks of `world` into pipelines (and, under hybrid, data-parallel groups) and
+  /// builds this rank's stage, initialised from seed as that part of the whole model would be.
+  /// Collective over world.
+  /// Throws loom::invalid_argument when the world does not have S ranks (hybrid: a positive
+  /// multiple of S), on every rank alike.
+  pipeline_engine(Comm world, std::uint64_t seed)
+      : world_(std::move(world)), stage_(checked_stage(world_)), replica_(world_.rank() / static_cast<int>(stages)),
+        replicas_(world_.size() / static_cast<int>(stages)), pipe_(world_.split(replica_, world_.rank())),
+        models_(make_model(static_cast<std::size_t>(stage_), seed)), states_(make_state_from_world()) {
+    if (pipe_.size() != static_cast<int>(stages) || pipe_.rank() != stage_)
+      throw communication_error("loom::pipeline: internal error: rank " + std::to_string(world_.rank()) +
+                                " expected stage " + std::to_string(stage_) + " of " + std::to_string(stages) +
+                                " in its pipeline group, found rank " + std::to_string(pipe_.rank()) + " of " +
+                                std::to_string(pipe_.size()));
+    figures_.stage = stage_;
+    figures_.replica = replica_;
+  }
+
+  int rank() const { return world_.rank(); }
+  int world() const { return world_.size(); }
+  int stage() const { return stage_; }
+  int replica() const { return replica_; }
+  int replicas() const { return replicas_; }
+  bool first_stage() const { return stage_ == 0; }
+  bool last_stage() const { return stage_ + 1 == static_cast<int>(stages); }
+  /// The world communicator, and this rank's pipeline group (ranked by stage).
+  Comm& world_comm() { return world_; }
+  Comm& pipeline_comm() { return pipe_; }
+
+  models_type& models() noexcept { return models_; }
+  const models_type& models() const noexcept { return models_; }
+
+  /// Calls f(state, model) with this rank's stage (state's type knows the stage at compile time).
+  template <class F>
+  decltype(auto) with_stage(F&& f) {
+    return std::visit(
+        [&](auto& st) -> decltype(auto) {
+          constexpr std::size_t s = std::remove_cvref_t<decltype(st)>::index;
+          return f(st, std::get<s>(models_));
+        },
+        states_);
+  }
+
+  /// This stage's parameter count, and its flat parameter and gradient buffers.
+  std::size_t parameter_count() const { return partition::parameter_counts[static_cast<std::size_t>(stage_)]; }
+  T* parameters() {
+    return std::visit([](auto& m) { return m.parameters().data(); }, models_);
+  }
+  T* gradients() {
+    return std::visit([](auto& m) { return m.gradients().data(); }, models_);
+  }
+
+  /// See data_parallel_engine::check_same_job; over the whole world. Collective.
+  void check_same_job(const std::string& description) {
+    detail::check_same_job(world_, description, "loom::pipeline");
+  }
+
+  /// Under hybrid: every replica of this stage starts from replica 0's parameters. Collective.
+  void broadcast_parameters() {
+    with_stage([&](auto& st, auto& m) {
+      if constexpr (hybrid) st.dp->broadcast_parameters(m.parameters().data(), m.parameters().size());
+    });
+  }
+
+  /// What one micro-step (one batch of the loader) brings to this stage.
+  struct batch_view {
+    const T* x = nullptr;                  // (n, input): the samples; first stage only
+    const std::int32_t* labels = nullptr;  // (n): the labels; last stage only
+    std::size_t n = 0;                     // this replica's samples
+    std::size_t global_n = 0;              // the global batch (all replicas)
+    std::size_t offset = 0;                // this replica's first sample within the global batch
+  };
+
+  /// Runs this stage's table on one batch: micro-step a of an accumulation group of `group`.
+  /// Gradients are written (first backward of the group) or added to, scaled so that the sum
+  /// over micro-batches, micro-steps and replicas is the mean over the optimizer step's
+  /// samples. On the group's last micro-step, under hybrid, the data-parallel allreduce starts
+  /// during the last backward and completes here. Returns the loss sums (last stage; zero
+  /// elsewhere). Collective over the pipeline group (and the data-parallel group).
+  loss_value micro_step(const batch_view& b, std::size_t a, std::size_t group, std::uint64_t seed, std::uint64_t step) {
+    return with_stage([&](auto& st, auto& m) { return run_table(st, m, b, a, group, seed, step); });
+  }
+
+  /// Forward only (evaluation mode) of one batch through the pipeline: returns the loss sums
+  /// on the last stage, zero elsewhere. Collective over the pipeline group.
+  loss_value evaluate_batch(const batch_view& b, std::uint64_t seed, std::uint64_t step) {
+    return with_stage([&](auto& st, auto& m) { return run_evaluation(st, m, b, seed, step); });
+  }
+
+  /// Forgets which gradients were written: the next micro-step overwrites them.
+  void start_step() { grads_written_ = false; }
+
+  /// Waits for this stage's sends still in flight (after the last evaluate_batch).
+  void complete_sends() {
+    with_stage([&](auto& st, auto&) { complete_sends(st); });
+  }
+
+  /// The squared L2 norm of the gradients of the whole model (one replica), summed over the
+  /// stages. Collective over the pipeline group.
+  double gradient_squared_norm() {
+    double sq = Backend::sum(parameter_count(), detail::squared_term<T>{gradients()});
+    timed_allreduce(&sq, 1);
+    return sq;
+  }
+
+  /// The L2 norm of the whole model's parameters (one replica). Collective over the pipeline group.
+  double parameters_l2() {
+    double sq = Backend::sum(parameter_count(), detail::squared_term<T>{parameters()});
+    pipe_.allreduce(&sq, 1, reduce_op::sum);
+    return std::sqrt(sq);
+  }
+
+  /// The whole model's parameters in the whole network's flat layout, on every rank.
+  /// Collective over the pipeline group.
+  std::vector<T> gather_parameters() {
+    constexpr std::size_t width = [] {
+      std::size_t w = 0;
+      for (std::size_t c : partition::parameter_counts) w = c > w ? c : w;
+      return w;
+    }();
+    std::vector<T> mine(width, T(0)), all(width * stages);
+    stage_model_copy(mine.data());
+    pipe_.allgather(mine.data(), all.data(), width);
+    std::vector<T> out(Network::parameter_count);
+    for (std::size_t s = 0; s < stages; ++s)
+      std::copy_n(all.data() + s * width, partition::parameter_counts[s], out.data() + partition::parameter_offsets[s]);
+    return out;
+  }
+
+  /// Sums values over the whole world (losses and counts for reporting). Collective.
+  void sum_over_world(double* values, std::size_t n) {
+    const auto t0 = clock::now();
+    world_.allreduce(values, n, reduce_op::sum);
+    figures_.wait_s += seconds(t0, clock::now());
+  }
+
+  rank_figures& figures() { return figures_; }
+  /// Clears the figures (and the data-parallel engine's) for a new fit().
+  void reset_figures() {
+    figures_ = {};
+    figures_.stage = stage_;
+    figures_.replica = replica_;
+    with_stage([](auto& st, auto&) {
+      if constexpr (hybrid) st.dp->figures() = {};
+    });
+  }
+
+  /// Every rank's figures on every rank, world rank order. Collective over the world.
+  std::vector<rank_figures> gather_figures() {
+    rank_figures f = figures_;
+    f.peak_activation_bytes = static_cast<double>(peak_bytes_);
+    f.parameter_bytes = static_cast<double>(parameter_count() * sizeof(T));
+    with_stage([&](auto& st, auto&) {
+      if constexpr (hybrid) {
+        const rank_figures& d = st.dp->figures();
+        f.comm_s += d.comm_s;
+        f.comm_exposed_s += d.comm_exposed_s;
+        f.bytes_sent += d.bytes_sent;
+      }
+    });
+    constexpr std::size_t k = rank_figures::field_count;
+    std::vector<double> mine = f.to_vector(), all(k * static_cast<std::size_t>(world()));
+    world_.allgather(mine.data(), all.data(), k);
+    std::vector<rank_figures> out;
+    for (int r = 0; r < world(); ++r) out.push_back(rank_figures::from(all.data() + k * static_cast<std::size_t>(r)));
+    return out;
+  }
+
+  /// The most bytes of saved activations this rank has held at once (see the class comment).
+  std::size_t peak_activation_bytes() const noexcept { return peak_bytes_; }
+
+ private:
+  static int checked_stage(const Comm& world) {
+    const int n = world.size(), s = static_cast<int>(stages);
+    if constexpr (hybrid) {
+      if (n % s != 0)
+        throw invalid_argument("loom::trainer with loom::hybrid<data_parallel, pipeline<" + std::to_string(stages) +
+                               ">>: the world has " + std::to_string(n) + " ranks, expected a multiple of the " +
+                               std::to_string(stages) + " stages (stages x replicas ranks)");
+    } else {
+      if (n != s)
+        throw invalid_argument("loom::trainer with loom::model_parallel<pipeline<" + std::to_string(stages) +
+                               ">>: the pipeline has " + std::to_string(stages) + " stages, one rank each, but the "
+                               "communicator has " + std::to_string(n) + " ranks: start " + std::to_string(stages) +
+                               " processes (mpirun -np " + std::to_string(stages) +
+                               ") or use loom::hybrid<loom::data_parallel<...>, loom::pipeline<...>> for more");
+    }
+    return world.rank() % s;
+  }
+
+  states_type make_state_from_world() {
+    std::optional<Comm> dp_comm;
+    if constexpr (hybrid) dp_comm.emplace(world_.split(stage_, world_.rank()));
+    return make_state(static_cast<std::size_t>(stage_), dp_comm);
+  }
+
+  void stage_model_copy(T* dst) {
+    std::visit([&](auto& m) { m.copy_to_host(m.parameters().data(), m.parameters().size(), dst); }, models_);
+  }
+
+  void timed_allreduce(double* v, std::size_t n) {
+    const auto t0 = clock::now();
+    pipe_.allreduce(v, n, reduce_op::sum);
+    figures_.wait_s += seconds(t0, clock::now());
+  }
+
+  void wait_timed(request& r) {
+    const auto t0 = clock::now();
+    r.wait();
+    figures_.bubble_s += seconds(t0, clock::now());
+  }
+  void wait_all(std::vector<request>& rs) {
+    if (rs.empty()) return;
+    const auto t0 = clock::now();
+    for (auto& r : rs) r.wait();
+    rs.clear();
+    figures_.bubble_s += seconds(t0, clock::now());
+  }
+
+  static int tag_of(std::size_t m, pipeline_op_kind k) {
+    const bool gradient = k == pipeline_op_kind::send_gradient || k == pipeline_op_kind::recv_gradient;
+    return static_cast<int>(2 * m + (gradient ? 1 : 0));
+  }
+  static constexpr int evaluation_tag = static_cast<int>(2 * micro_batch_count);
+
+  /// A free slot for micro-batch m of n samples: a free one (its pending sends completed
+  /// first), or a new one when every slot holds a live micro-batch.
+  template <class State>
+  typename State::slot& acquire(State& st, std::size_t m, std::size_t n) {
+    typename State::slot* s = nullptr;
+    std::size_t index = 0;
+    for (; index < st.slots.size(); ++index)
+      if (!st.slots[index]->busy) {
+        s = st.slots[index].get();
+        break;
+      }
+    if (s == nullptr) {
+      st.slots.push_back(std::make_unique<typename State::slot>(partition::bounds[State::index]));
+      s = st.slots.back().get();
+    }
+    wait_all(s->sends);
+    s->busy = true;
+    s->n = n;
+    if (n > s->capacity) {
+      if constexpr (!State::first) {
+        s->input.reserve_discard(n * State::in_size);
+        s->dx.reserve_discard(n * State::in_size);
+      }
+      s->dy.reserve_discard(n * State::out_size);
+      held_bytes_ += (n - s->capacity) * State::saved_per_sample * sizeof(T);
+      peak_bytes_ = std::max(peak_bytes_, held_bytes_);
+      s->capacity = n;
+    }
+    if (m < micro_batch_count) st.slot_of[m] = index;
+    return *s;
+  }
+  template <class State>
+  typename State::slot& slot_of(State& st, std::size_t m) {
+    const std::size_t i = st.slot_of[m];
+    if (i == State::none)
+      throw invalid_argument("loom::pipeline: internal error: stage " + std::to_string(State::index) + " has no activations of micro-batch " +
+                             std::to_string(m) + " (the schedule runs its backward before its forward)");
+    return *st.slots[i];
+  }
+  template <class State>
+  void release(State& st, std::size_t m) {
+    st.slots[st.slot_of[m]]->busy = false;
+    st.slot_of[m] = State::none;
+  }
+  template <class State>
+  void complete_sends(State& st) {
+    for (auto& s : st.slots) wait_all(s->sends);
+  }
+
+  /// A pointer for a message of n elements: p, or something valid when there is nothing to send.
+  const T* message_data(const T* p) const { return p ? p : &empty_; }
+  T* message_data(T* p) { return p ? p : &empty_; }
+
+  template <class State, class Model>
+  loss_value run_table(State& st, Model& model, const batch_view& b, std::size_t a, std::size_t group, std::uint64_t seed,
+                       std::uint64_t step) {
+    using enum pipeline_op_kind;
+    constexpr std::size_t s = State::index;
+    constexpr std::size_t M = micro_batch_count;
+    static constexpr auto ops = schedule::template ops_of<s>;
+    constexpr std::size_t last_backward = [] {
+      std::size_t i = 0;
+      for (std::size_t k = 0; k < ops.size(); ++k)
+        if (ops[k].kind == backward) i = k;
+      return i;
+    }();
+    const bool last_of_group = a + 1 == group;
+    const T scale = T(1) / static_cast<T>(b.global_n * group);
+    T* params = model.parameters().data();
+    T* grads = model.gradients().data();
+    loss_value total;
+    std::vector<request> receives;  // posted, not yet waited for
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      const pipeline_op op = ops[i];
+      const std::size_t m = op.micro_batch;
+      const std::size_t lo = detail::micro_batch_begin(b.n, m, M), n = detail::micro_batch_begin(b.n, m + 1, M) - lo;
+      const run_context ctx{.training = true, .accumulate = grads_written_, .seed = seed, .step = step,
+                            .sample_offset = b.offset + lo};
+      if (!is_communication(op.kind)) wait_all(receives);
+      switch (op.kind) {
+        case recv_activation: {
+          auto& sl = acquire(st, m, n);
+          sl.x = sl.input.data();
+          receives.push_back(pipe_.irecv(message_data(sl.input.data()), n * State::in_size, stage_ - 1, tag_of(m, op.kind)));
+          break;
+        }
+        case forward: {
+          auto& sl = State::first ? acquire(st, m, n) : slot_of(st, m);
+          if constexpr (State::first) sl.x = b.x + lo * State::in_size;
+          sl.y = nullptr;
+          if (n > 0) {
+            const auto t0 = clock::now();
+            const auto y = sl.seq.forward(ctx, params, activation<const T, Backend>{sl.x}, n);
+            sl.y_format = y.format;
+            sl.y = sl.conv.template to_plain<T, typename State::out_shape>(y.data, y.format, n);
+            if constexpr (State::last) {
+              const loss_value v = Loss::template compute<Backend, State::out_size, T>(sl.y, b.labels + lo, sl.dy.data(), n,
+                                                                                        scale, ws_);
+              total.sum += v.sum;
+              total.correct += v.correct;
+            }
+            figures_.compute_s += seconds(t0, clock::now());
+          }
+          break;
+        }
+        case send_activation: {
+          auto& sl = slot_of(st, m);
+          sl.sends.push_back(pipe_.isend(message_data(sl.y), n * State::out_size, stage_ + 1, tag_of(m, op.kind)));
+          figures_.bytes_sent += static_cast<double>(n * State::out_size * sizeof(T));
+          break;
+        }
+        case recv_gradient: {
+          auto& sl = slot_of(st, m);
+          receives.push_back(pipe_.irecv(message_data(sl.dy.data()), n * State::out_size, stage_ + 1, tag_of(m, op.kind)));
+          break;
+        }
+        case backward: {
+          auto& sl = slot_of(st, m);
+          if (n > 0) {
+            const auto t0 = clock::now();
+            const T* d = sl.dy.data();
+            if (!sl.y_format.plain()) {
+              sl.dy_layout.reserve_discard(n * State::out_size);
+              sl.conv.template from_plain<T, typename State::out_shape>(sl.dy.data(), sl.y_format, sl.dy_layout.data(), n);
+              d = sl.dy_layout.data();
+            }
+            T* dx = State::first ? nullptr : sl.dx.data();
+            if (hybrid && last_of_group && i == last_backward) {
+              sl.seq.backward(ctx, params, activation<const T, Backend>{sl.x}, d, dx, grads, [&](std::size_t layer) {
+                if constexpr (hybrid) st.dp->layer_done(layer, grads);
+              });
+            } else {
+              sl.seq.backward(ctx, params, activation<const T, Backend>{sl.x}, d, dx, grads);
+            }
+            grads_written_ = true;
+            figures_.compute_s += seconds(t0, clock::now());
+          }
+          if constexpr (State::first) release(st, m);
+          break;
+        }
+        case send_gradient: {
+          auto& sl = slot_of(st, m);
+          sl.sends.push_back(pipe_.isend(message_data(n > 0 ? sl.dx.data() : nullptr), n * State::in_size, stage_ - 1,
+                                         tag_of(m, op.kind)));
+          figures_.bytes_sent += static_cast<double>(n * State::in_size * sizeof(T));
+          release(st, m);
+          break;
+        }
+      }
+      if (!op.posted_with_next) wait_all(receives);
+    }
+    wait_all(receives);
+    complete_sends(st);
+    if (last_of_group) {
+      const auto t0 = clock::now();
+      if (!grads_written_) {  // no sample of this step reached this stage: contribute zeros
+        Backend::zero(grads, model.parameters().size());
+        grads_written_ = true;
+      }
+      figures_.compute_s += seconds(t0, clock::now());
+      if constexpr (hybrid) st.dp->finish(grads);
+    }
+    return total;
+  }
+
+  template <class State, class Model>
+  loss_value run_evaluation(State& st, Model& model, const batch_view& b, std::uint64_t seed, std::uint64_t step) {
+    const run_context ctx{.training = false, .accumulate = false, .seed = seed, .step = step, .sample_offset = b.offset};
+    auto& sl = acquire(st, micro_batch_count, b.n);
+    loss_value v;
+    if constexpr (State::first) {
+      sl.x = b.x;
+    } else {
+      sl.x = sl.input.data();
+      auto r = pipe_.irecv(message_data(sl.input.data()), b.n * State::in_size, stage_ - 1, evaluation_tag);
+      wait_timed(r);
+    }
+    sl.y = nullptr;
+    if (b.n > 0) {
+      const auto t0 = clock::now();
+      const auto y = sl.seq.forward(ctx, model.parameters().data(), activation<const T, Backend>{sl.x}, b.n);
+      sl.y = sl.conv.template to_plain<T, typename State::out_shape>(y.data, y.format, b.n);
+      if constexpr (State::last)
+        v = Loss::template compute<Backend, State::out_size, T>(sl.y, b.labels, nullptr, b.n, T(1), ws_);
+      figures_.compute_s += seconds(t0, clock::now());
+    }
+    if constexpr (!State::last)
+      sl.sends.push_back(pipe_.isend(message_data(sl.y), b.n * State::out_size, stage_ + 1, evaluation_tag));
+    sl.busy = false;  // its send completes before the slot is used again
+    return v;
+  }
+
+  Comm world_;
+  int stage_;
+  int replica_, replicas_;
+  Comm pipe_;
+  models_type models_;
+  states_type states_;
+  loss_workspace<Backend> ws_;
+  rank_figures figures_;
+  bool grads_written_ = false;
+  std::size_t held_bytes_ = 0, peak_bytes_ = 0;
+  T empty_{};
+};
+
+}  // namespace loom
