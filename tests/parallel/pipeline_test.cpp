@@ -323,3 +323,56 @@ TEST_CASE("stage_model<S>() gives this rank's stage model and refuses another st
     }
   });
 }
+
+namespace {
+/// The training set, except that reading label `bad` fails: only the last stage reads labels.
+struct failing_labels {
+  using sample_shape = loom::data::fashion_mnist_set::sample_shape;
+  static constexpr std::size_t classes = 10;
+  const loom::data::fashion_mnist_set* data;
+  std::size_t bad;
+  std::size_t size() const { return data->size(); }
+  const std::uint8_t* pixels(std::size_t i) const { return data->pixels(i); }
+  std::int32_t label(std::size_t i) const {
+    if (i == bad) throw loom::data_error("loom_test: label 1234 is unreadable");
+    return static_cast<std::int32_t>(data->label(i));
+  }
+};
+}  // namespace
+
+TEST_CASE("A stage that fails mid-step stops the other stages instead of leaving them waiting",
+          "[parallel][pipeline]") {
+  const failing_labels data{&train_set(), 1234};  // the message names 1234
+  std::mutex m;
+  std::vector<std::string> messages(2);
+  loom::local_world(2).run([&](loom::local_comm& c) {
+    pipeline_trainer<mlp, local_pipeline<2, loom::micro_batches<4>>> t{c, pipeline_sgd, {.seed = 1, .threads = 1}};
+    try {
+      t.fit(data, steps(100, 64));  // one epoch visits every sample: label 1234 is read
+    } catch (const loom::communication_error& e) {
+      std::lock_guard lock(m);
+      messages[static_cast<std::size_t>(c.rank())] = std::string("communication_error: ") + e.what();
+    } catch (const loom::error& e) {
+      std::lock_guard lock(m);
+      messages[static_cast<std::size_t>(c.rank())] = e.what();
+    }
+  });
+  CHECK_THAT(messages[1], Catch::Contains("label 1234 is unreadable"));  // the last stage read it
+  // Stage 0 waits for stage 1's gradient; it learns that rank 1 stopped ("rank 1 failed: ..."
+  // while rank 1 unwinds, "... which returned without sending it" once it has caught).
+  CHECK_THAT(messages[0], Catch::StartsWith("communication_error: ") && Catch::Contains("rank 1"));
+}
+
+TEST_CASE("Dropout masks do not depend on how the batch is cut into micro-batches and replicas",
+          "[parallel][pipeline]") {
+  // Each micro-batch's samples keep their position in the global batch (sample_offset), so every
+  // sample draws the mask it draws in one process.
+  using dropout_mlp = loom::network<loom::input<784>, loom::linear<256>, loom::relu, loom::dropout_rate<20>,
+                                    loom::linear<128>, loom::relu, loom::dropout_rate<20>, loom::linear<10>>;
+  const auto opts = steps(10, 64);
+  const auto ref = reference_with<dropout_mlp>(train_set(), opts);
+  using P = local_pipeline<2, loom::micro_batches<4>, loom::cut_at<3>>;  // the first dropout on stage 0
+  CHECK(relative_distance(train_pipeline<dropout_mlp, P>(2, train_set(), opts).params[0], ref) <= 1e-5);
+  using H = local_hybrid<2, loom::micro_batches<4>, loom::cut_at<3>>;
+  CHECK(relative_distance(train_pipeline<dropout_mlp, H>(4, train_set(), opts).params[0], ref) <= 1e-5);
+}

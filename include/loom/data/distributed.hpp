@@ -160,8 +160,7 @@ class distributed_loader {
       if (x != nullptr && labels != nullptr) {
         detail::write_sample(*data_, idx, x + (k - lo) * sample, labels + (k - lo));
       } else if (x != nullptr) {
-        std::int32_t unused = 0;
-        detail::write_sample(*data_, idx, x + (k - lo) * sample, &unused);
+        detail::write_pixels(*data_, idx, x + (k - lo) * sample);
       } else if (labels != nullptr) {
         labels[k - lo] = static_cast<std::int32_t>(data_->label(idx));
       }

@@ -50,16 +50,22 @@ inline void epoch_order(std::vector<std::size_t>& order, std::size_t n, std::uin
   }
 }
 
-/// Writes sample `idx` of `data` to dst as Dataset::sample_shape::size values pixel / 255 and
-/// its label to *label: the one conversion every loader uses.
+/// Writes sample `idx` of `data` to dst as Dataset::sample_shape::size values pixel / 255: the
+/// one conversion every loader uses.
 template <class T, class Dataset>
-void write_sample(const Dataset& data, std::size_t idx, T* dst, std::int32_t* label) {
+void write_pixels(const Dataset& data, std::size_t idx, T* dst) {
   using compute_t = std::conditional_t<std::is_floating_point_v<T>, T, float>;
   constexpr std::size_t sample = Dataset::sample_shape::size;
   const std::uint8_t* px = data.pixels(idx);
   for (std::size_t j = 0; j < sample; ++j) {
     dst[j] = static_cast<T>(static_cast<compute_t>(px[j]) / static_cast<compute_t>(255));
   }
+}
+
+/// write_pixels, and the sample's label to *label.
+template <class T, class Dataset>
+void write_sample(const Dataset& data, std::size_t idx, T* dst, std::int32_t* label) {
+  write_pixels(data, idx, dst);
   *label = static_cast<std::int32_t>(data.label(idx));
 }
 

@@ -225,7 +225,10 @@ class pipeline_trainer {
 
   std::string job_description() const {
     std::string bounds;
-    for (std::size_t b : partition::bounds) bounds += (bounds.empty() ? "" : ",") + std::to_string(b);
+    for (std::size_t b : partition::bounds) {
+      if (!bounds.empty()) bounds += ',';
+      bounds += std::to_string(b);
+    }
     return "network=" + std::string(typeid(Network).name()) + ";parameters=" + std::to_string(Network::parameter_count) +
            ";loss=" + Loss::name + ";optimizer=" + Optimizer::name + ";seed=" + std::to_string(options_.seed) +
            ";ranks=" + std::to_string(engine_.world()) + ";stages=" + std::to_string(stages) +
