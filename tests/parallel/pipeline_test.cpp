@@ -227,11 +227,22 @@ TEST_CASE("Two replicas of a 2-stage pipeline end where one process does", "[par
   CHECK(f[3].stage == 1);
   CHECK(f[1].samples == 20 * 32);
   CHECK(f[1].bytes_sent > 0);
+  // Accumulation: the allreduce runs once per optimizer step, after the second batch.
+  const auto acc = steps(10, 32, 2);
+  CHECK(relative_distance(train_pipeline<mlp, local_hybrid<2, loom::micro_batches<2>, loom::gpipe>>(4, train_set(), acc).params[0],
+                          reference_with<mlp>(train_set(), acc)) <= 1e-5);
   // An uneven tail over the replicas: 250 samples in batches of 60 end with 10, 5 per replica.
   const auto data = loom::data::fashion_mnist(loom::data::split::train).first(250);
   const auto tail = steps(12, 60);
-  CHECK(relative_distance(train_pipeline<mlp, local_hybrid<2, loom::micro_batches<4>, loom::gpipe>>(4, data, tail).params[0],
-                          reference_with<mlp>(data, tail)) <= 1e-5);
+  loom::eval_result ref_eval;
+  const auto ref_tail = reference_with<mlp>(data, tail, nullptr, &ref_eval);
+  const auto hy = train_pipeline<mlp, local_hybrid<2, loom::micro_batches<4>, loom::gpipe>>(4, data, tail, true);
+  CHECK(relative_distance(hy.params[0], ref_tail) <= 1e-5);
+  for (const auto& e : hy.evals) {  // every rank, both replicas' shares summed
+    CHECK(e.samples == 250);
+    CHECK(e.loss == Approx(ref_eval.loss).epsilon(1e-5));
+    CHECK(e.accuracy == Approx(ref_eval.accuracy).epsilon(1e-9));
+  }
 }
 
 TEST_CASE("1F1B holds at most S/M of GPipe's activation memory (S=2, M=8)", "[parallel][pipeline]") {

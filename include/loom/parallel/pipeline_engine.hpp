@@ -183,12 +183,12 @@ class pipeline_engine {
 
  public:
   /// Joins the ranks of `world` into pipelines (and, under hybrid, data-parallel groups) and
-  /// builds this rank's stage, initialised from seed as that part of the whole model would be.
-  /// Collective over world.
+  /// builds this rank's stage, initialised from seed as that part of the whole model would be;
+  /// its passes run in precision `math`. Collective over world.
   /// Throws loom::invalid_argument when the world does not have S ranks (hybrid: a positive
   /// multiple of S), on every rank alike.
-  pipeline_engine(Comm world, std::uint64_t seed)
-      : world_(std::move(world)), stage_(checked_stage(world_)), replica_(world_.rank() / static_cast<int>(stages)),
+  pipeline_engine(Comm world, std::uint64_t seed, math_mode math = math_mode::fp32)
+      : math_(math), world_(std::move(world)), stage_(checked_stage(world_)), replica_(world_.rank() / static_cast<int>(stages)),
         replicas_(world_.size() / static_cast<int>(stages)), pipe_(world_.split(replica_, world_.rank())),
         models_(make_model(static_cast<std::size_t>(stage_), seed)), states_(make_state_from_world()) {
     if (pipe_.size() != static_cast<int>(stages) || pipe_.rank() != stage_)
@@ -484,7 +484,7 @@ class pipeline_engine {
       const std::size_t m = op.micro_batch;
       const std::size_t lo = detail::micro_batch_begin(b.n, m, M), n = detail::micro_batch_begin(b.n, m + 1, M) - lo;
       const run_context ctx{.training = true, .accumulate = grads_written_, .seed = seed, .step = step,
-                            .sample_offset = b.offset + lo};
+                            .sample_offset = b.offset + lo, .math = math_};
       if (!is_communication(op.kind)) wait_all(receives);
       switch (op.kind) {
         case recv_activation: {
@@ -574,7 +574,8 @@ class pipeline_engine {
 
   template <class State, class Model>
   loss_value run_evaluation(State& st, Model& model, const batch_view& b, std::uint64_t seed, std::uint64_t step) {
-    const run_context ctx{.training = false, .accumulate = false, .seed = seed, .step = step, .sample_offset = b.offset};
+    const run_context ctx{.training = false, .accumulate = false, .seed = seed, .step = step, .sample_offset = b.offset,
+                          .math = math_};
     auto& sl = acquire(st, micro_batch_count, b.n);
     loss_value v;
     if constexpr (State::first) {
@@ -599,6 +600,7 @@ class pipeline_engine {
     return v;
   }
 
+  math_mode math_;
   Comm world_;
   int stage_;
   int replica_, replicas_;

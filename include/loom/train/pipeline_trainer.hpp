@@ -61,7 +61,11 @@ class pipeline_trainer {
   /// hybrid a multiple of S), loom::communication_error when the ranks were built differently.
   explicit pipeline_trainer(Comm comm, optimizer_options opt = {}, trainer_options options = {})
       : options_(options), opt_(opt), init_threads_((set_threads(options.threads), 0)),
-        engine_(std::move(comm), options.seed), state_(opt, engine_.parameter_count()) {
+        engine_(std::move(comm), options.seed, options.math), state_(opt, engine_.parameter_count()) {
+    if (!Backend::supports(options_.math))
+      throw invalid_argument(std::string("loom::trainer: trainer_options::math = loom::math_mode::") +
+                             to_string(options_.math) + " is not available on loom::" + Backend::name +
+                             " here (see loom::" + Backend::name + "::supports): use math_mode::fp32");
     engine_.check_same_job(job_description());
     engine_.broadcast_parameters();
   }
@@ -233,7 +237,8 @@ class pipeline_trainer {
            ";loss=" + Loss::name + ";optimizer=" + Optimizer::name + ";seed=" + std::to_string(options_.seed) +
            ";ranks=" + std::to_string(engine_.world()) + ";stages=" + std::to_string(stages) +
            ";micro_batches=" + std::to_string(micro_batch_count) + ";schedule=" +
-           std::string(typeid(typename Pipeline::schedule_policy).name()) + ";bounds=" + bounds;
+           std::string(typeid(typename Pipeline::schedule_policy).name()) + ";bounds=" + bounds +
+           ";math=" + to_string(options_.math);
   }
 
   template <class Dataset>
