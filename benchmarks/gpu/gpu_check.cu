@@ -3,9 +3,11 @@
 //   1. loom::cuda against a serial host reference (tests/cuda/reference_backend.hpp: the same kernel
 //      bodies, direct loops for products and convolutions) for every layer case of
 //      tests/cuda/cases.hpp: output, input gradient and parameter gradients, and the losses of
-//      200-step training runs;
+//      200-step training runs; and in math_mode::bf16 (mixed precision) against the reference's
+//      bf16 (operands rounded to bf16, sums in double), normwise;
 //   2. training throughput (samples/s) of the main example's mlp and cnn through
-//      loom::trainer<..., loom::cuda>, beside PyTorch's on the same GPU when given its results;
+//      loom::trainer<..., loom::cuda>, in fp32 and in bf16, beside PyTorch's (fp32) on the same
+//      GPU when given its results;
 //   3. FP32 GEMM TFLOP/s through loom::cuda::gemm beside cuBLAS called directly;
 //   4. NCCL allreduce bandwidth with one rank (through loom::nccl_comm when built with MPI).
 // It needs nvcc, cuBLAS and cuDNN (and NCCL for 4) — no oneDNN, Catch2, Boost or MPI.
@@ -148,6 +150,43 @@ void agreement_row(const char* name) {
   std::fflush(stdout);
 }
 
+/// |got - want| / |want| in the 2-norm (bf16 errors scale with a sum's terms, not the sum).
+double normwise_error(const std::vector<float>& got, const std::vector<float>& want) {
+  if (got.size() != want.size()) return INFINITY;
+  double d2 = 0, n2 = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    d2 += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
+    n2 += static_cast<double>(want[i]) * want[i];
+  }
+  return n2 > 0 && std::isfinite(d2) ? std::sqrt(d2 / n2) : INFINITY;
+}
+
+/// loom::cuda in bf16 against the reference in bf16, worst normwise error over batches 1, 7, 32.
+/// `tolerance`: 1e-2 for one layer (cuDNN's TF32 convolutions against bf16 rounding); more for
+/// networks, where bf16 flips some ReLU and max-pool choices.
+template <class Network>
+void bf16_agreement_row(const char* name, double tolerance) {
+  double worst[3] = {0, 0, 0};
+  for (std::size_t batch : {1, 7, 32}) {
+    pass_input in;
+    in.batch = batch;
+    in.math = math_mode::bf16;
+    in.params = as_floats(Network::parameter_count, 100 + batch, 0.3, 0.01);
+    in.x = as_floats(batch * Network::input_shape::size, 200 + batch, 1.0, 0.0);
+    in.dy = as_floats(batch * Network::output_shape::size, 300 + batch, 1.0, 0.0);
+    const pass_result r = run_pass<Network, reference>(in);
+    const pass_result g = run_pass<Network, cuda>(in);
+    worst[0] = std::max(worst[0], normwise_error(g.y, r.y));
+    worst[1] = std::max(worst[1], normwise_error(g.dx, r.dx));
+    worst[2] = std::max(worst[2], normwise_error(g.dparams, r.dparams));
+  }
+  const bool ok = worst[0] <= tolerance && worst[1] <= tolerance && worst[2] <= tolerance;
+  failures += ok ? 0 : 1;
+  std::printf("| %-22s | %9.2e | %9.2e | %9.2e | %-4s | (tolerance %.0e)\n", name, worst[0], worst[1], worst[2],
+              ok ? "ok" : "FAIL", tolerance);
+  std::fflush(stdout);
+}
+
 template <class Network>
 void training_row(const char* name, std::size_t steps) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -198,11 +237,12 @@ std::map<std::pair<std::string, std::size_t>, double> read_torch(const std::stri
   return out;
 }
 
+/// Samples per second of Network's training on cuda in math mode m.
 template <class Network>
-void throughput_row(const char* name, std::size_t batch, double seconds,
-                    const std::map<std::pair<std::string, std::size_t>, double>& torch) {
+double throughput(std::size_t batch, double seconds, math_mode m) {
   static const random_images<typename Network::input_shape> data(16384);
-  trainer<Network, softmax_cross_entropy, sgd, single_process, cuda> t{{.lr = 0.02f, .momentum = 0.9f}, {.seed = 1}};
+  trainer<Network, softmax_cross_entropy, sgd, single_process, cuda> t{{.lr = 0.02f, .momentum = 0.9f},
+                                                                       {.seed = 1, .math = m}};
   fit_options o;
   o.epochs = 1000;
   o.batch = batch;
@@ -213,12 +253,25 @@ void throughput_row(const char* name, std::size_t batch, double seconds,
   const std::size_t steps = std::max<std::size_t>(20, static_cast<std::size_t>(rate0 * seconds / batch));
   o.max_steps = t.steps() + steps;
   const fit_result f = t.fit(data, o);
-  const double rate = f.samples_per_s();
+  return f.samples_per_s();
+}
+
+template <class Network>
+void throughput_row(const char* name, std::size_t batch, double seconds,
+                    const std::map<std::pair<std::string, std::size_t>, double>& torch) {
+  const double rate = throughput<Network>(batch, seconds, math_mode::fp32);
+  const double bf16 = cuda::supports(math_mode::bf16) ? throughput<Network>(batch, seconds, math_mode::bf16) : 0;
+  char bf16_text[32] = "-", speedup[16] = "-";
+  if (bf16 > 0) {
+    std::snprintf(bf16_text, sizeof bf16_text, "%.0f", bf16);
+    std::snprintf(speedup, sizeof speedup, "%.2f", bf16 / rate);
+  }
   const auto it = torch.find({name, batch});
   if (it != torch.end())
-    std::printf("| %-5s | %5zu | %12.0f | %12.0f | %6.2f |\n", name, batch, rate, it->second, rate / it->second);
+    std::printf("| %-5s | %5zu | %12.0f | %12s | %9s | %12.0f | %6.2f |\n", name, batch, rate, bf16_text, speedup,
+                it->second, rate / it->second);
   else
-    std::printf("| %-5s | %5zu | %12.0f | %12s | %6s |\n", name, batch, rate, "-", "-");
+    std::printf("| %-5s | %5zu | %12.0f | %12s | %9s | %12s | %6s |\n", name, batch, rate, bf16_text, speedup, "-", "-");
   std::fflush(stdout);
 }
 
@@ -350,12 +403,27 @@ int main(int argc, char** argv) {
       std::printf("|------------|-------|------------|------------|-----------|------------|------------|-----------|------|\n");
       training_row<train_mlp>("mlp", o.quick ? 50 : 200);
       training_row<train_cnn>("cnn", o.quick ? 50 : 200);
+      if (cuda::supports(math_mode::bf16)) {
+        std::printf("\n## bf16 (mixed precision): loom::cuda in math_mode::bf16 against the reference in bf16 "
+                    "(normwise error, batches 1, 7, 32; cuDNN convolutions run TF32)\n\n");
+        std::printf("| %-22s | %-9s | %-9s | %-9s | %-4s |\n", "case", "output", "input grad", "param grad", "");
+        std::printf("|------------------------|-----------|-----------|-----------|------|\n");
+        bf16_agreement_row<linear_case>("linear_case", 1e-2);
+        bf16_agreement_row<conv_case>("conv_case", 1e-2);
+        bf16_agreement_row<conv_strided_case>("conv_strided_case", 1e-2);
+        bf16_agreement_row<mlp_case>("mlp_case", 0.15);
+        bf16_agreement_row<cnn_case>("cnn_case", 0.15);
+      } else {
+        std::printf("\n## bf16 (mixed precision): not checked: this GPU has no bf16 tensor cores (compute "
+                    "capability below 8.0)\n");
+      }
     }
     if (o.training) {
       const auto torch = read_torch(o.torch_results);
       std::printf("\n## training throughput (samples/s, SGD momentum, synthetic 28x28 data through loom::trainer)\n\n");
-      std::printf("| %-5s | %-5s | %-12s | %-12s | %-6s |\n", "model", "batch", "loom cuda", "pytorch", "ratio");
-      std::printf("|-------|-------|--------------|--------------|--------|\n");
+      std::printf("| %-5s | %-5s | %-12s | %-12s | %-9s | %-12s | %-6s |\n", "model", "batch", "loom cuda", "loom bf16",
+                  "bf16/fp32", "pytorch", "ratio");
+      std::printf("|-------|-------|--------------|--------------|-----------|--------------|--------|\n");
       const double seconds = o.quick ? 0.5 : 2.0;
       for (std::size_t batch : {64, 256}) throughput_row<main_mlp>("mlp", batch, seconds, torch);
       for (std::size_t batch : {64, 256}) throughput_row<main_cnn>("cnn", batch, seconds, torch);

@@ -11,7 +11,7 @@
 // (BFLOAT16 x, w and y, float compute), which would round outputs and weight gradients to bf16.
 // The legacy API offers no bf16 math on float tensors, so in bf16 mode loom lets cuDNN use
 // tensor-core (TF32) algorithms on the float tensors instead: float in and out, operands with
-// 10 significant bits (bf16 has 8), float accumulation. docs/gpu.md, "Mixed precision".
+// 11 significant bits (bf16 has 8), float accumulation. docs/gpu.md, "Mixed precision".
 
 #include <cudnn.h>
 
