@@ -387,3 +387,19 @@ TEST_CASE("Dropout masks do not depend on how the batch is cut into micro-batche
   using H = local_hybrid<2, loom::micro_batches<4>, loom::cut_at<3>>;
   CHECK(relative_distance(train_pipeline<dropout_mlp, H>(4, train_set(), opts).params[0], ref) <= 1e-5);
 }
+
+TEST_CASE("A one-stage pipeline and a hand-written schedule match one process too", "[parallel][pipeline]") {
+  const auto opts = steps(10, 64);
+  const auto ref = reference_with<mlp>(train_set(), opts);
+  // One stage: the micro-batches are gradient accumulation within the step.
+  CHECK(relative_distance(train_pipeline<mlp, local_pipeline<1, loom::micro_batches<4>>>(1, train_set(), opts).params[0],
+                          ref) <= 1e-5);
+  // GPipe with the backwards in forward order (loom::custom_schedule).
+  constexpr auto F = loom::forward_of;
+  constexpr auto B = loom::backward_of;
+  using fifo_gpipe = loom::custom_schedule<loom::stage_actions<F(0), F(1), B(0), B(1)>,
+                                           loom::stage_actions<F(0), F(1), B(0), B(1)>>;
+  CHECK(relative_distance(
+            train_pipeline<mlp, local_pipeline<2, loom::micro_batches<2>, fifo_gpipe>>(2, train_set(), opts).params[0],
+            ref) <= 1e-5);
+}

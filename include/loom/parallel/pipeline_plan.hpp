@@ -3,7 +3,8 @@
 // The compile-time half of pipeline model parallelism: the policy types
 // (loom::model_parallel<loom::pipeline<Stages, Options...>, Comm>), the partition of a network's
 // layers into stages, and the per-stage schedule tables (GPipe, 1F1B) with the check that their
-// sends and receives pair up.
+// sends and receives pair up. The run-time half, which trains with these plans, is
+// loom/parallel/pipeline_engine.hpp (driven by loom::trainer, loom/train/pipeline_trainer.hpp).
 
 #include <array>
 #include <cstddef>
