@@ -308,6 +308,22 @@ TEST_CASE("Stages built with different seeds or fit options all stop, naming the
     }
   });
   CHECK(caught == 2);
+  // Another pipeline on rank 1: told before anything splits or waits on the other.
+  caught = 0;
+  loom::local_world(2).run([&](loom::local_comm& c) {
+    try {
+      if (c.rank() == 0)
+        pipeline_trainer<mlp, local_pipeline<2>> t{c, pipeline_sgd, {.seed = 1, .threads = 1}};
+      else
+        pipeline_trainer<mlp, local_hybrid<1>> t{c, pipeline_sgd, {.seed = 1, .threads = 1}};
+    } catch (const loom::communication_error& e) {
+      const std::string what = e.what();
+      if (what.find("[replicated=yes] where rank 0 has [replicated=no]") != std::string::npos &&
+          what.find("[stages=1] where rank 0 has [stages=2]") != std::string::npos)
+        ++caught;
+    }
+  });
+  CHECK(caught == 2);
   caught = 0;
   loom::local_world(2).run([&](loom::local_comm& c) {
     pipeline_trainer<mlp, local_pipeline<2>> t{c, pipeline_sgd, {.seed = 1, .threads = 1}};

@@ -182,13 +182,14 @@ class pipeline_engine {
   }
 
  public:
-  /// Joins the ranks of `world` into pipelines (and, under hybrid, data-parallel groups) and
-  /// builds this rank's stage, initialised from seed as that part of the whole model would be;
-  /// its passes run in precision `math`. Collective over world.
-  /// Throws loom::invalid_argument when the world does not have S ranks (hybrid: a positive
-  /// multiple of S), on every rank alike.
-  pipeline_engine(Comm world, std::uint64_t seed, math_mode math = math_mode::fp32)
-      : math_(math), world_(std::move(world)), stage_(checked_stage(world_)), replica_(world_.rank() / static_cast<int>(stages)),
+  /// Checks that every rank of `world` describes its job as `job` (key=value fields; see
+  /// detail::check_same_job), joins the ranks into pipelines (and, under hybrid, data-parallel
+  /// groups) and builds this rank's stage, initialised from seed as that part of the whole
+  /// model would be; its passes run in precision `math`. Collective over world.
+  /// Throws loom::communication_error when the ranks' jobs differ, loom::invalid_argument when
+  /// the world does not have S ranks (hybrid: a multiple of S); on every rank alike.
+  pipeline_engine(Comm world, std::uint64_t seed, math_mode math = math_mode::fp32, const std::string& job = "")
+      : math_(math), world_(std::move(world)), stage_(checked_stage(world_, job)), replica_(world_.rank() / static_cast<int>(stages)),
         replicas_(world_.size() / static_cast<int>(stages)), pipe_(world_.split(replica_, world_.rank())),
         models_(make_model(static_cast<std::size_t>(stage_), seed)), states_(make_state_from_world()) {
     if (pipe_.size() != static_cast<int>(stages) || pipe_.rank() != stage_)
@@ -354,7 +355,9 @@ class pipeline_engine {
   std::size_t peak_activation_bytes() const noexcept { return peak_bytes_; }
 
  private:
-  static int checked_stage(const Comm& world) {
+  static int checked_stage(Comm& world, const std::string& job) {
+    // The job first: ranks that disagree on the pipeline hear so before any of them splits.
+    detail::check_same_job(world, "ranks=" + std::to_string(world.size()) + ";" + job, "loom::pipeline");
     const int n = world.size(), s = static_cast<int>(stages);
     if constexpr (hybrid) {
       if (n % s != 0)

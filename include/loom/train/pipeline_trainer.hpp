@@ -60,13 +60,9 @@ class pipeline_trainer {
   /// Throws loom::invalid_argument when comm's size does not fit the pipeline (S ranks; under
   /// hybrid a multiple of S), loom::communication_error when the ranks were built differently.
   explicit pipeline_trainer(Comm comm, optimizer_options opt = {}, trainer_options options = {})
-      : options_(options), opt_(opt), init_threads_((set_threads(options.threads), 0)),
-        engine_(std::move(comm), options.seed, options.math), state_(opt, engine_.parameter_count()) {
-    if (!Backend::supports(options_.math))
-      throw invalid_argument(std::string("loom::trainer: trainer_options::math = loom::math_mode::") +
-                             to_string(options_.math) + " is not available on loom::" + Backend::name +
-                             " here (see loom::" + Backend::name + "::supports): use math_mode::fp32");
-    engine_.check_same_job(job_description());
+      : options_(checked(options)), opt_(opt), init_threads_((set_threads(options.threads), 0)),
+        engine_(std::move(comm), options.seed, options.math, job_description(options)),
+        state_(opt, engine_.parameter_count()) {
     engine_.broadcast_parameters();
   }
 
@@ -227,18 +223,27 @@ class pipeline_trainer {
   using clock = std::chrono::steady_clock;
   static double seconds(clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
-  std::string job_description() const {
+  static const trainer_options& checked(const trainer_options& options) {
+    if (!Backend::supports(options.math))
+      throw invalid_argument(std::string("loom::trainer: trainer_options::math = loom::math_mode::") +
+                             to_string(options.math) + " is not available on loom::" + Backend::name +
+                             " here (see loom::" + Backend::name + "::supports): use math_mode::fp32");
+    return options;
+  }
+
+  /// The job every rank must share (checked by the engine before the ranks split into groups).
+  static std::string job_description(const trainer_options& options) {
     std::string bounds;
     for (std::size_t b : partition::bounds) {
       if (!bounds.empty()) bounds += ',';
       bounds += std::to_string(b);
     }
     return "network=" + std::string(typeid(Network).name()) + ";parameters=" + std::to_string(Network::parameter_count) +
-           ";loss=" + Loss::name + ";optimizer=" + Optimizer::name + ";seed=" + std::to_string(options_.seed) +
-           ";ranks=" + std::to_string(engine_.world()) + ";stages=" + std::to_string(stages) +
+           ";loss=" + Loss::name + ";optimizer=" + Optimizer::name + ";seed=" + std::to_string(options.seed) +
+           ";replicated=" + (engine_type::hybrid ? "yes" : "no") + ";stages=" + std::to_string(stages) +
            ";micro_batches=" + std::to_string(micro_batch_count) + ";schedule=" +
            std::string(typeid(typename Pipeline::schedule_policy).name()) + ";bounds=" + bounds +
-           ";math=" + to_string(options_.math);
+           ";math=" + to_string(options.math);
   }
 
   template <class Dataset>
