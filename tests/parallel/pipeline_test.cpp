@@ -228,6 +228,10 @@ TEST_CASE("Two replicas of a 2-stage pipeline end where one process does", "[par
   CHECK(f[3].stage == 1);
   CHECK(f[1].samples == 20 * 32);
   CHECK(f[1].bytes_sent > 0);
+  // One replica of 4 stages (stage 1 is a lone relu: no parameters to average).
+  static_assert(local_pipeline<4>::partition<mlp>::parameter_counts[1] == 0);
+  CHECK(relative_distance(train_pipeline<mlp, local_hybrid<4, loom::micro_batches<2>>>(4, train_set(), steps(10, 64)).params[0],
+                          reference_with<mlp>(train_set(), steps(10, 64))) <= 1e-5);
   // Accumulation: the allreduce runs once per optimizer step, after the second batch.
   const auto acc = steps(10, 32, 2);
   CHECK(relative_distance(train_pipeline<mlp, local_hybrid<2, loom::micro_batches<2>, loom::gpipe>>(4, train_set(), acc).params[0],
