@@ -66,6 +66,9 @@ int main(int argc, char** argv) {
           "mlp, 2 stages, 1 micro-batch, GPipe", 20, 64);
       equivalence<cnn, loom::model_parallel<loom::pipeline<2, loom::micro_batches<4>, loom::gpipe>, loom::mpi_comm>>(
           "the example's cnn, 2 stages, 4 micro-batches, GPipe", 20, 64);
+      // Batches of 6 in 8 micro-batches: two are empty, and their messages carry nothing.
+      equivalence<mlp, loom::model_parallel<loom::pipeline<2, loom::micro_batches<8>, loom::one_f_one_b>, loom::mpi_comm>>(
+          "mlp, 2 stages, batches of 6 in 8 micro-batches, 1F1B", 20, 6);
     } else if (comm.size() == 4) {
       equivalence<mlp, loom::model_parallel<loom::pipeline<4, loom::micro_batches<4>, loom::one_f_one_b>, loom::mpi_comm>>(
           "mlp, 4 stages, 4 micro-batches, 1F1B", 20, 64);
