@@ -31,7 +31,6 @@
 #include "loom/nn/model.hpp"
 #include "loom/parallel/data_parallel.hpp"
 #include "loom/parallel/figures.hpp"
-#include "loom/parallel/hybrid.hpp"
 #include "loom/parallel/pipeline_plan.hpp"
 
 namespace loom {
@@ -78,13 +77,17 @@ constexpr std::size_t saved_elements(std::index_sequence<K...>) {
 /// micro-batch alive at once (forwarded, backward not yet run), created on demand and reused:
 /// as many as the schedule's peak_live_activations(stage). A slot holds what the stage's
 /// forward keeps for backward (its input when received from the previous stage, and each
-/// layer's output) plus the gradients passing through.
+/// layer's output) plus the gradients passing through. Slots only grow (to the largest
+/// micro-batch, or evaluate's batch, seen): the saved-activation bytes they hold are the
+/// figure peak_activation_bytes.
 ///
 /// Messages: micro-batch m's activations go to stage s + 1 with tag 2m, their gradients back to
 /// s with tag 2m + 1. Every send is non-blocking and completes later (before its slot is reused,
 /// and at the end of the step), so a stage computes while its sends drain; a receive is posted
-/// when the table reaches it and waited for before the next pass (or, when posted_with_next,
-/// after the next operation is posted too). Time blocked in those waits is the stage's bubble.
+/// when the table reaches it and waited for before the next pass. posted_with_next (a send and
+/// the receive after it, to one neighbour) posts both before waiting; the send is then not
+/// waited for at once but, as every send, later. Time blocked in those waits is the stage's
+/// bubble.
 template <class Network, class Loss, class T, class Backend, class Pipeline, class Comm,
           class DataParallel = detail::no_data_parallel>
 class pipeline_engine {
@@ -351,7 +354,8 @@ class pipeline_engine {
     return out;
   }
 
-  /// The most bytes of saved activations this rank has held at once (see the class comment).
+  /// The bytes of saved activations this rank's slots hold, the most it has needed at once
+  /// since construction (see the class comment).
   std::size_t peak_activation_bytes() const noexcept { return peak_bytes_; }
 
  private:
