@@ -136,13 +136,15 @@ TEST_CASE("cuda::sum adds in double and repeats itself exactly", "[cuda][sum]") 
 namespace {
 
 /// One pass of Network in bf16 on both backends and in fp32 on cuda: cuda's bf16 results stay
-/// within bf16 tolerance of the CPU's (cuBLAS and oneDNN both round operands to bf16; cuDNN
+/// within bf16 tolerance of the CPU's (both round the products' operands to bf16 alike; cuDNN
 /// convolutions run TF32, finer than bf16) and of cuda's fp32 results. `must_differ`: the
-/// case's products are all cuBLAS calls, so bf16 must visibly change them. `bound`: how far
+/// case's products are all cuBLAS calls, so bf16 must visibly change them. `elementwise` (> 0):
+/// the case is one matrix product, whose operands both backends round identically, so they
+/// must agree element by element as in fp32. `bound`: how far
 /// from cpu bf16 and cuda fp32 the case may go: 1e-2 for one layer; whole networks more, as bf16
 /// (and TF32 against bf16) flips some ReLU and max-pool choices and sends gradients elsewhere.
 template <class Network>
-void check_bf16_pass(std::size_t batch, std::uint64_t seed, bool must_differ, double bound) {
+void check_bf16_pass(std::size_t batch, std::uint64_t seed, bool must_differ, double bound, double elementwise = 0) {
   pass_input in;
   in.batch = batch;
   in.math = loom::math_mode::bf16;
@@ -157,7 +159,10 @@ void check_bf16_pass(std::size_t batch, std::uint64_t seed, bool must_differ, do
   auto agree = [&](const char* what, const std::vector<float>& gpu, const std::vector<float>& cpu,
                    const std::vector<float>& gpu32) {
     const double to_cpu = loom::testing::normwise_error(gpu, cpu), to_fp32 = loom::testing::normwise_error(gpu, gpu32);
-    INFO(what << ": cuda bf16 vs cpu bf16, normwise " << to_cpu << "; cuda bf16 vs cuda fp32, normwise " << to_fp32);
+    const auto e = compare_relative(gpu, cpu, floor_fraction * max_abs(std::span<const float>(cpu)));
+    INFO(what << ": cuda bf16 vs cpu bf16, normwise " << to_cpu << ", element-wise " << e.str()
+              << "; cuda bf16 vs cuda fp32, normwise " << to_fp32);
+    if (elementwise > 0) CHECK(e.max_error <= elementwise);
     CHECK(to_cpu <= bound);
     CHECK(to_fp32 <= bound);
     if (must_differ) CHECK(to_fp32 > 1e-4);
@@ -173,7 +178,7 @@ TEST_CASE("cuda in bf16 stays within bf16 tolerance of cpu in bf16 and of cuda i
   REQUIRE(cuda_supports_bf16());  // every GPU from compute capability 8.0 on
   for (std::size_t batch : {1, 7, 32}) {
     INFO("batch " << batch);
-    check_bf16_pass<linear_case>(batch, 300 + batch, true, 2e-2);
+    check_bf16_pass<linear_case>(batch, 300 + batch, true, 2e-2, tolerance);
     check_bf16_pass<mlp_case>(batch, 350 + batch, true, 0.15);
     check_bf16_pass<conv_case>(batch, 310 + batch, false, 2e-2);
     check_bf16_pass<conv_strided_case>(batch, 320 + batch, false, 2e-2);

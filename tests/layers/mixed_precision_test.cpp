@@ -15,6 +15,7 @@
 
 #include "gradient_check.hpp"
 #include "loom/backend/cpu.hpp"
+#include "loom/backend/kernels/bf16.hpp"
 #include "loom/core/math_mode.hpp"
 #include "loom/layers/activation.hpp"
 #include "loom/layers/conv2d.hpp"
@@ -35,7 +36,7 @@ namespace {
 /// Float results of a bf16 run against a double run on bf16-rounded operands: only the order
 /// and precision of float accumulation differ.
 constexpr double exact_tolerance = 1e-4;
-/// bf16 runs against fp32 runs: bf16 keeps 8 significant bits (relative rounding 2^-9 = 0.002
+/// bf16 runs against fp32 runs: bf16 keeps 8 significant bits (relative rounding up to 2^-8 = 0.004
 /// per operand); sums of many such products land well inside 1e-2.
 constexpr double bf16_tolerance = 1e-2;
 /// ...and at least this far apart somewhere, or bf16 did not run.
@@ -193,6 +194,24 @@ TEST_CASE("round_to_bf16 rounds to nearest with ties to even and keeps NaN and i
   float snan;
   std::memcpy(&snan, &u, sizeof snan);
   CHECK(std::isnan(round_to_bf16(snan)));
+}
+
+TEST_CASE("The bf16 rounding kernel loom::cuda runs before its products makes compact copies of strided rows",
+          "[layers][bf16]") {
+  // The body loom::cuda launches, run here by the CPU's launcher: the same arithmetic.
+  const std::size_t rows = 5, cols = 7, ld = 9;
+  const auto src = to_float(loom::testing::random_values(rows * ld, 61, 3.0, 0.0));
+  std::vector<std::uint16_t> dst(rows * cols, 0);
+  cpu::for_each(rows * cols, kernels::round_to_bf16_rows{src.data(), dst.data(), cols, ld});
+  std::size_t inexact = 0;
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t c = 0; c < cols; ++c) {
+      const float x = src[r * ld + c], y = detail::bf16_to_float(dst[r * cols + c]);
+      CHECK(y == detail::round_to_bf16(x));
+      CHECK(std::abs(y - x) <= std::abs(x) * 0x1p-8f);  // at most half a unit of the last of 8 bits
+      inexact += y != x;
+    }
+  CHECK(inexact > rows * cols / 2);  // random floats are rarely bf16 already
 }
 
 TEST_CASE("cpu::gemm in bf16 is the float product of bf16-rounded operands, for every transposition, alpha and beta",

@@ -56,9 +56,9 @@ struct cuda {
     return detail::cuda_sum(n, f);
   }
   /// Row-major C = alpha op(A) op(B) + beta C (cuBLAS). In math_mode::bf16 (float only) A and
-  /// B are converted to bf16 on the tensor cores and the products summed in float; C stays
-  /// float. Check supports(math_mode::bf16) first: on GPUs before compute capability 8.0
-  /// cuBLAS may compute such a call in another precision.
+  /// B are rounded to bf16 (as loom::cpu rounds them) and multiplied on the tensor cores with
+  /// float accumulation; C stays float. Check supports(math_mode::bf16) first: GPUs before
+  /// compute capability 8.0 have no bf16 tensor cores.
   template <class T>
   static void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, T alpha, const T* a,
                    std::size_t lda, const T* b, std::size_t ldb, T beta, T* c, std::size_t ldc,
