@@ -13,6 +13,7 @@
 // (absent leaves add nothing — so the padding size does not matter). Ranks own aligned subtrees
 // of it, so every world size adds the same numbers in the same tree and gets the same bits.
 
+#include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
