@@ -1,12 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // Pipeline schedules measured: `mpirun -np 2 bench_pipeline [--steps N] [--repeats R] [--batch B]`
-// trains a network of four equal 1024-wide layers (two per stage) on 2 stages with M = 1, 2, 4, 8
+// trains a network of four 1024-wide layers (two per stage, equal work) on 2 stages with M = 1, 2, 4, 8
 // micro-batches under GPipe and 1F1B, and prints per row the median samples/s, the measured
 // bubble (each stage's time waiting on its neighbour / its training time) beside the theory
 // (S-1)/(M+S-1), and each stage's peak activation bytes, with 1F1B's peak against GPipe's and
-// the bound S/M. The first row is the same network trained by one rank alone (the other idles)
-// on the same batch: the speed-up the pipeline buys on 2 cores. Lines starting with "raw:" carry
-// every run, for benchmarks/pipeline/run.sh.
+// the bound S/M, and the balance (the less busy stage's compute time / the busier one's: an
+// imbalance adds to the less busy stage's wait beyond the schedule's bubble). The first row is
+// the same network trained by one rank alone (the other idles) on the same batch: the speed-up
+// the pipeline buys on 2 cores. Lines starting with "raw:" carry every run.
 
 #include <algorithm>
 #include <charconv>
@@ -22,19 +23,22 @@
 
 namespace {
 
-using net = loom::network<loom::input<1024>,
+// The first stage computes no input gradient for its first layer (nothing needs it), so its
+// first layer takes 1536 inputs: both stages then do the same work, 6 products of 1024 x 1024
+// per sample (forward + backward), and the bubble measures the schedule, not an imbalance.
+using net = loom::network<loom::input<1536>,
                           loom::linear<1024>, loom::relu, loom::linear<1024>, loom::relu,
                           loom::linear<1024>, loom::relu, loom::linear<1024>, loom::relu,
                           loom::linear<10>>;
 constexpr std::size_t stages = 2;
-using data_set = loom::data::labelled_images<loom::shape<1024>, 10>;
+using data_set = loom::data::labelled_images<loom::shape<1536>, 10>;
 
 data_set synthetic(std::size_t n) {
   std::mt19937 gen(7);
-  std::vector<std::uint8_t> px(n * 1024), lb(n);
+  std::vector<std::uint8_t> px(n * 1536), lb(n);
   for (auto& p : px) p = static_cast<std::uint8_t>(gen() & 0xff);
   for (auto& l : lb) l = static_cast<std::uint8_t>(gen() % 10);
-  return data_set(std::move(px), std::move(lb), "synthetic 1024-byte samples");
+  return data_set(std::move(px), std::move(lb), "synthetic 1536-byte samples");
 }
 
 struct options {
@@ -45,6 +49,7 @@ struct measured {
   double samples_per_s = 0;
   std::vector<double> bubble;     // per stage
   std::vector<double> peak_bytes;  // per stage
+  double balance = 0;              // the less busy stage's compute time / the busier one's
 };
 
 double median(std::vector<double> v) {
@@ -63,12 +68,13 @@ loom::fit_options fit_opts(const options& o) {
 
 template <std::size_t M, class Schedule>
 measured run_pipeline(const data_set& data, const options& o, const char* name) {
-  using policy = loom::model_parallel<loom::pipeline<stages, loom::micro_batches<M>, Schedule>, loom::mpi_comm>;
+  using policy = loom::model_parallel<loom::pipeline<stages, loom::micro_batches<M>, Schedule, loom::cut_at<4>>, loom::mpi_comm>;
   std::vector<double> rates;
   measured out;
   out.bubble.assign(stages, 0);
   out.peak_bytes.assign(stages, 0);
   std::vector<std::vector<double>> bubbles(stages);
+  std::vector<double> balances;
   for (std::size_t r = 0; r < o.repeats; ++r) {
     loom::trainer<net, loom::softmax_cross_entropy, loom::sgd, policy> t({.lr = 0.01f, .momentum = 0.9f},
                                                                            {.seed = 1, .threads = 1});
@@ -80,12 +86,15 @@ measured run_pipeline(const data_set& data, const options& o, const char* name) 
       bubbles[s].push_back(f.seconds > 0 ? f.bubble_s / f.seconds : 0);
       out.peak_bytes[s] = f.peak_activation_bytes;
     }
+    const double c0 = fit.figures[0].compute_s, c1 = fit.figures[1].compute_s;
+    balances.push_back(std::max(c0, c1) > 0 ? std::min(c0, c1) / std::max(c0, c1) : 0);
     if (t.rank() == 0)
       std::printf("raw: schedule=%s micro_batches=%zu samples_per_s=%.1f bubble0=%.4f bubble1=%.4f peak0=%.0f peak1=%.0f\n",
                   name, M, rates.back(), bubbles[0].back(), bubbles[1].back(), out.peak_bytes[0], out.peak_bytes[1]);
   }
   out.samples_per_s = median(rates);
   for (std::size_t s = 0; s < stages; ++s) out.bubble[s] = median(bubbles[s]);
+  out.balance = median(balances);
   return out;
 }
 
@@ -138,17 +147,17 @@ int main(int argc, char** argv) {
     const bool lead = world.rank() == 0;
     const double alone = run_alone(data, o);
     if (lead)
-      std::printf("pipeline benchmark: 2 stages (1 rank, 1 thread each), network 1024 x 4 + 10, global batch %zu, "
+      std::printf("pipeline benchmark: 2 stages (1 rank, 1 thread each), network 1536-1024-1024-1024-1024-10, global batch %zu, "
                   "%zu steps, median of %zu\n",
                   o.batch, o.steps, o.repeats);
-    if (lead) std::printf("%-6s %2s  %10s  %8s  %8s %8s %8s  %12s %12s  %10s %5s\n", "sched", "M", "samples/s", "vs_alone",
-                          "bubble0", "bubble1", "theory", "peak_act0_B", "peak_act1_B", "1f1b/gpipe", "S/M");
+    if (lead) std::printf("%-6s %2s  %10s  %8s  %8s %8s %8s %8s  %12s %12s  %10s %5s\n", "sched", "M", "samples/s", "vs_alone",
+                          "bubble0", "bubble1", "theory", "balance", "peak_act0_B", "peak_act1_B", "1f1b/gpipe", "S/M");
     if (lead) std::printf("%-6s %2d  %10.0f  %8.2f\n", "alone", 1, alone, 1.0);
     auto row = [&](const char* name, std::size_t m, const measured& r, double peak_ratio) {
       if (!lead) return;
       const double theory = double(stages - 1) / double(m + stages - 1);
-      std::printf("%-6s %2zu  %10.0f  %8.2f  %8.3f %8.3f %8.3f  %12.0f %12.0f", name, m, r.samples_per_s,
-                  r.samples_per_s / alone, r.bubble[0], r.bubble[1], theory, r.peak_bytes[0], r.peak_bytes[1]);
+      std::printf("%-6s %2zu  %10.0f  %8.2f  %8.3f %8.3f %8.3f %8.3f  %12.0f %12.0f", name, m, r.samples_per_s,
+                  r.samples_per_s / alone, r.bubble[0], r.bubble[1], theory, r.balance, r.peak_bytes[0], r.peak_bytes[1]);
       if (peak_ratio >= 0) std::printf("  %10.3f %5.3f", peak_ratio, double(stages) / double(m));
       std::printf("\n");
     };
