@@ -16,16 +16,15 @@
 #include <string>
 #include <vector>
 
+#include "../../examples/common/networks.hpp"
 #include "loom/comm/mpi.hpp"
 #include "loom/data/mapped.hpp"
 #include "loom/loom.hpp"
 
 namespace {
 
-using mlp = loom::network<loom::input<784>, loom::linear<256>, loom::relu, loom::linear<128>, loom::relu, loom::linear<10>>;
-using cnn = loom::network<loom::input<1, 28, 28>, loom::conv2d<32, 3, 1, 1>, loom::relu, loom::max_pool2d<2>,
-                          loom::conv2d<64, 3, 1, 1>, loom::relu, loom::max_pool2d<2>, loom::flatten, loom::linear<128>,
-                          loom::relu, loom::linear<10>>;
+using mlp = example::mlp;
+using cnn = example::cnn;
 
 struct flags {
   std::size_t chunk = 16, rounds = 7, steps_mlp = 200, steps_cnn = 20, batch = 64;

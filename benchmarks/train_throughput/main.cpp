@@ -27,21 +27,13 @@
 #include <string_view>
 #include <vector>
 
+#include "../../examples/common/networks.hpp"
 #include "loom/loom.hpp"
 
 namespace {
 
-using mlp = loom::network<loom::input<784>,
-                          loom::linear<256>, loom::relu,
-                          loom::linear<128>, loom::relu,
-                          loom::linear<10>>;
-
-using cnn = loom::network<loom::input<1, 28, 28>,
-                          loom::conv2d<32, 3, 1, 1>, loom::relu, loom::max_pool2d<2>,
-                          loom::conv2d<64, 3, 1, 1>, loom::relu, loom::max_pool2d<2>,
-                          loom::flatten,
-                          loom::linear<128>, loom::relu,
-                          loom::linear<10>>;
+using mlp = example::mlp;
+using cnn = example::cnn;
 
 // FLOP of one training step per sample, counting the matrix products and convolutions only
 // (2 per multiply-add): forward, the weight gradient (as much again) and the input gradient

@@ -14,24 +14,13 @@
 #include <string_view>
 
 #include "loom/loom.hpp"
+#include "networks.hpp"
 #if LOOM_HAS_MPI
 #include "loom/comm/mpi.hpp"
 #include "loom/data/mapped.hpp"
 #endif
 
 namespace example {
-
-using mlp = loom::network<loom::input<784>,
-                          loom::linear<256>, loom::relu,
-                          loom::linear<128>, loom::relu,
-                          loom::linear<10>>;
-
-using cnn = loom::network<loom::input<1, 28, 28>,
-                          loom::conv2d<32, 3, 1, 1>, loom::relu, loom::max_pool2d<2>,
-                          loom::conv2d<64, 3, 1, 1>, loom::relu, loom::max_pool2d<2>,
-                          loom::flatten,
-                          loom::linear<128>, loom::relu,
-                          loom::linear<10>>;
 
 struct flags {
   std::string model = "mlp";

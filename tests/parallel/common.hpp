@@ -6,14 +6,13 @@
 #include <cmath>
 #include <vector>
 
+#include "../../examples/common/networks.hpp"
 #include "loom/loom.hpp"
 
 namespace loom_test {
 
-using mlp = loom::network<loom::input<784>, loom::linear<256>, loom::relu, loom::linear<128>, loom::relu, loom::linear<10>>;
-using cnn = loom::network<loom::input<1, 28, 28>, loom::conv2d<32, 3, 1, 1>, loom::relu, loom::max_pool2d<2>,
-                          loom::conv2d<64, 3, 1, 1>, loom::relu, loom::max_pool2d<2>, loom::flatten, loom::linear<128>,
-                          loom::relu, loom::linear<10>>;
+using mlp = example::mlp;
+using cnn = example::cnn;
 
 /// The same networks with smooth activations and average pooling. Float sums over a batch split
 /// across ranks round differently (~1e-9 relative per step); in a ReLU or max-pool network such

@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "../../examples/common/networks.hpp"
 #include "loom/layers/activation.hpp"
 #include "loom/layers/conv2d.hpp"
 #include "loom/layers/flatten.hpp"
@@ -20,18 +21,9 @@
 
 namespace pipeline_test {
 
-// The example's networks (examples/fashion_mnist/main.cpp).
-using mlp = loom::network<loom::input<784>,
-                          loom::linear<256>, loom::relu,
-                          loom::linear<128>, loom::relu,
-                          loom::linear<10>>;
-
-using cnn = loom::network<loom::input<1, 28, 28>,
-                          loom::conv2d<32, 3, 1, 1>, loom::relu, loom::max_pool2d<2>,
-                          loom::conv2d<64, 3, 1, 1>, loom::relu, loom::max_pool2d<2>,
-                          loom::flatten,
-                          loom::linear<128>, loom::relu,
-                          loom::linear<10>>;
+// The example's networks (examples/common/networks.hpp).
+using mlp = example::mlp;
+using cnn = example::cnn;
 
 /// The plan types leave Comm unconstrained; any type stands for it here.
 struct no_comm {};

@@ -119,24 +119,9 @@ class tensor_parallel_engine {
   /// every rank throws the same loom::communication_error naming the ranks and the fields that
   /// differ otherwise. Collective over the world.
   void check_same_job(const std::string& description) {
-    const std::string mine = description + ";tensor_parallel=" + std::to_string(Width) + ";world=" +
-                             std::to_string(world_.size());
-    constexpr std::size_t field = 2048;
-    if (mine.size() >= field)
-      throw invalid_argument("loom::tensor_parallel: job description longer than " + std::to_string(field) + " bytes");
-    std::vector<char> buf(field, '\0'), all(field * static_cast<std::size_t>(world_.size()), '\0');
-    std::memcpy(buf.data(), mine.data(), mine.size());
-    world_.allgather(buf.data(), all.data(), field);
-    const std::string first(all.data());
-    std::string message;
-    for (int r = 1; r < world_.size(); ++r) {
-      const std::string other(all.data() + field * static_cast<std::size_t>(r));
-      if (other != first)
-        message += "\n  rank " + std::to_string(r) + " differs from rank 0:" + differing_fields(first, other);
-    }
-    if (!message.empty())
-      throw communication_error("loom::tensor_parallel: the ranks do not run the same job (" +
-                                std::to_string(world_.size()) + " ranks); every rank stops:" + message);
+    detail::check_same_job(world_, description + ";tensor_parallel=" + std::to_string(Width) + ";world=" +
+                                       std::to_string(world_.size()),
+                           "loom::tensor_parallel");
   }
 
   /// Makes every replica of this slice start from replica 0's values (hybrid; one replica:
@@ -208,25 +193,6 @@ class tensor_parallel_engine {
   }
 
  private:
-  static std::string differing_fields(const std::string& a, const std::string& b) {
-    auto fields = [](const std::string& s) {
-      std::vector<std::string> out;
-      for (std::size_t at = 0; at <= s.size();) {
-        std::size_t end = s.find(';', at);
-        if (end == std::string::npos) end = s.size();
-        if (end > at) out.push_back(s.substr(at, end - at));
-        at = end + 1;
-      }
-      return out;
-    };
-    const auto fa = fields(a), fb = fields(b);
-    std::string out;
-    for (std::size_t i = 0; i < std::max(fa.size(), fb.size()); ++i) {
-      const std::string x = i < fa.size() ? fa[i] : "(none)", y = i < fb.size() ? fb[i] : "(none)";
-      if (x != y) out += " [" + y + "] where rank 0 has [" + x + "]";
-    }
-    return out;
-  }
 
   Comm world_;
   std::unique_ptr<comm_tensor_group<Comm>> group_;

@@ -76,7 +76,7 @@ class pipeline_trainer {
   /// different options.
   template <class Dataset>
   fit_result fit(const Dataset& data, const fit_options& opts = {}) {
-    check_dataset<Dataset>();
+    detail::check_dataset_for<Network, Dataset>();
     if (opts.batch == 0) throw invalid_argument("loom::trainer::fit: batch must be at least 1, got 0");
     if (opts.accumulation == 0) throw invalid_argument("loom::trainer::fit: accumulation must be at least 1, got 0");
     if (data.size() == 0) throw invalid_argument("loom::trainer::fit: the training set is empty");
@@ -157,7 +157,7 @@ class pipeline_trainer {
   /// rank. Collective over the world.
   template <class Dataset>
   eval_result evaluate(const Dataset& data, std::size_t batch = 500) {
-    check_dataset<Dataset>();
+    detail::check_dataset_for<Network, Dataset>();
     if (batch == 0) throw invalid_argument("loom::trainer::evaluate: batch must be at least 1, got 0");
     data::distributed_loader<Dataset> loader(data, batch, options_.seed, engine_.replica(), engine_.replicas(),
                                              /*shuffle=*/false);
@@ -244,22 +244,6 @@ class pipeline_trainer {
            ";micro_batches=" + std::to_string(micro_batch_count) + ";schedule=" +
            std::string(typeid(typename Pipeline::schedule_policy).name()) + ";bounds=" + bounds +
            ";math=" + to_string(options.math);
-  }
-
-  template <class Dataset>
-  static constexpr void check_dataset() {
-    using sample = typename Dataset::sample_shape;
-    static_assert(!Network::chain::ok || sample::size == Network::input_shape::size,
-                  "loom::trainer: the data set's samples do not have the network's input size (the network input "
-                  "shape and the sample shape are in the loom::diagnostic:: name the compiler prints)");
-    if constexpr (Network::chain::ok && sample::size != Network::input_shape::size)
-      detail::fail_with<diagnostic::network_input_does_not_match_samples<typename Network::input_shape, sample>>();
-    static_assert(!Network::chain::ok || out_width == Dataset::classes,
-                  "loom::trainer: the loss's width (the network's output size) does not match the number of classes "
-                  "of the data set's labels: end the network with loom::linear<Classes> (both numbers are in the "
-                  "loom::diagnostic:: name the compiler prints)");
-    if constexpr (Network::chain::ok && out_width != Dataset::classes)
-      detail::fail_with<diagnostic::loss_width_does_not_match_classes<typename Network::output_shape, Dataset::classes>>();
   }
 
   /// Room for one replica's share of a batch: the samples on the first stage, the labels on the last.

@@ -127,6 +127,27 @@ constexpr bool policy_reaches_backend_memory() {
 }
 }  // namespace detail
 
+namespace detail {
+/// The compile-time checks of a data set against a network (every trainer runs them): the
+/// samples have the network's input size and the labels as many classes as its output.
+template <class Network, class Dataset>
+constexpr void check_dataset_for() {
+  using sample = typename Dataset::sample_shape;
+  constexpr std::size_t out_width = Network::output_shape::size;
+  static_assert(!Network::chain::ok || sample::size == Network::input_shape::size,
+                "loom::trainer: the data set's samples do not have the network's input size (the network input "
+                "shape and the sample shape are in the loom::diagnostic:: name the compiler prints)");
+  if constexpr (Network::chain::ok && sample::size != Network::input_shape::size)
+    detail::fail_with<diagnostic::network_input_does_not_match_samples<typename Network::input_shape, sample>>();
+  static_assert(!Network::chain::ok || out_width == Dataset::classes,
+                "loom::trainer: the loss's width (the network's output size) does not match the number of classes "
+                "of the data set's labels: end the network with loom::linear<Classes> (both numbers are in the "
+                "loom::diagnostic:: name the compiler prints)");
+  if constexpr (Network::chain::ok && out_width != Dataset::classes)
+    detail::fail_with<diagnostic::loss_width_does_not_match_classes<typename Network::output_shape, Dataset::classes>>();
+}
+}  // namespace detail
+
 /// Options of the trainer itself (not of the optimizer).
 struct trainer_options {
   /// Seed of parameter initialisation, shuffling and dropout.
@@ -244,7 +265,7 @@ class trainer {
   /// loom::communication_error when the ranks were given different options.
   template <class Dataset>
   fit_result fit(const Dataset& data, const fit_options& opts = {}) {
-    check_dataset<Dataset>();
+    detail::check_dataset_for<Network, Dataset>();
     if (opts.batch == 0) throw invalid_argument("loom::trainer::fit: batch must be at least 1, got 0");
     if (opts.accumulation == 0) throw invalid_argument("loom::trainer::fit: accumulation must be at least 1, got 0");
     if (data.size() == 0) throw invalid_argument("loom::trainer::fit: the training set is empty");
@@ -321,7 +342,7 @@ class trainer {
   /// data_parallel each rank evaluates its share and the results are summed (collective).
   template <class Dataset>
   eval_result evaluate(const Dataset& data, std::size_t batch = 500) {
-    check_dataset<Dataset>();
+    detail::check_dataset_for<Network, Dataset>();
     if (batch == 0) throw invalid_argument("loom::trainer::evaluate: batch must be at least 1, got 0");
     data::distributed_loader<Dataset> loader(data, batch, options_.seed, engine_.rank(), engine_.world(), /*shuffle=*/false);
     loader.start_epoch(0);
@@ -409,22 +430,6 @@ class trainer {
     return "network=" + std::string(typeid(Network).name()) + ";parameters=" + std::to_string(Network::parameter_count) +
            ";loss=" + Loss::name + ";optimizer=" + Optimizer::name + ";seed=" + std::to_string(options_.seed) +
            ";ranks=" + std::to_string(engine_.world()) + ";math=" + to_string(options_.math);
-  }
-
-  template <class Dataset>
-  static constexpr void check_dataset() {
-    using sample = typename Dataset::sample_shape;
-    static_assert(!Network::chain::ok || sample::size == Network::input_shape::size,
-                  "loom::trainer: the data set's samples do not have the network's input size (the network input "
-                  "shape and the sample shape are in the loom::diagnostic:: name the compiler prints)");
-    if constexpr (Network::chain::ok && sample::size != Network::input_shape::size)
-      detail::fail_with<diagnostic::network_input_does_not_match_samples<typename Network::input_shape, sample>>();
-    static_assert(!Network::chain::ok || out_width == Dataset::classes,
-                  "loom::trainer: the loss's width (the network's output size) does not match the number of classes "
-                  "of the data set's labels: end the network with loom::linear<Classes> (both numbers are in the "
-                  "loom::diagnostic:: name the compiler prints)");
-    if constexpr (Network::chain::ok && out_width != Dataset::classes)
-      detail::fail_with<diagnostic::loss_width_does_not_match_classes<typename Network::output_shape, Dataset::classes>>();
   }
 
   void reserve(std::size_t batch) {
