@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // nccl_comm under mpirun, one GPU per rank: every collective and point-to-point operation on
 // GPU memory gives what MPI would, host memory goes through MPI, misuse is a
-// communication_error, and data-parallel training over NCCL matches training alone.
+// communication_error, and data-parallel, pipeline (2 ranks; 2 replicas of it on 4 ranks) and
+// tensor-parallel (2 ranks) training over NCCL match training alone.
 
 #include <catch2/catch.hpp>
 
@@ -31,6 +32,17 @@ buffer<T, cuda_space> on_gpu(const std::vector<T>& v) {
   buffer<T, cuda_space> b(v.size());
   cuda_space::copy_from_host(b.data(), v.data(), v.size() * sizeof(T));
   return b;
+}
+
+/// ||a - b|| / ||b|| in double (b nonzero).
+double relative_distance(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double d = 0, n = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    n += double(b[i]) * b[i];
+  }
+  return std::sqrt(d / n);
 }
 
 template <class T>
@@ -149,5 +161,45 @@ TEST_CASE("data_parallel<nccl_comm> training matches training alone on one GPU",
   const auto r = loom::testing::compare_relative(together, alone, 1e-2 * loom::testing::max_abs(std::span<const float>(alone)));
   INFO(r.str());
   CHECK(r.max_error <= 1e-4);
+  world().barrier();
+}
+
+TEST_CASE("A 2-stage pipeline over nccl_comm ends where one GPU does after 20 steps", "[nccl][train][pipeline]") {
+  if (world().size() != 2) {
+    WARN("the pipeline case needs 2 ranks (mpirun -np 2); this run has " << world().size());
+    return;
+  }
+  const auto piped = loom::cuda_tests::train_mlp_pipeline(20);
+  const auto alone = loom::cuda_tests::train_mlp_alone(20);
+  const double d = relative_distance(piped, alone);
+  INFO("relative distance " << d);
+  CHECK(d <= 1e-5);
+  world().barrier();
+}
+
+TEST_CASE("Two replicas of a 2-stage pipeline over nccl_comm end where one GPU does after 20 steps",
+          "[nccl][train][pipeline][hybrid]") {
+  if (world().size() != 4) {
+    WARN("the hybrid pipeline case needs 4 ranks (mpirun -np 4); this run has " << world().size());
+    return;
+  }
+  const auto piped = loom::cuda_tests::train_mlp_hybrid_pipeline(20);
+  const auto alone = loom::cuda_tests::train_mlp_alone(20);
+  const double d = relative_distance(piped, alone);
+  INFO("relative distance " << d);
+  CHECK(d <= 1e-5);
+  world().barrier();
+}
+
+TEST_CASE("tensor_parallel<2> over nccl_comm ends where one GPU does after 20 steps", "[nccl][train][tensor]") {
+  if (world().size() != 2) {
+    WARN("the tensor-parallel case needs 2 ranks (mpirun -np 2); this run has " << world().size());
+    return;
+  }
+  const auto split = loom::cuda_tests::train_tp_mlp_tensor_parallel(20);
+  const auto alone = loom::cuda_tests::train_plain_mlp_alone(20);
+  const double d = relative_distance(split, alone);
+  INFO("relative distance " << d);
+  CHECK(d <= 1e-5);
   world().barrier();
 }

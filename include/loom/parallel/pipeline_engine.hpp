@@ -39,6 +39,14 @@ namespace detail {
 /// Stands for "no data parallelism over the replicas" in pipeline_engine's DataParallel.
 struct no_data_parallel {};
 
+/// Whether Comm can move the memory Backend computes in: any communicator moves host memory;
+/// GPU memory needs one that says so (nccl_comm::moves_device_memory).
+template <class Comm, class Backend>
+constexpr bool comm_reaches_memory_of() {
+  if constexpr (Backend::memory_space::host_accessible) return true;
+  else return requires { requires Comm::moves_device_memory; };
+}
+
 /// The first sample of micro-batch m when n samples are cut into M micro-batches: sizes
 /// n m / M .. n (m + 1) / M differ by at most one (some are empty when n < M).
 constexpr std::size_t micro_batch_begin(std::size_t n, std::size_t m, std::size_t M) { return n * m / M; }
@@ -88,15 +96,23 @@ constexpr std::size_t saved_elements(std::index_sequence<K...>) {
 /// the receive after it, to one neighbour) posts both before waiting; the send is then not
 /// waited for at once but, as every send, later. Time blocked in those waits is the stage's
 /// bubble.
+///
+/// GPU backends (loom::cuda): slots, messages and the batch views are device memory, moved by
+/// a communicator that moves device memory (loom::nccl_comm, whose isend / irecv start as one
+/// NCCL group at the next wait: the verified schedule posts each channel's messages in the
+/// same order on both ends, which NCCL, carrying no tags, needs). Messages of no samples go
+/// through host memory on both ends. Scalars (loss sums, norms, job checks) and
+/// gather_parameters go through host copies.
 template <class Network, class Loss, class T, class Backend, class Pipeline, class Comm,
           class DataParallel = detail::no_data_parallel>
 class pipeline_engine {
   static_assert(is_pipeline_v<Pipeline>, "loom::pipeline_engine: Pipeline must be a loom::pipeline<Stages, ...>");
   static_assert(communicator<Comm>,
                 "loom::pipeline_engine: Comm must be a loom communicator (loom::mpi_comm, loom::local_comm)");
-  static_assert(Backend::memory_space::host_accessible,
-                "loom::pipeline_engine: pipeline stages exchange activations through a host-memory communicator "
-                "(mpi_comm, local_comm), so the backend's memory must be host memory: use loom::cpu");
+  static_assert(detail::comm_reaches_memory_of<Comm, Backend>(),
+                "loom::pipeline_engine: pipeline stages exchange activations in GPU memory, which this "
+                "communicator cannot move (mpi_comm and local_comm take host memory): with loom::cuda use "
+                "loom::nccl_comm from <loom/comm/nccl.hpp>, or train on loom::cpu");
 
  public:
   using partition = stage_partition<Network, Pipeline>;
@@ -463,9 +479,10 @@ class pipeline_engine {
     for (auto& s : st.slots) wait_all(s->sends);
   }
 
-  /// A pointer for a message of n elements: p, or something valid when there is nothing to send.
-  const T* message_data(const T* p) const { return p ? p : &empty_; }
-  T* message_data(T* p) { return p ? p : &empty_; }
+  /// A pointer for a message of n elements: p, or host memory when there is nothing to send
+  /// (both ends of an empty message then name host memory, which every communicator moves).
+  const T* message_data(const T* p, std::size_t n) const { return p && n > 0 ? p : &empty_; }
+  T* message_data(T* p, std::size_t n) { return p && n > 0 ? p : &empty_; }
 
   template <class State, class Model>
   loss_value run_table(State& st, Model& model, const batch_view& b, std::size_t a, std::size_t group, std::uint64_t seed,
@@ -497,7 +514,7 @@ class pipeline_engine {
         case recv_activation: {
           auto& sl = acquire(st, m, n);
           sl.x = sl.input.data();
-          receives.push_back(pipe_.irecv(message_data(sl.input.data()), n * State::in_size, stage_ - 1, tag_of(m, op.kind)));
+          receives.push_back(pipe_.irecv(message_data(sl.input.data(), n), n * State::in_size, stage_ - 1, tag_of(m, op.kind)));
           break;
         }
         case forward: {
@@ -521,13 +538,13 @@ class pipeline_engine {
         }
         case send_activation: {
           auto& sl = slot_of(st, m);
-          sl.sends.push_back(pipe_.isend(message_data(sl.y), n * State::out_size, stage_ + 1, tag_of(m, op.kind)));
+          sl.sends.push_back(pipe_.isend(message_data(sl.y, n), n * State::out_size, stage_ + 1, tag_of(m, op.kind)));
           figures_.bytes_sent += static_cast<double>(n * State::out_size * sizeof(T));
           break;
         }
         case recv_gradient: {
           auto& sl = slot_of(st, m);
-          receives.push_back(pipe_.irecv(message_data(sl.dy.data()), n * State::out_size, stage_ + 1, tag_of(m, op.kind)));
+          receives.push_back(pipe_.irecv(message_data(sl.dy.data(), n), n * State::out_size, stage_ + 1, tag_of(m, op.kind)));
           break;
         }
         case backward: {
@@ -556,7 +573,7 @@ class pipeline_engine {
         }
         case send_gradient: {
           auto& sl = slot_of(st, m);
-          sl.sends.push_back(pipe_.isend(message_data(n > 0 ? sl.dx.data() : nullptr), n * State::in_size, stage_ - 1,
+          sl.sends.push_back(pipe_.isend(message_data(sl.dx.data(), n), n * State::in_size, stage_ - 1,
                                          tag_of(m, op.kind)));
           figures_.bytes_sent += static_cast<double>(n * State::in_size * sizeof(T));
           release(st, m);
@@ -589,7 +606,7 @@ class pipeline_engine {
       sl.x = b.x;
     } else {
       sl.x = sl.input.data();
-      auto r = pipe_.irecv(message_data(sl.input.data()), b.n * State::in_size, stage_ - 1, evaluation_tag);
+      auto r = pipe_.irecv(message_data(sl.input.data(), b.n), b.n * State::in_size, stage_ - 1, evaluation_tag);
       wait_timed(r);
     }
     sl.y = nullptr;
@@ -602,7 +619,7 @@ class pipeline_engine {
       figures_.compute_s += seconds(t0, clock::now());
     }
     if constexpr (!State::last)
-      sl.sends.push_back(pipe_.isend(message_data(sl.y), b.n * State::out_size, stage_ + 1, evaluation_tag));
+      sl.sends.push_back(pipe_.isend(message_data(sl.y, b.n), b.n * State::out_size, stage_ + 1, evaluation_tag));
     sl.busy = false;  // its send completes before the slot is used again
     return v;
   }

@@ -5,7 +5,9 @@
 // Policy = loom::hybrid<loom::data_parallel<Comm, ...>, loom::pipeline<S, ...>> (replicas of
 // S-stage pipelines). Same fit / evaluate as the primary trainer; each rank holds only its
 // stage's parameters, and model() is that stage's model. The stage execution itself is
-// loom::pipeline_engine (loom/parallel/pipeline_engine.hpp). No communicator is included here.
+// loom::pipeline_engine (loom/parallel/pipeline_engine.hpp). On a GPU backend the host fills the
+// batches in the backend's staging memory (pinned) and copies them over, as the primary trainer
+// does. No communicator is included here.
 
 #include <unistd.h>
 
@@ -116,8 +118,7 @@ class pipeline_trainer {
         for (std::size_t a = 0; a < group; ++a, ++k) {
           const auto t0 = clock::now();
           typename engine_type::batch_view b;
-          b.n = loader.next(engine_.first_stage() ? x_.data() : nullptr, engine_.last_stage() ? labels_.data() : nullptr,
-                            b.global_n);
+          b.n = next_batch(loader, b.global_n);
           b.offset = loader.local_offset();
           b.x = x_.data();
           b.labels = labels_.data();
@@ -166,8 +167,7 @@ class pipeline_trainer {
     double sums[3] = {0, 0, 0};  // loss, correct, samples (last stages)
     for (std::size_t k = 0; k < loader.batches_per_epoch(); ++k) {
       typename engine_type::batch_view b;
-      b.n = loader.next(engine_.first_stage() ? x_.data() : nullptr, engine_.last_stage() ? labels_.data() : nullptr,
-                        b.global_n);
+      b.n = next_batch(loader, b.global_n);
       if (b.n == 0) continue;  // the same on every stage of this replica
       b.offset = loader.local_offset();
       b.x = x_.data();
@@ -250,6 +250,28 @@ class pipeline_trainer {
   void reserve(std::size_t n) {
     if (engine_.first_stage()) x_.reserve_discard(n * in_width);
     if (engine_.last_stage()) labels_.reserve_discard(n);
+    if constexpr (staged) {
+      if (engine_.first_stage()) x_stage_.reserve_discard(n * in_width);
+      if (engine_.last_stage()) labels_stage_.reserve_discard(n);
+    }
+  }
+
+  /// The loader's next batch: the samples into x_ on the first stage, the labels into labels_ on
+  /// the last (through the staging buffers when the host cannot write the backend's memory).
+  /// Returns this replica's sample count.
+  template <class Loader>
+  std::size_t next_batch(Loader& loader, std::size_t& global_n) {
+    const bool first = engine_.first_stage(), last = engine_.last_stage();
+    if constexpr (!staged) {
+      return loader.next(first ? x_.data() : nullptr, last ? labels_.data() : nullptr, global_n);
+    } else {
+      // The previous batch's copies must have left the staging buffers before the host refills them.
+      if (first || last) Backend::synchronize();
+      const std::size_t n = loader.next(first ? x_stage_.data() : nullptr, last ? labels_stage_.data() : nullptr, global_n);
+      if (first) Backend::copy(x_.data(), x_stage_.data(), n * in_width);
+      if (last) Backend::copy(labels_.data(), labels_stage_.data(), n);
+      return n;
+    }
   }
 
   /// Clips the gradient norm of the whole model (the squares summed over the stages) and steps
@@ -273,8 +295,12 @@ class pipeline_trainer {
   int init_threads_;
   engine_type engine_;
   optimizer_state state_;
+  static constexpr bool staged = !space::host_accessible;
+  using staging_space = typename detail::staging_space_of<Backend>::type;
   buffer<T, space> x_;                      // (batch, input): the first stage's samples
   buffer<std::int32_t, space> labels_;      // (batch): the last stage's labels
+  buffer<T, staging_space> x_stage_;        // (batch, input) on the host; empty unless staged
+  buffer<std::int32_t, staging_space> labels_stage_;
   std::size_t step_ = 0;
 };
 

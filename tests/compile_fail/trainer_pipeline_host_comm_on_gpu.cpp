@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// A pipeline whose stages would exchange activations in memory the host cannot reach
-// (loom::cuda) over a host-memory communicator: the pipeline trainer says to use loom::cpu.
+// A pipeline whose stages would exchange activations in GPU memory (loom::cuda) over a
+// host-memory communicator: the pipeline trainer says to use loom::nccl_comm (or loom::cpu).
 // A stand-in for loom::cuda keeps the case to g++: loom::cpu with memory the host may not touch.
-// expect: loom::pipeline_engine: pipeline stages exchange activations through a host-memory communicator
-// expect: use loom::cpu
+// expect: loom::pipeline_engine: pipeline stages exchange activations in GPU memory, which this communicator cannot move
+// expect: use loom::nccl_comm
 // max-errors: 1
 #include <cstddef>
 
