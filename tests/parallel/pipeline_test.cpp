@@ -2,7 +2,8 @@
 // The pipeline trainer over loom::local_comm (stages as threads of this process): equivalence
 // with single-process training for both schedules, 2 and 4 stages, 1 and several
 // micro-batches, uneven micro-batches and accumulation, hybrid data x pipeline; initialisation
-// independent of the split; the activation memory 1F1B saves; the start-up checks.
+// independent of the split; the activation memory 1F1B saves; the start-up checks; the staged
+// path of GPU backends, through a CPU stand-in.
 
 #include <catch2/catch.hpp>
 
@@ -437,4 +438,67 @@ TEST_CASE("Under math_mode::bf16 a pipeline matches one process in bf16", "[para
   CHECK(relative_distance(out.params[0], ref) <= 1e-5);
   // bf16 took effect: fp32 training ends elsewhere.
   CHECK(relative_distance(out.params[0], reference_with<mlp>(train_set(), opts)) > 1e-4);
+}
+
+namespace {
+
+/// Host memory that claims the host may not write it: a CPU stand-in for GPU memory, so that
+/// the trainer takes the path of loom::cuda (batches filled in staging memory and copied over,
+/// results read through copies) on any machine.
+struct unreachable_memory : loom::host_space {
+  static constexpr bool host_accessible = false;
+  static void copy_to_host(void* dst, const void* src, std::size_t bytes) {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+  static void copy_from_host(void* dst, const void* src, std::size_t bytes) {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+};
+struct staged_cpu : loom::cpu {
+  using memory_space = unreachable_memory;
+  using staging_space = loom::host_space;
+  static void synchronize() {}
+};
+
+/// local_comm saying it moves the stand-in's memory, as nccl_comm moves GPU memory.
+class moving_local_comm : public loom::local_comm {
+ public:
+  static constexpr bool moves_device_memory = true;
+  explicit moving_local_comm(const loom::local_comm& c) : loom::local_comm(c) {}
+  moving_local_comm split(int colour, int key) { return moving_local_comm(loom::local_comm::split(colour, key)); }
+};
+
+template <class Net, class Policy, class Dataset>
+std::vector<float> train_staged(int ranks, const Dataset& data, const loom::fit_options& opts) {
+  std::vector<std::vector<float>> params(static_cast<std::size_t>(ranks));
+  loom::local_world(ranks).run([&](loom::local_comm& c) {
+    loom::trainer<Net, loom::softmax_cross_entropy, loom::sgd, Policy, staged_cpu> t{moving_local_comm(c), pipeline_sgd,
+                                                                                    {.seed = 1, .threads = 1}};
+    t.fit(data, opts);
+    params[static_cast<std::size_t>(c.rank())] = t.gather_parameters();
+  });
+  for (int r = 1; r < ranks; ++r) {
+    const bool gathered_alike = params[static_cast<std::size_t>(r)] == params[0];
+    REQUIRE(gathered_alike);
+  }
+  return params[0];
+}
+
+}  // namespace
+
+TEST_CASE("On a backend whose memory the host cannot write, the pipeline stages its batches and matches one process",
+          "[parallel][pipeline][staged]") {
+  static_assert(!staged_cpu::memory_space::host_accessible);
+  const auto opts = steps(10, 64);
+  const auto ref = reference_with<mlp>(train_set(), opts);
+  using P = loom::model_parallel<loom::pipeline<2, loom::micro_batches<4>>, moving_local_comm>;
+  CHECK(relative_distance(train_staged<mlp, P>(2, train_set(), opts), ref) <= 1e-5);
+  // A batch of 3 on 8 micro-batches: the empty ones' messages go through host memory.
+  const auto data = loom::data::fashion_mnist(loom::data::split::train).first(250);
+  const auto opts3 = steps(10, 3);
+  using P8 = loom::model_parallel<loom::pipeline<3, loom::micro_batches<8>>, moving_local_comm>;
+  CHECK(relative_distance(train_staged<mlp, P8>(3, data, opts3), reference_with<mlp>(data, opts3)) <= 1e-5);
+  // Two replicas.
+  using H = loom::hybrid<loom::data_parallel<moving_local_comm>, loom::pipeline<2, loom::micro_batches<4>>>;
+  CHECK(relative_distance(train_staged<mlp, H>(4, train_set(), opts), ref) <= 1e-5);
 }
