@@ -3,6 +3,15 @@
 // The CUDA launcher: runs a LOOM_HD kernel body f(i) for i in [0, n) as a grid-stride kernel on
 // the calling thread's compute stream, and sums f(i) in double with a two-pass block reduction.
 // The CPU launcher (cpu/launch.hpp) runs the same bodies. Needs nvcc.
+//
+// The sum stays loom's own rather than cub::DeviceReduce for two reasons. (1) DeviceReduce is
+// deterministic only run to run on one device: its tiles are tuned per architecture and its
+// grid follows the SM count, so GPUs of two models add the same terms in different orders,
+// while data-parallel replicas must compute the same clipping norm from the same averaged
+// gradients (loom::clip_grad_norm) or their parameters drift apart; the fixed grid below adds in
+// one order on every GPU. (2) Any CUB header declares the global namespace ::cuda (libcu++),
+// which makes `cuda` ambiguous with loom::cuda in every program that says `using namespace
+// loom;` (benchmarks/gpu/gpu_check.cu stops compiling).
 
 #include <cuda_runtime.h>
 
