@@ -89,8 +89,11 @@ measured run_pipeline(const data_set& data, const options& o, const char* name) 
     const double c0 = fit.figures[0].compute_s, c1 = fit.figures[1].compute_s;
     balances.push_back(std::max(c0, c1) > 0 ? std::min(c0, c1) / std::max(c0, c1) : 0);
     if (t.rank() == 0)
-      std::printf("raw: schedule=%s micro_batches=%zu samples_per_s=%.1f bubble0=%.4f bubble1=%.4f peak0=%.0f peak1=%.0f\n",
-                  name, M, rates.back(), bubbles[0].back(), bubbles[1].back(), out.peak_bytes[0], out.peak_bytes[1]);
+      std::printf("raw: schedule=%s micro_batches=%zu samples_per_s=%.1f bubble0=%.4f bubble1=%.4f peak0=%.0f peak1=%.0f "
+                  "seconds=%.4f compute0=%.4f compute1=%.4f bubble_s0=%.4f bubble_s1=%.4f data0=%.4f wait0=%.4f wait1=%.4f\n",
+                  name, M, rates.back(), bubbles[0].back(), bubbles[1].back(), out.peak_bytes[0], out.peak_bytes[1],
+                  fit.seconds, fit.figures[0].compute_s, fit.figures[1].compute_s, fit.figures[0].bubble_s,
+                  fit.figures[1].bubble_s, fit.figures[0].data_s, fit.figures[0].wait_s, fit.figures[1].wait_s);
   }
   out.samples_per_s = median(rates);
   for (std::size_t s = 0; s < stages; ++s) out.bubble[s] = median(bubbles[s]);

@@ -10,20 +10,12 @@
 
 #include "common.hpp"
 #include "loom/comm/mpi.hpp"
+#include "mpi_check.hpp"
 
 using namespace loom_test;
 using mpi_dp = loom::data_parallel<loom::mpi_comm>;
 
 namespace {
-
-int failures = 0;
-
-void check(bool ok, const std::string& what) {
-  if (!ok) {
-    ++failures;
-    std::fprintf(stderr, "rank %d: FAILED: %s\n", loom::mpi_comm::world().rank(), what.c_str());
-  }
-}
 
 const loom::sgd::options momentum{.lr = 0.02f, .momentum = 0.9f};
 
@@ -90,8 +82,5 @@ int main(int argc, char** argv) {
   } catch (const loom::error& e) {
     check(false, e.what());
   }
-  int total = failures;
-  comm.allreduce(&total, 1, loom::reduce_op::sum);
-  if (comm.rank() == 0) std::printf("%s\n", total == 0 ? "all checks passed" : "some checks failed");
-  return total == 0 ? 0 : 1;
+  return finish(comm);
 }

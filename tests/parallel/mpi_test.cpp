@@ -9,20 +9,12 @@
 
 #include "common.hpp"
 #include "loom/comm/mpi.hpp"
+#include "mpi_check.hpp"
 
 using namespace loom_test;
 using mpi_dp = loom::data_parallel<loom::mpi_comm>;
 
 namespace {
-
-int failures = 0;
-
-void check(bool ok, const std::string& what) {
-  if (!ok) {
-    ++failures;
-    std::fprintf(stderr, "rank %d: FAILED: %s\n", loom::mpi_comm::world().rank(), what.c_str());
-  }
-}
 
 template <class Net>
 void equivalence(const char* name, std::size_t n, std::size_t batch) {
@@ -57,8 +49,5 @@ int main(int argc, char** argv) {
   } catch (const loom::error& e) {
     check(false, e.what());
   }
-  int total = failures;
-  comm.allreduce(&total, 1, loom::reduce_op::sum);
-  if (comm.rank() == 0) std::printf("%d passed, %d failed\n", total == 0 ? 1 : 0, total == 0 ? 0 : 1);
-  return total == 0 ? 0 : 1;
+  return finish(comm);
 }

@@ -11,20 +11,12 @@
 #include <string>
 
 #include "loom/comm/mpi.hpp"
+#include "mpi_check.hpp"
 #include "pipeline_common.hpp"
 
 using namespace loom_test;
 
 namespace {
-
-int failures = 0;
-
-void check(bool ok, const std::string& what) {
-  if (!ok) {
-    ++failures;
-    std::fprintf(stderr, "rank %d: FAILED: %s\n", loom::mpi_comm::world().rank(), what.c_str());
-  }
-}
 
 template <class Net, class Policy>
 void equivalence(const char* name, std::size_t n, std::size_t batch) {
@@ -84,8 +76,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "rank %d: FAILED: %s\n", comm.rank(), e.what());
     comm.abort(1, e.what());
   }
-  int total = failures;
-  comm.allreduce(&total, 1, loom::reduce_op::sum);
-  if (comm.rank() == 0) std::printf(total == 0 ? "all pipeline checks passed\n" : "%d pipeline checks failed\n", total);
-  return total == 0 ? 0 : 1;
+  return finish(comm);
 }

@@ -12,6 +12,7 @@
 
 #include "common.hpp"
 #include "loom/comm/mpi.hpp"
+#include "mpi_check.hpp"
 #include "loom/parallel/hybrid.hpp"
 
 using namespace loom_test;
@@ -21,14 +22,6 @@ namespace {
 using tp_mlp = loom::network<loom::input<784>, loom::column_parallel<loom::linear<256>>, loom::relu,
                              loom::row_parallel<loom::linear<128>>, loom::relu, loom::linear<10>>;
 
-int failures = 0;
-
-void check(bool ok, const std::string& what) {
-  if (!ok) {
-    ++failures;
-    std::fprintf(stderr, "rank %d: FAILED: %s\n", loom::mpi_comm::world().rank(), what.c_str());
-  }
-}
 
 template <class Policy>
 void equivalence(const char* name) {
@@ -77,8 +70,5 @@ int main(int argc, char** argv) {
   } catch (const loom::error& e) {
     check(false, e.what());
   }
-  int total = failures;
-  comm.allreduce(&total, 1, loom::reduce_op::sum);
-  if (comm.rank() == 0) std::printf("%s\n", total == 0 ? "all checks passed" : "FAILED");
-  return total == 0 ? 0 : 1;
+  return finish(comm);
 }
