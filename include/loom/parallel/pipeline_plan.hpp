@@ -630,8 +630,12 @@ constexpr bool check_pipeline() {
     return fail_with<diagnostic::wrong_number_of_cut_points<cuts::count, Stages - 1>>();
   } else {
     constexpr std::size_t bad = [] {
-      for (std::size_t i = 1; i < cuts::count; ++i)
-        if (cuts::points[i] <= cuts::points[i - 1]) return i;
+      // A range-for: with no cut points, `i < cuts::count` would compare with 0 (nvcc's #186-D).
+      std::size_t i = 0;
+      for (std::size_t p : cuts::points) {
+        if (i > 0 && p <= cuts::points[i - 1]) return i;
+        ++i;
+      }
       return cuts::count;
     }();
     if constexpr (bad < cuts::count) {
@@ -767,8 +771,12 @@ constexpr bool check_partition() {
   } else {
     constexpr auto& cuts = Pipeline::cut_points;
     constexpr std::size_t bad = [] {
-      for (std::size_t i = 0; i < cuts.size(); ++i)
-        if (cuts[i] < 1 || cuts[i] >= L) return i;
+      // A range-for: with no cut points, `i < cuts.size()` would compare with 0 (nvcc's #186-D).
+      std::size_t i = 0;
+      for (std::size_t c : cuts) {
+        if (c < 1 || c >= L) return i;
+        ++i;
+      }
       return cuts.size();
     }();
     if constexpr (bad < cuts.size()) {
