@@ -34,6 +34,10 @@ namespace loom::cuda_tests {
 // Every layer alone (the first layer of a model gets no input gradient, so each runs through
 // its sequence with one), then whole networks.
 using linear_case = network<input<37>, linear<19>>;
+// The ReLU fused into loom::cuda's linear forward: through cuBLASLt's epilogue (the bias at a
+// 256-byte offset), and through the fallback (the bias at 140 bytes, less than 16-byte aligned).
+using linear_relu_case = network<input<40>, linear<24>, relu>;
+using linear_relu_unaligned_case = network<input<7>, linear<5>, relu>;
 using conv_case = network<input<3, 10, 10>, conv2d<8, 3, 1, 1>>;
 using conv_strided_case = network<input<4, 9, 9>, conv2d<5, 3, 2, 0>>;
 using conv_wide_case = network<input<2, 11, 11>, conv2d<4, 5, 1, 2>>;
@@ -60,7 +64,7 @@ using mixed_case = network<input<2, 8, 8>, conv2d<4, 3, 1, 1>, layer_norm, resid
 
 // X(name) for every case above: the instantiation lists of both sides and the test list.
 #define LOOM_CUDA_TEST_PASS_CASES(X)                                                                               \
-  X(linear_case) X(conv_case) X(conv_strided_case) X(conv_wide_case) X(conv_relu_case) X(max_pool_case)           \
+  X(linear_case) X(linear_relu_case) X(linear_relu_unaligned_case) X(conv_case) X(conv_strided_case) X(conv_wide_case) X(conv_relu_case) X(max_pool_case)           \
   X(max_pool_overlap_case) X(avg_pool_case) X(avg_pool_overlap_case) X(flatten_case) X(relu_case)                 \
   X(leaky_relu_case) X(tanh_case) X(sigmoid_case) X(gelu_case) X(dropout_case) X(layer_norm_case)                 \
   X(residual_case) X(mlp_case) X(cnn_case) X(mixed_case)

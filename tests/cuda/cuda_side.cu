@@ -7,6 +7,10 @@
 #include "cases_impl.hpp"
 #include "cuda_side.hpp"
 
+// loom::cuda runs loom::linear's forward itself and fuses a following ReLU into it (cuBLASLt's
+// epilogue): linear_relu_case and mlp_case compare that with loom::cpu's separate passes.
+static_assert(loom::detail::can_fuse_relu<loom::linear<24>::impl<loom::shape<40>, float, loom::cuda>>);
+
 LOOM_CUDA_TEST_PASS_CASES(LOOM_CUDA_TEST_INSTANTIATE_PASS)
 LOOM_CUDA_TEST_TRAIN_CASES(LOOM_CUDA_TEST_INSTANTIATE_TRAIN)
 

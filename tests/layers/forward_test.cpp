@@ -253,3 +253,9 @@ TEMPLATE_TEST_CASE("mse is the mean squared distance to the one-hot label", "[la
   CHECK(v.correct == 2);
   CHECK_THAT(values_of(grad), relatively_equals<T>({1.0 / 3, 0, -2.0 / 3, 2.0 / 3, 0, 0}, tol<T>));
 }
+
+// loom::cpu runs loom::linear as a bias pass and a GEMM, and a ReLU after it as a layer of its
+// own: only a backend with a linear forward of its own (loom::cuda, through cuBLASLt's epilogue)
+// fuses that ReLU.
+static_assert(!loom::detail::has_linear_forward<loom::cpu>);
+static_assert(!loom::detail::can_fuse_relu<loom::linear<4>::impl<loom::shape<8>, float, loom::cpu>>);

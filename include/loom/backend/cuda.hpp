@@ -19,6 +19,7 @@
 #include "loom/backend/cuda/conv2d.hpp"
 #include "loom/backend/cuda/gemm.hpp"
 #include "loom/backend/cuda/launch.hpp"
+#include "loom/backend/cuda/linear.hpp"
 #include "loom/backend/cuda/memory.hpp"
 #include "loom/backend/cuda/pool2d.hpp"
 #include "loom/backend/cuda/runtime.hpp"
@@ -64,6 +65,16 @@ struct cuda {
                    std::size_t lda, const T* b, std::size_t ldb, T beta, T* c, std::size_t ldc,
                    math_mode math = math_mode::fp32) {
     detail::cuda_gemm<T>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, math);
+  }
+  /// loom::linear's forward: row-major y (batch, out) = x (batch, in) W^T + b, W (out, in), and
+  /// with relu its ReLU, as one cuBLASLt product whose epilogue adds the bias and applies the
+  /// ReLU (fp32); in bf16 and for double, gemm and one bias (and ReLU) kernel. See
+  /// backend/cuda/linear.hpp.
+  static constexpr bool has_linear_forward = true;
+  template <class T>
+  static void linear_forward(std::size_t batch, std::size_t out, std::size_t in, const T* x, const T* w, const T* b, T* y,
+                             bool relu, math_mode math = math_mode::fp32) {
+    detail::cuda_linear_forward<T>(batch, out, in, x, w, b, y, relu, math);
   }
   /// Whether the current GPU runs `math`: fp32 always; bf16 with bf16 tensor cores (compute
   /// capability 8.0 and later).

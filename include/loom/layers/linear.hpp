@@ -2,7 +2,9 @@
 #pragma once
 // loom::linear<Out>: y = x W^T + b on a 1-D input. W is (Out, In) row-major, then b (Out),
 // in the network's flat parameter buffer. Matrix products go to the backend's GEMM, in the
-// run's math mode (ctx.math: fp32, or bf16 operands with float accumulation).
+// run's math mode (ctx.math: fp32, or bf16 operands with float accumulation); a backend with a
+// linear forward of its own (loom::cuda: one cuBLASLt product with a bias epilogue) runs the
+// forward there, with the ReLU that follows fused into it.
 
 #include <algorithm>
 #include <cstddef>
@@ -11,6 +13,13 @@
 #include "loom/layers/layer.hpp"
 
 namespace loom {
+
+namespace detail {
+/// A backend whose linear_forward(batch, out, in, x, w, b, y, relu, math) computes
+/// [relu](x W^T + b) in one pass (loom::cuda, through cuBLASLt's epilogues).
+template <class Backend>
+concept has_linear_forward = Backend::has_linear_forward;
+}  // namespace detail
 
 /// A fully connected layer with Out outputs. Input: a 1-D shape<In>; output: shape<Out>.
 /// Parameters: Out * In weights, then Out biases. Init: Init (default He normal) for the
@@ -48,6 +57,15 @@ struct linear {
    public:
     explicit impl(layer_site site) : site_(site) {}
 
+    /// On a backend with its own linear forward: makes forward write relu(x W^T + b), the ReLU
+    /// of the next layer fused into the product's epilogue (loom::sequence decides, as for
+    /// conv2d). The relu's backward is unchanged: relu'(z) = relu'(relu(z)).
+    void fuse_relu()
+      requires detail::has_linear_forward<Backend>
+    {
+      relu_ = true;
+    }
+
     void initialize(T* params, std::uint64_t seed) const {
       detail::fill_normal(params, Out * in_, Init::stddev(in_, Out), seed, site_.stream);
       std::fill_n(params + Out * in_, Out, T(0));
@@ -57,8 +75,12 @@ struct linear {
                  std::size_t batch) {
       const T* w = params;  // (Out, In)
       const T* b = params + Out * in_;
-      Backend::for_each(batch, kernels::broadcast_row<T, Out>{b, y.data});
-      Backend::gemm(false, true, batch, Out, in_, T(1), x.data, in_, w, in_, T(1), y.data, Out, ctx.math);  // (batch, Out)
+      if constexpr (detail::has_linear_forward<Backend>) {
+        Backend::linear_forward(batch, Out, in_, x.data, w, b, y.data, relu_, ctx.math);  // (batch, Out)
+      } else {
+        Backend::for_each(batch, kernels::broadcast_row<T, Out>{b, y.data});
+        Backend::gemm(false, true, batch, Out, in_, T(1), x.data, in_, w, in_, T(1), y.data, Out, ctx.math);  // (batch, Out)
+      }
       y.format = {};
     }
 
@@ -75,6 +97,7 @@ struct linear {
 
    private:
     layer_site site_;
+    bool relu_ = false;  // a ReLU fused into forward (backends with has_linear_forward only)
   };
 };
 
