@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // train_mlp on loom::cuda, data-parallel over nccl_comm, on a 2-stage pipeline over nccl_comm
-// (alone and in 2 replicas), and alone; a tensor-parallel mlp over nccl_comm and alone: the one change between the trainers
-// is the policy.
+// (alone and in 2 replicas), and alone; a tensor-parallel mlp over nccl_comm and alone: the one
+// change between the trainers is the policy.
 #include "loom/backend/cuda.hpp"
 #include "loom/comm/nccl.hpp"
 #include "loom/loom.hpp"

@@ -108,7 +108,8 @@ template <class Network, class Loss, class T, class Backend, class Pipeline, cla
 class pipeline_engine {
   static_assert(is_pipeline_v<Pipeline>, "loom::pipeline_engine: Pipeline must be a loom::pipeline<Stages, ...>");
   static_assert(communicator<Comm>,
-                "loom::pipeline_engine: Comm must be a loom communicator (loom::mpi_comm, loom::local_comm)");
+                "loom::pipeline_engine: Comm must be a loom communicator (loom::mpi_comm, loom::local_comm, "
+                "loom::nccl_comm)");
   static_assert(detail::comm_reaches_memory_of<Comm, Backend>(),
                 "loom::pipeline_engine: pipeline stages exchange activations in GPU memory, which this "
                 "communicator cannot move (mpi_comm and local_comm take host memory): with loom::cuda use "
