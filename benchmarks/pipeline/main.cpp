@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Pipeline schedules measured: `mpirun -np 2 bench_pipeline [--steps N] [--repeats R] [--batch B]`
-// trains a network of four 1024-wide layers (two per stage, equal work) on 2 stages with M = 1, 2, 4, 8
+// trains a network of four 1024-wide layers (two per stage, equal work in each pass) on 2 stages with M = 1, 2, 4, 8
 // micro-batches under GPipe and 1F1B, and prints per row the median samples/s, the measured
 // bubble (each stage's time waiting on its neighbour / its training time) beside the theory
 // (S-1)/(M+S-1), and each stage's peak activation bytes, with 1F1B's peak against GPipe's and
@@ -23,22 +23,26 @@
 
 namespace {
 
-// The first stage computes no input gradient for its first layer (nothing needs it), so its
-// first layer takes 1536 inputs: both stages then do the same work, 6 products of 1024 x 1024
-// per sample (forward + backward), and the bubble measures the schedule, not an imbalance.
-using net = loom::network<loom::input<1536>,
+// Images of 1 x 32 x 32 flattened, then four 1024-wide layers, two per stage (cut before layer
+// 5). The theory assumes every stage takes as long as the others in each pass, forward and
+// backward alike: here both stages run two 1024 x 1024 products per sample forward and four
+// backward (the first linear computes its input gradient too, for the flatten before it; a
+// network starting with a linear would give the first stage 5 backward products to the
+// second's 6 and 1.25x its forward, and GPipe, which runs all forwards and then all backwards,
+// would wait for that difference on top of the bubble).
+using net = loom::network<loom::input<1, 32, 32>, loom::flatten,
                           loom::linear<1024>, loom::relu, loom::linear<1024>, loom::relu,
                           loom::linear<1024>, loom::relu, loom::linear<1024>, loom::relu,
                           loom::linear<10>>;
 constexpr std::size_t stages = 2;
-using data_set = loom::data::labelled_images<loom::shape<1536>, 10>;
+using data_set = loom::data::labelled_images<loom::shape<1, 32, 32>, 10>;
 
 data_set synthetic(std::size_t n) {
   std::mt19937 gen(7);
-  std::vector<std::uint8_t> px(n * 1536), lb(n);
+  std::vector<std::uint8_t> px(n * 1024), lb(n);
   for (auto& p : px) p = static_cast<std::uint8_t>(gen() & 0xff);
   for (auto& l : lb) l = static_cast<std::uint8_t>(gen() % 10);
-  return data_set(std::move(px), std::move(lb), "synthetic 1536-byte samples");
+  return data_set(std::move(px), std::move(lb), "synthetic 32 x 32 images");
 }
 
 struct options {
@@ -68,7 +72,7 @@ loom::fit_options fit_opts(const options& o) {
 
 template <std::size_t M, class Schedule>
 measured run_pipeline(const data_set& data, const options& o, const char* name) {
-  using policy = loom::model_parallel<loom::pipeline<stages, loom::micro_batches<M>, Schedule, loom::cut_at<4>>, loom::mpi_comm>;
+  using policy = loom::model_parallel<loom::pipeline<stages, loom::micro_batches<M>, Schedule, loom::cut_at<5>>, loom::mpi_comm>;
   std::vector<double> rates;
   measured out;
   out.bubble.assign(stages, 0);
@@ -150,7 +154,7 @@ int main(int argc, char** argv) {
     const bool lead = world.rank() == 0;
     const double alone = run_alone(data, o);
     if (lead)
-      std::printf("pipeline benchmark: 2 stages (1 rank, 1 thread each), network 1536-1024-1024-1024-1024-10, global batch %zu, "
+      std::printf("pipeline benchmark: 2 stages (1 rank, 1 thread each), network 1x32x32-flatten-1024-1024 | 1024-1024-10, global batch %zu, "
                   "%zu steps, median of %zu\n",
                   o.batch, o.steps, o.repeats);
     if (lead) std::printf("%-6s %2s  %10s  %8s  %8s %8s %8s %8s  %12s %12s  %10s %5s\n", "sched", "M", "samples/s", "vs_alone",

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # Pipeline schedules: builds bench_pipeline if needed and runs it on 2 ranks (one stage each,
 # 1 thread per rank): GPipe against 1F1B at M = 1, 2, 4, 8 micro-batches on a network of four
-# 1024-wide layers, equal work per stage, global batch 256 — samples/s, the measured bubble
+# 1024-wide layers, equal work per stage and pass, global batch 256 — samples/s, the measured bubble
 # beside the theory (S-1)/(M+S-1), and peak activation bytes per stage. See benchmarks/README.md.
 #   run.sh [--steps N] [--repeats R] [--batch B]
 # Environment: LOOM_BUILD_DIR (default build/), LOOM_JOBS (default 2), QUIET_WAIT (seconds to
