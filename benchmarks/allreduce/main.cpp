@@ -42,18 +42,15 @@
 #include <string_view>
 #include <vector>
 
+#include "../common/bench.hpp"
 #include "loom/comm/mpi.hpp"
 
 namespace {
 
-using clock_type = std::chrono::steady_clock;
-double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n == 0 ? 0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using bench::clock_type;
+using bench::cpu_snapshot;
+using bench::median;
+using bench::since;
 
 struct flags {
   std::vector<std::size_t> sizes{std::size_t(4) << 10,  std::size_t(16) << 10, std::size_t(64) << 10,
@@ -163,27 +160,6 @@ flags parse(int argc, char** argv) {
   return f;
 }
 
-// CPU seconds all processes of the machine used (/proc/stat) and this process's own (getrusage),
-// and its minor page faults.
-struct cpu_snapshot {
-  double machine_busy_s = 0, own_s = 0, minflt = 0;
-  clock_type::time_point at = clock_type::now();
-  static cpu_snapshot now() {
-    cpu_snapshot c;
-    std::ifstream stat("/proc/stat");
-    std::string cpu;
-    double v[8] = {};
-    if (stat >> cpu && cpu == "cpu")
-      for (double& x : v) stat >> x;  // user nice system idle iowait irq softirq steal
-    const double tick = double(::sysconf(_SC_CLK_TCK));
-    c.machine_busy_s = (v[0] + v[1] + v[2] + v[5] + v[6]) / tick;
-    rusage ru{};
-    ::getrusage(RUSAGE_SELF, &ru);
-    c.own_s = double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + 1e-6 * double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
-    c.minflt = double(ru.ru_minflt);
-    return c;
-  }
-};
 
 // Reductions of one double over the ranks, for the bookkeeping (MPI_COMM_WORLD returns errors
 // here, as loom::mpi::environment sets MPI_ERRORS_RETURN: a failure ends the job).

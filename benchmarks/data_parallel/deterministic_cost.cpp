@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/bench.hpp"
 #include "../../examples/common/networks.hpp"
 #include "loom/comm/mpi.hpp"
 #include "loom/data/mapped.hpp"
@@ -31,11 +32,7 @@ struct flags {
   int threads = 1;
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using bench::median;
 
 template <class Net, class Dataset>
 void measure(const char* name, const flags& f, const Dataset& train, std::size_t steps) {

@@ -29,6 +29,7 @@
 #include <string_view>
 #include <vector>
 
+#include "../common/bench.hpp"
 #include "../../examples/common/networks.hpp"
 #include "loom/comm/mpi.hpp"
 #include "loom/data/mapped.hpp"
@@ -41,34 +42,11 @@ using cnn = example::cnn;
 
 using policy = loom::data_parallel<loom::mpi_comm>;
 
-using clock_type = std::chrono::steady_clock;
-double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
+using bench::clock_type;
+using bench::cpu_snapshot;
+using bench::median;
+using bench::since;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n == 0 ? 0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// CPU seconds all processes of the machine used (/proc/stat) and this process's own.
-struct cpu_snapshot {
-  double machine_busy_s = 0, own_s = 0;
-  clock_type::time_point at = clock_type::now();
-  static cpu_snapshot now() {
-    cpu_snapshot c;
-    std::ifstream stat("/proc/stat");
-    std::string cpu;
-    double v[8] = {};
-    if (stat >> cpu && cpu == "cpu")
-      for (double& x : v) stat >> x;  // user nice system idle iowait irq softirq steal
-    const double tick = double(::sysconf(_SC_CLK_TCK));
-    c.machine_busy_s = (v[0] + v[1] + v[2] + v[5] + v[6]) / tick;
-    rusage ru{};
-    ::getrusage(RUSAGE_SELF, &ru);
-    c.own_s = double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + 1e-6 * double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
-    return c;
-  }
-};
 
 struct flags {
   std::vector<std::string> models{"mlp", "cnn"};
@@ -245,8 +223,7 @@ row_result measure(const flags& f, const Dataset& train, std::size_t batch) {
   // Cores the rest of the machine kept busy: all CPU time less every rank's own (one host).
   double own = c1.own_s - c0.own_s;
   comm.allreduce(&own, 1, loom::reduce_op::sum);
-  const double wall = std::chrono::duration<double>(c1.at - c0.at).count();
-  r.others_cores = wall > 0 ? std::max(0.0, ((c1.machine_busy_s - c0.machine_busy_s) - own) / wall) : 0.0;
+  r.others_cores = cpu_snapshot::others_cores(c0, c1, own);
   r.median = median(r.runs);
   return r;
 }

@@ -18,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "../common/bench.hpp"
 #include "loom/comm/mpi.hpp"
 #include "loom/loom.hpp"
 
@@ -56,10 +57,7 @@ struct measured {
   double balance = 0;              // the less busy stage's compute time / the busier one's
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
+using bench::median;
 
 loom::fit_options fit_opts(const options& o) {
   loom::fit_options fo;

@@ -27,6 +27,7 @@
 #include <string_view>
 #include <vector>
 
+#include "../common/bench.hpp"
 #include "../../examples/common/networks.hpp"
 #include "loom/loom.hpp"
 
@@ -49,40 +50,11 @@ constexpr double cnn_flops = train_flops_per_sample<cnn, 0, 3, 7, 9>();  // conv
 static_assert(mlp_flops > 1.00e6 && mlp_flops < 1.01e6, "mlp: 1.007 MFLOP per sample and step");
 static_assert(cnn_flops > 24.9e6 && cnn_flops < 25.1e6, "cnn: 25.0 MFLOP per sample and step");
 
-using clock_type = std::chrono::steady_clock;
-double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
+using bench::clock_type;
+using bench::cpu_snapshot;
+using bench::median;
+using bench::since;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n == 0 ? 0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// How busy the machine was with other work: CPU seconds all processes used (/proc/stat) minus
-// this process's own (getrusage), per second of wall time, i.e. cores taken by others.
-struct cpu_snapshot {
-  double machine_busy_s = 0, own_s = 0;
-  clock_type::time_point at = clock_type::now();
-  static cpu_snapshot now() {
-    cpu_snapshot c;
-    std::ifstream stat("/proc/stat");
-    std::string cpu;
-    double v[8] = {};
-    if (stat >> cpu && cpu == "cpu")
-      for (double& x : v) stat >> x;  // user nice system idle iowait irq softirq steal
-    const double tick = double(::sysconf(_SC_CLK_TCK));
-    c.machine_busy_s = (v[0] + v[1] + v[2] + v[5] + v[6]) / tick;
-    rusage ru{};
-    ::getrusage(RUSAGE_SELF, &ru);
-    c.own_s = double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + 1e-6 * double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
-    return c;
-  }
-  static double others_cores(const cpu_snapshot& a, const cpu_snapshot& b) {
-    const double wall = std::chrono::duration<double>(b.at - a.at).count();
-    const double others = (b.machine_busy_s - a.machine_busy_s) - (b.own_s - a.own_s);
-    return wall > 0 ? std::max(0.0, others / wall) : 0.0;
-  }
-};
 
 struct flags {
   std::vector<std::string> models{"mlp", "cnn"};
