@@ -34,6 +34,7 @@ struct flags {
   std::size_t max_steps = 0;
   std::size_t train_samples = 0;
   std::size_t test_samples = 0;
+  std::size_t deterministic_chunk = 0;
   std::string data = loom::data::default_fashion_mnist_dir;
   bool quiet = false;
 };
@@ -51,6 +52,9 @@ inline constexpr const char* common_usage = R"(  --model mlp|cnn        network 
   --train-samples N      use only the first N training images (default: all 60000)
   --test-samples N       evaluate on the first N test images (default: all 10000)
   --data DIR             directory with the IDX files (default /usr/share/datasets/fashion-mnist)
+  --deterministic-chunk C  split-invariant mode: chunks of C samples summed in one fixed tree,
+                         so results are bitwise equal on 1, 2, 4, ... ranks (power-of-two ranks;
+                         single process and data parallel only; default 0: off)
   --quiet                no progress output
 )";
 
@@ -107,6 +111,7 @@ class parser {
       else if (name == "train-samples") f.train_samples = number<std::size_t>(name, value);
       else if (name == "test-samples") f.test_samples = number<std::size_t>(name, value);
       else if (name == "data") f.data = value;
+      else if (name == "deterministic-chunk") f.deterministic_chunk = number<std::size_t>(name, value);
       else if (!extra || !extra(name, value)) fail("unknown flag --" + std::string(name));
     }
     if (f.model != "mlp" && f.model != "cnn") fail("--model must be mlp or cnn, got '" + f.model + "'");
@@ -141,6 +146,7 @@ inline loom::fit_options fit_options_of(const flags& f) {
   fo.epochs = f.epochs;
   fo.batch = f.batch;
   fo.max_steps = f.max_steps;
+  fo.deterministic_chunk = f.deterministic_chunk;
   fo.progress = f.quiet ? nullptr : &std::cerr;
   return fo;
 }

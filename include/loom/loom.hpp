@@ -28,4 +28,3 @@
 #include "loom/nn/network.hpp"
 #include "loom/optim.hpp"
 #include "loom/train/trainer.hpp"
-#include "loom/train/pipeline_trainer.hpp"

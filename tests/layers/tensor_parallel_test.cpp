@@ -22,7 +22,7 @@
 #include "loom/layers/linear.hpp"
 #include "loom/layers/tensor_parallel.hpp"
 #include "loom/nn/model.hpp"
-#include "loom/parallel/tensor_parallel_engine.hpp"
+#include "loom/parallel/tensor_parallel_sync.hpp"
 
 using namespace loom;
 

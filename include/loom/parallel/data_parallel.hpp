@@ -2,8 +2,9 @@
 #pragma once
 // loom::data_parallel<Comm, Options...>: every rank holds the whole model and trains on its
 // share of every global batch; gradients are averaged by allreduce in buckets that start while
-// backward still runs. This file holds the policy type and the engine the trainer drives; the
-// communicators live in loom/comm/.
+// backward still runs. This file holds the policy type and its gradient communication
+// (gradient_allreduce); the engine the trainer drives is loom::replica_engine
+// (loom/parallel/replica_engine.hpp), the communicators live in loom/comm/.
 
 #include <algorithm>
 #include <chrono>
@@ -17,7 +18,8 @@
 #include "loom/comm/communicator.hpp"
 #include "loom/core/error.hpp"
 #include "loom/parallel/bucket_plan.hpp"
-#include "loom/parallel/figures.hpp"
+#include "loom/monitor/figures.hpp"
+#include "loom/parallel/shard_map.hpp"
 
 namespace loom {
 
@@ -66,37 +68,51 @@ inline constexpr bool is_data_parallel_v<data_parallel<C, O...>> = true;
 
 namespace detail {
 /// The fields of a job description `key=value;key=value` that differ between a (rank 0's) and
-/// b, as " [b's field] where rank 0 has [a's field]".
+/// b, compared by key in a's order (then b's keys that a lacks), as
+/// " [b's field] where rank 0 has [a's field]" each; a missing field reads "(none)".
 inline std::string job_field_diff(const std::string& a, const std::string& b) {
+  struct field {
+    std::string key, text;
+  };
   auto fields = [](const std::string& s) {
-    std::vector<std::string> out;
+    std::vector<field> out;
     std::size_t at = 0;
     while (at <= s.size()) {
       std::size_t end = s.find(';', at);
       if (end == std::string::npos) end = s.size();
-      if (end > at) out.push_back(s.substr(at, end - at));
+      if (end > at) {
+        const std::string text = s.substr(at, end - at);
+        out.push_back({text.substr(0, text.find('=')), text});
+      }
       at = end + 1;
     }
     return out;
   };
+  auto find = [](const std::vector<field>& fs, const std::string& key) -> const field* {
+    for (const auto& f : fs)
+      if (f.key == key) return &f;
+    return nullptr;
+  };
   const auto fa = fields(a), fb = fields(b);
   std::string out;
-  for (std::size_t i = 0; i < std::max(fa.size(), fb.size()); ++i) {
-    const std::string x = i < fa.size() ? fa[i] : "(none)", y = i < fb.size() ? fb[i] : "(none)";
-    if (x != y) out += " [" + y + "] where rank 0 has [" + x + "]";
+  for (const auto& x : fa) {
+    const field* y = find(fb, x.key);
+    if (!y || y->text != x.text) out += " [" + (y ? y->text : x.key + "=(none)") + "] where rank 0 has [" + x.text + "]";
   }
+  for (const auto& y : fb)
+    if (!find(fa, y.key)) out += " [" + y.text + "] where rank 0 has [" + y.key + "=(none)]";
   return out;
 }
 
 /// Every rank of comm describes its job as `key=value` fields; all ranks gather all
 /// descriptions, and if any differs from rank 0's, every rank throws the same
 /// communication_error, starting with `who`, naming the ranks and the fields that differ.
-/// Collective over comm. Used by data_parallel and the pipeline.
+/// Collective over comm (an allreduce of the longest description's length, then an allgather).
+/// Used by every engine.
 template <class Comm>
 void check_same_job(Comm& comm, const std::string& description, const std::string& who) {
-  constexpr std::size_t width = 2048;
-  if (description.size() >= width)
-    throw invalid_argument(who + ": job description longer than " + std::to_string(width) + " bytes");
+  std::uint64_t width = description.size() + 1;
+  comm.allreduce(&width, 1, reduce_op::max);
   const int world = comm.size();
   std::vector<char> mine(width, '\0'), all(width * static_cast<std::size_t>(world), '\0');
   std::memcpy(mine.data(), description.data(), description.size());
@@ -113,21 +129,32 @@ void check_same_job(Comm& comm, const std::string& description, const std::strin
 }
 }  // namespace detail
 
-/// Drives one rank of data-parallel training for the trainer: checks that every rank runs the
-/// same job, broadcasts rank 0's parameters, starts each bucket's allreduce as backward
-/// finishes its layers, and waits for all of them before the optimizer steps.
+/// The gradient communication of data parallelism: checks that every rank runs the same job,
+/// broadcasts rank 0's parameters, starts each bucket's allreduce as backward finishes its
+/// layers, and waits for all of them before the optimizer steps. loom::replica_engine drives it
+/// under data_parallel; the tensor-parallel grid and the pipeline engine use it for the
+/// gradient average over replicas under loom::hybrid.
 template <class Network, class T, class Policy>
-class data_parallel_engine {
+class gradient_allreduce {
   using comm_t = typename Policy::comm_type;
   using plan = bucket_plan<Network, T, Policy::bucket_cap_bytes>;
-  using clock = std::chrono::steady_clock;
+  using clock = monitor::clock;
 
  public:
-  explicit data_parallel_engine(comm_t comm) : comm_(std::move(comm)) {}
+  using rank_network = Network;
+  explicit gradient_allreduce(comm_t comm) : comm_(std::move(comm)) {}
 
+  /// This rank in the world and the world's size; every rank is a replica of the whole model.
   int rank() const { return comm_.rank(); }
   int world() const { return comm_.size(); }
+  int replica() const { return comm_.rank(); }
+  int replicas() const { return comm_.size(); }
   comm_t& comm() { return comm_; }
+  /// Every rank holds the whole model, as replica rank().
+  shard_map shard() const {
+    return {.replica = rank(), .replicas = world(), .whole_count = Network::parameter_count,
+            .local_count = Network::parameter_count, .pieces = shards::whole<Network>};
+  }
 
   /// Every rank describes its job as `key=value` fields; all ranks gather all descriptions,
   /// and if any differs from rank 0's, every rank throws the same message naming the ranks and
@@ -153,41 +180,32 @@ class data_parallel_engine {
   /// last one as a blocking allreduce, waits for every bucket, and accounts the time. After it,
   /// grads holds the sum over ranks. Every rank issues the same collectives in the same order.
   void finish(T* grads) {
-    const auto t0 = clock::now();
+    monitor::timed exposed(figures_.comm_exposed_s);
     if (plan::count > 0 && started_ + 1 < plan::count) start(plan::count - 2, grads);  // a rank without samples ran no backward
     if (started_ < plan::count) {
       const auto& last = plan::buckets[plan::count - 1];
-      if (started_ == 0) first_start_ = t0;
+      if (started_ == 0) first_start_ = exposed.start();
       account(last);
       comm_.allreduce(grads + last.offset, last.count, reduce_op::sum);
       ++started_;
     }
     for (auto& r : requests_) r.wait();
-    const auto t1 = clock::now();
-    figures_.comm_exposed_s += seconds(t0, t1);
-    if (started_ > 0) figures_.comm_s += seconds(first_start_, t1);
+    exposed.stop();
+    if (started_ > 0) figures_.comm_s += monitor::seconds_between(first_start_, clock::now());
     requests_.clear();
     started_ = 0;
   }
 
   /// Sums values over ranks (losses, counts for reporting). Collective.
   void sum(double* values, std::size_t n) {
-    const auto t0 = clock::now();
+    monitor::timed t(figures_.wait_s);
     comm_.allreduce(values, n, reduce_op::sum);
-    figures_.wait_s += seconds(t0, clock::now());
   }
 
   rank_figures& figures() { return figures_; }
 
   /// Gathers every rank's figures on every rank (collective), rank order.
-  std::vector<rank_figures> gather_figures() {
-    constexpr std::size_t k = rank_figures::field_count;
-    std::vector<double> mine = figures_.to_vector(), all(k * static_cast<std::size_t>(world()));
-    comm_.allgather(mine.data(), all.data(), k);
-    std::vector<rank_figures> out;
-    for (int r = 0; r < world(); ++r) out.push_back(rank_figures::from(all.data() + k * static_cast<std::size_t>(r)));
-    return out;
-  }
+  std::vector<rank_figures> gather_figures() { return loom::gather_figures(comm_, figures_); }
 
   static constexpr const auto& buckets() { return plan::buckets; }
 
@@ -206,7 +224,6 @@ class data_parallel_engine {
     const std::size_t n = static_cast<std::size_t>(world());
     figures_.bytes_sent += n > 1 ? 2.0 * double(n - 1) / double(n) * double(bk.count * sizeof(T)) : 0.0;
   }
-  static double seconds(clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
   comm_t comm_;
   std::vector<typename comm_t::request> requests_;

@@ -1,12 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// loom::pipeline_engine: the run-time half of pipeline model parallelism. One rank runs one
-// stage: it holds only that stage's model (parameters and gradients) and executes the stage's
-// schedule table (loom/parallel/pipeline_plan.hpp) each step: forwards and backwards of the
-// micro-batches, activations sent forward and their gradients back with non-blocking sends and
-// receives. Under loom::hybrid it also averages its stage's gradients over the replicas with a
-// data_parallel_engine. The fit loop around it is loom::trainer (loom/train/pipeline_trainer.hpp);
-// no communicator is included here.
+// loom::pipeline_engine: the run-time half of pipeline model parallelism, and the engine
+// (loom/parallel/engine.hpp) the trainer drives for pipelines. One rank runs one stage: it
+// holds only that stage's model (parameters and gradients) and optimizer state, and executes
+// the stage's schedule table (loom/parallel/pipeline_plan.hpp) each step: forwards and
+// backwards of the micro-batches, activations sent forward and their gradients back with
+// non-blocking sends and receives. Under loom::hybrid it also averages its stage's gradients
+// over the replicas with a gradient_allreduce. The fit loop around it is loom::trainer
+// (loom/train/trainer.hpp); no communicator is included here.
 
 #include <algorithm>
 #include <array>
@@ -27,11 +28,15 @@
 #include "loom/comm/communicator.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/memory.hpp"
+#include "loom/core/type_name.hpp"
 #include "loom/nn/loss.hpp"
 #include "loom/nn/model.hpp"
+#include "loom/optim/clip.hpp"
 #include "loom/parallel/data_parallel.hpp"
-#include "loom/parallel/figures.hpp"
+#include "loom/parallel/engine.hpp"
+#include "loom/monitor/figures.hpp"
 #include "loom/parallel/pipeline_plan.hpp"
+#include "loom/parallel/shard_map.hpp"
 
 namespace loom {
 
@@ -72,9 +77,9 @@ constexpr std::size_t saved_elements(std::index_sequence<K...>) {
 }
 }  // namespace detail
 
-/// Runs one rank's stage of Network cut by Pipeline (a loom::pipeline<S, ...>), over
-/// communicator Comm; DataParallel is a loom::data_parallel<Comm, ...> under loom::hybrid
-/// (detail::no_data_parallel otherwise).
+/// Runs one rank's stage of Network cut by Pipeline (a loom::pipeline<S, ...>) with Loss and
+/// Optimizer on Backend, over communicator Comm; DataParallel is a loom::data_parallel<Comm, ...>
+/// under loom::hybrid (detail::no_data_parallel otherwise). Satisfies loom::engine.
 ///
 /// Ranks: with no data parallelism the world has exactly S ranks and rank s runs stage s; under
 /// hybrid, world rank r runs stage r % S of replica r / S (see loom/parallel/hybrid.hpp). The
@@ -103,9 +108,15 @@ constexpr std::size_t saved_elements(std::index_sequence<K...>) {
 /// same order on both ends, which NCCL, carrying no tags, needs). Messages of no samples go
 /// through host memory on both ends. Scalars (loss sums, norms, job checks) and
 /// gather_parameters go through host copies.
-template <class Network, class Loss, class T, class Backend, class Pipeline, class Comm,
+template <class Network, class Loss, class Optimizer, class Backend, class Pipeline, class Comm,
           class DataParallel = detail::no_data_parallel>
 class pipeline_engine {
+ public:
+  using value_type = float;
+  using T = value_type;
+  using optimizer_state = typename Optimizer::template state<T, Backend>;
+  using optimizer_options = typename Optimizer::options;
+
   static_assert(is_pipeline_v<Pipeline>, "loom::pipeline_engine: Pipeline must be a loom::pipeline<Stages, ...>");
   static_assert(communicator<Comm>,
                 "loom::pipeline_engine: Comm must be a loom communicator (loom::mpi_comm, loom::local_comm, "
@@ -136,9 +147,7 @@ class pipeline_engine {
   using models_type = decltype(models_of(std::make_index_sequence<stages>{}));
 
  private:
-  using clock = std::chrono::steady_clock;
   using space = typename Backend::memory_space;
-  static double seconds(clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
   /// What stage I holds besides its model: the activation slots and, under hybrid, the engine
   /// that averages its gradients over the replicas.
@@ -154,7 +163,7 @@ class pipeline_engine {
     /// Elements per sample a slot keeps for backward: the received input, the layers' outputs.
     static constexpr std::size_t saved_per_sample =
         (first ? 0 : in_size) + detail::saved_elements<typename net::chain, T, Backend>(std::make_index_sequence<net::layer_count>{});
-    using dp_engine = std::conditional_t<hybrid, data_parallel_engine<net, T, DataParallel>, detail::no_data_parallel>;
+    using dp_engine = std::conditional_t<hybrid, gradient_allreduce<net, T, DataParallel>, detail::no_data_parallel>;
 
     /// One micro-batch's activations and the gradients passing through its backward.
     struct slot {
@@ -202,16 +211,20 @@ class pipeline_engine {
   }
 
  public:
-  /// Checks that every rank of `world` describes its job as `job` (key=value fields; see
-  /// detail::check_same_job), joins the ranks into pipelines (and, under hybrid, data-parallel
-  /// groups) and builds this rank's stage, initialised from seed as that part of the whole
-  /// model would be; its passes run in precision `math`. Collective over world.
+  /// Checks that every rank of `world` describes its job as setup.job plus the pipeline's
+  /// fields (key=value; see detail::check_same_job), joins the ranks into pipelines (and, under
+  /// hybrid, data-parallel groups) and builds this rank's stage, initialised from setup.seed as
+  /// that part of the whole model would be, with its optimizer state; its passes run in
+  /// precision setup.math. Under hybrid, every replica of a stage starts from replica 0's
+  /// parameters. Collective over world.
   /// Throws loom::communication_error when the ranks' jobs differ, loom::invalid_argument when
-  /// the world does not have S ranks (hybrid: a multiple of S); on every rank alike.
-  pipeline_engine(Comm world, std::uint64_t seed, math_mode math = math_mode::fp32, const std::string& job = "")
-      : math_(math), world_(std::move(world)), stage_(checked_stage(world_, job)), replica_(world_.rank() / static_cast<int>(stages)),
-        replicas_(world_.size() / static_cast<int>(stages)), pipe_(world_.split(replica_, world_.rank())),
-        models_(make_model(static_cast<std::size_t>(stage_), seed)), states_(make_state_from_world()) {
+  /// the world does not have S ranks (hybrid: a multiple of S) or Backend cannot run
+  /// setup.math; on every rank alike.
+  pipeline_engine(Comm world, const engine_setup<optimizer_options>& setup)
+      : world_(std::move(world)), stage_(checked_stage(world_, setup.job)), math_(checked_math(setup.math)),
+        replica_(world_.rank() / static_cast<int>(stages)), replicas_(world_.size() / static_cast<int>(stages)),
+        pipe_(world_.split(replica_, world_.rank())), models_(make_model(static_cast<std::size_t>(stage_), setup.seed)),
+        states_(make_state_from_world()), state_(setup.optimizer, parameter_count()) {
     if (pipe_.size() != static_cast<int>(stages) || pipe_.rank() != stage_)
       throw communication_error("loom::pipeline: internal error: rank " + std::to_string(world_.rank()) +
                                 " expected stage " + std::to_string(stage_) + " of " + std::to_string(stages) +
@@ -219,7 +232,23 @@ class pipeline_engine {
                                 std::to_string(pipe_.size()));
     figures_.stage = stage_;
     figures_.replica = replica_;
+    broadcast_parameters();
   }
+
+  /// The pipeline's own fields of the job description (every rank must agree on them).
+  static std::string job_fields() {
+    std::string bounds;
+    for (std::size_t b : partition::bounds) {
+      if (!bounds.empty()) bounds += ',';
+      bounds += std::to_string(b);
+    }
+    return std::string(";replicated=") + (hybrid ? "yes" : "no") + ";stages=" + std::to_string(stages) +
+           ";micro_batches=" + std::to_string(micro_batch_count) +
+           ";schedule=" + type_name<typename Pipeline::schedule_policy>() + ";bounds=" + bounds;
+  }
+
+  /// Only one rank of the pipeline holds the loss: the last stage's.
+  static constexpr bool every_rank_holds_loss = false;
 
   int rank() const { return world_.rank(); }
   int world() const { return world_.size(); }
@@ -228,12 +257,20 @@ class pipeline_engine {
   int replicas() const { return replicas_; }
   bool first_stage() const { return stage_ == 0; }
   bool last_stage() const { return stage_ + 1 == static_cast<int>(stages); }
+  /// The first stage reads the samples, the last one the labels.
+  bool reads_samples() const { return first_stage(); }
+  bool reads_labels() const { return last_stage(); }
+  /// This rank's stage of the whole network's layout (shards::stage), as its replica.
+  shard_map shard() const { return shard_of(std::make_index_sequence<stages>{}); }
   /// The world communicator, and this rank's pipeline group (ranked by stage).
   Comm& world_comm() { return world_; }
   Comm& pipeline_comm() { return pipe_; }
 
   models_type& models() noexcept { return models_; }
   const models_type& models() const noexcept { return models_; }
+  models_type& model() noexcept { return models_; }
+  const models_type& model() const noexcept { return models_; }
+  optimizer_state& optimizer() noexcept { return state_; }
 
   /// Calls f(state, model) with this rank's stage (state's type knows the stage at compile time).
   template <class F>
@@ -255,9 +292,18 @@ class pipeline_engine {
     return std::visit([](auto& m) { return m.gradients().data(); }, models_);
   }
 
-  /// See data_parallel_engine::check_same_job; over the whole world. Collective.
+  /// See gradient_allreduce::check_same_job; over the whole world. Collective.
   void check_same_job(const std::string& description) {
     detail::check_same_job(world_, description, "loom::pipeline");
+  }
+
+  /// Pipelines have no split-invariant mode: deterministic_chunk must be 0.
+  std::size_t prepare_fit(std::size_t, std::size_t deterministic_chunk) {
+    if (deterministic_chunk != 0)
+      throw invalid_argument("loom::trainer::fit: deterministic_chunk=" + std::to_string(deterministic_chunk) +
+                             " needs loom::single_process or loom::data_parallel<Comm, ...>, not this policy "
+                             "(tensor or pipeline parallelism): set deterministic_chunk = 0");
+    return 0;
   }
 
   /// Under hybrid: every replica of this stage starts from replica 0's parameters. Collective.
@@ -267,14 +313,9 @@ class pipeline_engine {
     });
   }
 
-  /// What one micro-step (one batch of the loader) brings to this stage.
-  struct batch_view {
-    const T* x = nullptr;                  // (n, input): the samples; first stage only
-    const std::int32_t* labels = nullptr;  // (n): the labels; last stage only
-    std::size_t n = 0;                     // this replica's samples
-    std::size_t global_n = 0;              // the global batch (all replicas)
-    std::size_t offset = 0;                // this replica's first sample within the global batch
-  };
+  /// What one micro-step (one batch of the loader) brings to this stage: the samples on the
+  /// first stage, the labels on the last.
+  using batch_view = loom::batch_view<T>;
 
   /// Runs this stage's table on one batch: micro-step a of an accumulation group of `group`.
   /// Gradients are written (first backward of the group) or added to, scaled so that the sum
@@ -283,6 +324,7 @@ class pipeline_engine {
   /// during the last backward and completes here. Returns the loss sums (last stage; zero
   /// elsewhere). Collective over the pipeline group (and the data-parallel group).
   loss_value micro_step(const batch_view& b, std::size_t a, std::size_t group, std::uint64_t seed, std::uint64_t step) {
+    if (a == 0) grads_written_ = false;  // a new optimizer step: the first backward overwrites
     return with_stage([&](auto& st, auto& m) { return run_table(st, m, b, a, group, seed, step); });
   }
 
@@ -292,12 +334,19 @@ class pipeline_engine {
     return with_stage([&](auto& st, auto& m) { return run_evaluation(st, m, b, seed, step); });
   }
 
-  /// Forgets which gradients were written: the next micro-step overwrites them.
-  void start_step() { grads_written_ = false; }
-
   /// Waits for this stage's sends still in flight (after the last evaluate_batch).
-  void complete_sends() {
+  void end_evaluation() {
     with_stage([&](auto& st, auto&) { complete_sends(st); });
+  }
+
+  /// Clips the gradient norm of the whole model (the squares summed over the stages;
+  /// collective over the pipeline group) and steps this stage's optimizer on its own buffers.
+  void optimizer_step(float lr, double clip) {
+    T* grads = gradients();
+    const std::size_t n = parameter_count();
+    if (clip > 0) scale_to_norm<Backend>(grads, n, std::sqrt(gradient_squared_norm()), clip);
+    monitor::timed compute(figures_.compute_s);
+    state_.step(parameters(), grads, n, lr);
   }
 
   /// The squared L2 norm of the gradients of the whole model (one replica), summed over the
@@ -332,11 +381,12 @@ class pipeline_engine {
     return out;
   }
 
-  /// Sums values over the whole world (losses and counts for reporting). Collective.
-  void sum_over_world(double* values, std::size_t n) {
-    const auto t0 = clock::now();
+  /// Sums the last stages' values over the whole world (losses and counts for reporting):
+  /// the other stages' values do not count. Collective.
+  void sum(double* values, std::size_t n) {
+    if (!last_stage()) std::fill_n(values, n, 0.0);
+    monitor::timed wait(figures_.wait_s);
     world_.allreduce(values, n, reduce_op::sum);
-    figures_.wait_s += seconds(t0, clock::now());
   }
 
   rank_figures& figures() { return figures_; }
@@ -363,12 +413,7 @@ class pipeline_engine {
         f.bytes_sent += d.bytes_sent;
       }
     });
-    constexpr std::size_t k = rank_figures::field_count;
-    std::vector<double> mine = f.to_vector(), all(k * static_cast<std::size_t>(world()));
-    world_.allgather(mine.data(), all.data(), k);
-    std::vector<rank_figures> out;
-    for (int r = 0; r < world(); ++r) out.push_back(rank_figures::from(all.data() + k * static_cast<std::size_t>(r)));
-    return out;
+    return loom::gather_figures(world_, f);
   }
 
   /// The bytes of saved activations this rank's slots hold, the most it has needed at once
@@ -376,9 +421,25 @@ class pipeline_engine {
   std::size_t peak_activation_bytes() const noexcept { return peak_bytes_; }
 
  private:
+  template <std::size_t... S>
+  shard_map shard_of(std::index_sequence<S...>) const {
+    shard_map m{.replica = replica_, .replicas = replicas_, .stage = stage_, .stages = static_cast<int>(stages),
+                .whole_count = Network::parameter_count, .local_count = parameter_count()};
+    ((S == static_cast<std::size_t>(stage_) ? (m.pieces = shards::stage<partition, S>, 0) : 0), ...);
+    return m;
+  }
+
+  static math_mode checked_math(math_mode math) {
+    if (!Backend::supports(math))
+      throw invalid_argument(std::string("loom::trainer: trainer_options::math = loom::math_mode::") + to_string(math) +
+                             " is not available on loom::" + Backend::name + " here (see loom::" + Backend::name +
+                             "::supports): use math_mode::fp32");
+    return math;
+  }
+
   static int checked_stage(Comm& world, const std::string& job) {
     // The job first: ranks that disagree on the pipeline hear so before any of them splits.
-    detail::check_same_job(world, "ranks=" + std::to_string(world.size()) + ";" + job, "loom::pipeline");
+    detail::check_same_job(world, "ranks=" + std::to_string(world.size()) + ";" + job + job_fields(), "loom::pipeline");
     const int n = world.size(), s = static_cast<int>(stages);
     if constexpr (hybrid) {
       if (n % s != 0)
@@ -407,22 +468,19 @@ class pipeline_engine {
   }
 
   void timed_allreduce(double* v, std::size_t n) {
-    const auto t0 = clock::now();
+    monitor::timed wait(figures_.wait_s);
     pipe_.allreduce(v, n, reduce_op::sum);
-    figures_.wait_s += seconds(t0, clock::now());
   }
 
   void wait_timed(request& r) {
-    const auto t0 = clock::now();
+    monitor::timed bubble(figures_.bubble_s);
     r.wait();
-    figures_.bubble_s += seconds(t0, clock::now());
   }
   void wait_all(std::vector<request>& rs) {
     if (rs.empty()) return;
-    const auto t0 = clock::now();
+    monitor::timed bubble(figures_.bubble_s);
     for (auto& r : rs) r.wait();
     rs.clear();
-    figures_.bubble_s += seconds(t0, clock::now());
   }
 
   static int tag_of(std::size_t m, pipeline_op_kind k) {
@@ -523,7 +581,7 @@ class pipeline_engine {
           if constexpr (State::first) sl.x = b.x + lo * State::in_size;
           sl.y = nullptr;
           if (n > 0) {
-            const auto t0 = clock::now();
+            monitor::timed compute(figures_.compute_s);
             const auto y = sl.seq.forward(ctx, params, activation<const T, Backend>{sl.x}, n);
             sl.y_format = y.format;
             sl.y = sl.conv.template to_plain<T, typename State::out_shape>(y.data, y.format, n);
@@ -533,7 +591,7 @@ class pipeline_engine {
               total.sum += v.sum;
               total.correct += v.correct;
             }
-            figures_.compute_s += seconds(t0, clock::now());
+            compute.stop();
           }
           break;
         }
@@ -551,7 +609,7 @@ class pipeline_engine {
         case backward: {
           auto& sl = slot_of(st, m);
           if (n > 0) {
-            const auto t0 = clock::now();
+            monitor::timed compute(figures_.compute_s);
             const T* d = sl.dy.data();
             if (!sl.y_format.plain()) {
               sl.dy_layout.reserve_discard(n * State::out_size);
@@ -567,7 +625,7 @@ class pipeline_engine {
               sl.seq.backward(ctx, params, activation<const T, Backend>{sl.x}, d, dx, grads);
             }
             grads_written_ = true;
-            figures_.compute_s += seconds(t0, clock::now());
+            compute.stop();
           }
           if constexpr (State::first) release(st, m);
           break;
@@ -586,12 +644,12 @@ class pipeline_engine {
     wait_all(receives);
     complete_sends(st);
     if (last_of_group) {
-      const auto t0 = clock::now();
+      monitor::timed compute(figures_.compute_s);
       if (!grads_written_) {  // no sample of this step reached this stage: contribute zeros
         Backend::zero(grads, model.parameters().size());
         grads_written_ = true;
       }
-      figures_.compute_s += seconds(t0, clock::now());
+      compute.stop();
       if constexpr (hybrid) st.dp->finish(grads);
     }
     return total;
@@ -612,12 +670,12 @@ class pipeline_engine {
     }
     sl.y = nullptr;
     if (b.n > 0) {
-      const auto t0 = clock::now();
+      monitor::timed compute(figures_.compute_s);
       const auto y = sl.seq.forward(ctx, model.parameters().data(), activation<const T, Backend>{sl.x}, b.n);
       sl.y = sl.conv.template to_plain<T, typename State::out_shape>(y.data, y.format, b.n);
       if constexpr (State::last)
         v = Loss::template compute<Backend, State::out_size, T>(sl.y, b.labels, nullptr, b.n, T(1), ws_);
-      figures_.compute_s += seconds(t0, clock::now());
+      compute.stop();
     }
     if constexpr (!State::last)
       sl.sends.push_back(pipe_.isend(message_data(sl.y, b.n), b.n * State::out_size, stage_ + 1, evaluation_tag));
@@ -625,13 +683,14 @@ class pipeline_engine {
     return v;
   }
 
-  math_mode math_;
   Comm world_;
   int stage_;
+  math_mode math_;
   int replica_, replicas_;
   Comm pipe_;
   models_type models_;
   states_type states_;
+  optimizer_state state_;
   loss_workspace<Backend> ws_;
   rank_figures figures_;
   bool grads_written_ = false;

@@ -4,7 +4,7 @@
 // (loom::model_parallel<loom::pipeline<Stages, Options...>, Comm>), the partition of a network's
 // layers into stages, and the per-stage schedule tables (GPipe, 1F1B) with the check that their
 // sends and receives pair up. The run-time half, which trains with these plans, is
-// loom/parallel/pipeline_engine.hpp (driven by loom::trainer, loom/train/pipeline_trainer.hpp).
+// loom/parallel/pipeline_engine.hpp (driven by loom::trainer, loom/train/trainer.hpp).
 
 #include <array>
 #include <cstddef>

@@ -1,38 +1,41 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// loom::trainer<Network, Loss, Optimizer, Policy, Backend>: owns a model and its optimizer
-// state, and runs fit (epochs of seeded, shuffled batches) and evaluate (loss and accuracy).
-// The policy says how many processes share the work; single_process is the default. On a
-// backend whose memory the host cannot reach (loom::cuda), batches are filled on the host in
-// the backend's staging memory (pinned) and copied over asynchronously.
+// loom::trainer<Network, Loss, Optimizer, Policy, Backend>: the one trainer of every policy. It
+// runs fit (epochs of seeded, shuffled batches, accumulation groups, progress, results) and
+// evaluate (loss and accuracy) over the policy's engine (loom/parallel/engine.hpp), which owns
+// the model and optimizer state and does everything within a step: loom::replica_engine for
+// single_process, data_parallel, tensor parallelism and its hybrid; loom::pipeline_engine for
+// pipelines and their hybrid. On a backend whose memory the host cannot reach (loom::cuda),
+// batches are filled on the host in the backend's staging memory (pinned) and copied over
+// asynchronously.
 
 #include <unistd.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <iostream>
-#include <optional>
-#include <typeinfo>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "loom/backend/default_backend.hpp"
 #include "loom/core/error.hpp"
+#include "loom/core/type_name.hpp"
 #include "loom/data/distributed.hpp"
 #include "loom/data/loader.hpp"
+#include "loom/monitor/figures.hpp"
+#include "loom/monitor/progress.hpp"
 #include "loom/nn/loss.hpp"
 #include "loom/nn/model.hpp"
-#include "loom/optim/clip.hpp"
 #include "loom/optim/schedule.hpp"
-#include "loom/parallel/chunk_tree.hpp"
 #include "loom/parallel/data_parallel.hpp"
+#include "loom/parallel/engine.hpp"
 #include "loom/parallel/hybrid.hpp"
+#include "loom/parallel/pipeline_engine.hpp"
+#include "loom/parallel/replica_engine.hpp"
 #include "loom/parallel/single_process.hpp"
-#include "loom/parallel/tensor_parallel_engine.hpp"
-#include "loom/train/progress.hpp"
+#include "loom/parallel/tensor_parallel_sync.hpp"
 
 namespace loom {
 
@@ -49,85 +52,82 @@ struct staging_space_of<Backend> {
   using type = typename Backend::staging_space;
 };
 
-/// The communicator type of a data_parallel policy; void for any other policy. (A trait rather
-/// than Policy::comm_type in the constructor's constraint: nvcc 13 substitutes that eagerly.)
-template <class Policy>
-struct comm_type_of {
-  using type = void;
-};
-template <class Comm, class... Options>
-struct comm_type_of<data_parallel<Comm, Options...>> {
-  using type = Comm;
-};
-template <std::size_t Width, class Comm>
-struct comm_type_of<model_parallel<tensor_parallel<Width>, Comm>> {
-  using type = Comm;
-};
-template <class Comm, class... Options, std::size_t Width>
-struct comm_type_of<hybrid<data_parallel<Comm, Options...>, tensor_parallel<Width>>> {
-  using type = Comm;
-};
-
-/// The policies of tensor parallelism the trainer runs: model_parallel<tensor_parallel<T>, Comm>
-/// and hybrid<data_parallel<Comm, ...>, tensor_parallel<T>>. tensor_width: T (1 otherwise).
-template <class Policy>
-inline constexpr std::size_t tensor_width_of = 0;
-template <std::size_t Width, class Comm>
-inline constexpr std::size_t tensor_width_of<model_parallel<tensor_parallel<Width>, Comm>> = Width;
-template <class DataParallel, std::size_t Width>
-inline constexpr std::size_t tensor_width_of<hybrid<DataParallel, tensor_parallel<Width>>> = Width;
-template <class Policy>
-inline constexpr bool is_tensor_parallel_policy_v = tensor_width_of<Policy> != 0;
-
-/// The engine the trainer drives for Policy, and the network its model runs (Network, or one
-/// rank's slice of it under tensor parallelism).
-template <class Network, class T, class Policy>
-struct engine_of {
-  using type = single_process_engine<Network, T>;
-  using network = Network;
-};
-template <class Network, class T, class Comm, class... Options>
-struct engine_of<Network, T, data_parallel<Comm, Options...>> {
-  using type = data_parallel_engine<Network, T, data_parallel<Comm, Options...>>;
-  using network = Network;
-};
-template <class Network, class T, std::size_t Width, class Comm>
-struct engine_of<Network, T, model_parallel<tensor_parallel<Width>, Comm>> {
-  using type = tensor_parallel_engine<Network, T, Comm, Width>;
-  using network = typename type::rank_network;
-};
-template <class Network, class T, class DataParallel, std::size_t Width>
-struct engine_of<Network, T, hybrid<DataParallel, tensor_parallel<Width>>> {
-  using type = tensor_parallel_engine<Network, T, typename DataParallel::comm_type, Width, DataParallel>;
-  using network = typename type::rank_network;
-};
-
-/// The place of this process in the whole world (an engine's rank() / world() are the data
-/// loader's: the replica index and count, which tensor parallelism makes differ).
-template <class Engine>
-int world_rank_of(const Engine& e) {
-  if constexpr (requires { e.world_rank(); }) return e.world_rank();
-  else return e.rank();
-}
-template <class Engine>
-int world_size_of(const Engine& e) {
-  if constexpr (requires { e.world_size(); }) return e.world_size();
-  else return e.world();
-}
-
-/// Whether Policy's communicator can move memory of Backend's space: any can move host memory;
-/// GPU memory needs one that says so (nccl_comm::moves_device_memory).
-template <class Policy, class Backend>
-constexpr bool policy_reaches_backend_memory() {
-  if constexpr (std::is_void_v<typename comm_type_of<Policy>::type> || Backend::memory_space::host_accessible) {
-    return true;
-  } else {
-    return requires { requires comm_type_of<Policy>::type::moves_device_memory; };
+/// The engine the trainer drives for Policy (void: a policy the trainer does not take), and
+/// its communicator (void when training alone). One specialisation per policy; the engines
+/// satisfy loom::engine.
+/// Stands for the engine of a policy the trainer does not take, so that the trainer's
+/// static_assert is the one error the compiler prints.
+struct no_engine_for_policy {};
+template <class Network, class Loss, class Optimizer, class Policy, class Backend>
+struct engine_for {
+  using type = no_engine_for_policy;
+  using comm = void;
+  template <class... Args>
+  static type make(Args&&...) {
+    return {};
   }
-}
-}  // namespace detail
+};
+template <class Network, class Loss, class Optimizer, class Backend>
+struct engine_for<Network, Loss, Optimizer, single_process, Backend> {
+  using type = replica_engine<Network, Loss, Optimizer, Backend, single_process_sync<Network, float>>;
+  using comm = void;
+  static type make(const engine_setup<typename Optimizer::options>& s) { return type(single_process_sync<Network, float>(), s); }
+};
+template <class Network, class Loss, class Optimizer, class Comm, class... Options, class Backend>
+struct engine_for<Network, Loss, Optimizer, data_parallel<Comm, Options...>, Backend> {
+  using sync = gradient_allreduce<Network, float, data_parallel<Comm, Options...>>;
+  using type = replica_engine<Network, Loss, Optimizer, Backend, sync>;
+  using comm = Comm;
+  static type make(Comm c, const engine_setup<typename Optimizer::options>& s) { return type(sync(std::move(c)), s); }
+};
+template <class Network, class Loss, class Optimizer, std::size_t Width, class Comm, class Backend>
+struct engine_for<Network, Loss, Optimizer, model_parallel<tensor_parallel<Width>, Comm>, Backend> {
+  using sync = tensor_parallel_sync<Network, float, Comm, Width>;
+  using type = replica_engine<Network, Loss, Optimizer, Backend, sync>;
+  using comm = Comm;
+  static type make(Comm c, const engine_setup<typename Optimizer::options>& s) { return type(sync(std::move(c)), s); }
+};
+template <class Network, class Loss, class Optimizer, class Comm, class... DO, std::size_t Width, class Backend>
+struct engine_for<Network, Loss, Optimizer, hybrid<data_parallel<Comm, DO...>, tensor_parallel<Width>>, Backend> {
+  using sync = tensor_parallel_sync<Network, float, Comm, Width, data_parallel<Comm, DO...>>;
+  using type = replica_engine<Network, Loss, Optimizer, Backend, sync>;
+  using comm = Comm;
+  static type make(Comm c, const engine_setup<typename Optimizer::options>& s) { return type(sync(std::move(c)), s); }
+};
+template <class Network, class Loss, class Optimizer, std::size_t S, class... O, class Comm, class Backend>
+struct engine_for<Network, Loss, Optimizer, model_parallel<pipeline<S, O...>, Comm>, Backend> {
+  using type = pipeline_engine<Network, Loss, Optimizer, Backend, pipeline<S, O...>, Comm>;
+  using comm = Comm;
+  static type make(Comm c, const engine_setup<typename Optimizer::options>& s) { return type(std::move(c), s); }
+};
+template <class Network, class Loss, class Optimizer, class Comm, class... DO, std::size_t S, class... O, class Backend>
+struct engine_for<Network, Loss, Optimizer, hybrid<data_parallel<Comm, DO...>, pipeline<S, O...>>, Backend> {
+  using type = pipeline_engine<Network, Loss, Optimizer, Backend, pipeline<S, O...>, Comm, data_parallel<Comm, DO...>>;
+  using comm = Comm;
+  static type make(Comm c, const engine_setup<typename Optimizer::options>& s) { return type(std::move(c), s); }
+};
 
-namespace detail {
+/// Whether Comm can move the memory of Backend's space: any communicator (or none) moves host
+/// memory; GPU memory needs one that says so (nccl_comm::moves_device_memory).
+template <class Comm, class Backend>
+constexpr bool reaches_backend_memory() {
+  if constexpr (std::is_void_v<Comm> || Backend::memory_space::host_accessible) return true;
+  else return requires { requires Comm::moves_device_memory; };
+}
+
+template <class Engine>
+inline constexpr bool is_pipeline_engine_v = false;
+template <class N, class L, class O, class B, class P, class C, class D>
+inline constexpr bool is_pipeline_engine_v<pipeline_engine<N, L, O, B, P, C, D>> = true;
+
+/// Whether an engine's rank holds the loss wherever it holds samples (every rank but a
+/// pipeline's non-last stages).
+template <class Engine>
+constexpr bool every_rank_holds_loss() {
+  if constexpr (requires { Engine::every_rank_holds_loss; }) return Engine::every_rank_holds_loss;
+  else return true;
+}
+
 /// The compile-time checks of a data set against a network (every trainer runs them): the
 /// samples have the network's input size and the labels as many classes as its output.
 template <class Network, class Dataset>
@@ -146,6 +146,7 @@ constexpr void check_dataset_for() {
   if constexpr (Network::chain::ok && out_width != Dataset::classes)
     detail::fail_with<diagnostic::loss_width_does_not_match_classes<typename Network::output_shape, Dataset::classes>>();
 }
+
 }  // namespace detail
 
 /// Options of the trainer itself (not of the optimizer).
@@ -215,151 +216,151 @@ struct eval_result {
   double accuracy = 0;
 };
 
+
+/// Trains Network with Loss and Optimizer under Policy on Backend. Policy is one of
+/// loom::single_process (the default), loom::data_parallel<Comm, ...>,
+/// loom::model_parallel<loom::pipeline<S, ...>, Comm>, loom::model_parallel<loom::tensor_parallel<T>, Comm>,
+/// loom::hybrid<loom::data_parallel<Comm, ...>, loom::pipeline<S, ...>> or
+/// loom::hybrid<loom::data_parallel<Comm, ...>, loom::tensor_parallel<T>>.
 template <class Network, class Loss, class Optimizer, class Policy = single_process, class Backend = cpu>
 class trainer {
   static_assert(is_network_v<Network>, "loom::trainer's first argument must be a loom::network<loom::input<...>, ...>");
-  static_assert(detail::policy_reaches_backend_memory<Policy, Backend>(),
-                "loom::trainer: this data_parallel communicator cannot move GPU memory (mpi_comm and local_comm "
-                "take host memory): with loom::cuda use loom::data_parallel<loom::nccl_comm> from <loom/comm/nccl.hpp> "
-                "(tensor parallelism, too, needs a communicator that moves GPU memory)");
-  static_assert(std::is_same_v<Policy, single_process> || is_data_parallel_v<Policy> ||
-                    detail::is_tensor_parallel_policy_v<Policy>,
+  using traits = detail::engine_for<Network, Loss, Optimizer, Policy, Backend>;
+  static_assert(!std::is_same_v<typename traits::type, detail::no_engine_for_policy>,
                 "loom::trainer: Policy must be loom::single_process, loom::data_parallel<Comm, ...>, "
                 "loom::model_parallel<loom::tensor_parallel<T>, Comm>, loom::hybrid<loom::data_parallel<Comm, ...>, "
                 "loom::tensor_parallel<T>>, or a pipeline (loom::model_parallel<loom::pipeline<...>, Comm>, "
-                "loom::hybrid<..., loom::pipeline<...>>)");
-  using T = float;
-  static constexpr bool tensor_split = detail::is_tensor_parallel_policy_v<Policy>;
-  using engine_type = typename detail::engine_of<Network, T, Policy>::type;
-  /// The network this rank runs: Network, or under tensor parallelism its slice of it.
-  using rank_network = typename detail::engine_of<Network, T, Policy>::network;
-  using model_type = ::loom::model<rank_network, T, Backend>;
-  using optimizer_state = typename Optimizer::template state<T, Backend>;
-  using comm_type = typename detail::comm_type_of<Policy>::type;
-  static constexpr std::size_t out_width = Network::output_shape::size;
+                "loom::hybrid<loom::data_parallel<Comm, ...>, loom::pipeline<...>>)");
+  // (A pipeline's engine says it for pipelines, in its own words.)
+  static_assert(detail::is_pipeline_engine_v<typename traits::type> ||
+                    detail::reaches_backend_memory<typename traits::comm, Backend>(),
+                "loom::trainer: this data_parallel communicator cannot move GPU memory (mpi_comm and local_comm "
+                "take host memory): with loom::cuda use loom::data_parallel<loom::nccl_comm> from <loom/comm/nccl.hpp> "
+                "(tensor parallelism, too, needs a communicator that moves GPU memory)");
 
  public:
+  /// The engine of Policy (loom::replica_engine or loom::pipeline_engine).
+  using engine_type = typename traits::type;
+  static_assert(std::is_same_v<engine_type, detail::no_engine_for_policy> || engine<engine_type>,
+                "loom::trainer: internal error: the engine of this policy does not satisfy loom::engine");
+  using comm_type = typename traits::comm;
   using optimizer_options = typename Optimizer::options;
+  using value_type = float;
 
-  /// Trains alone, or under data_parallel<mpi_comm> (tensor parallelism over mpi_comm, hybrid)
-  /// on the world communicator.
+  /// Trains alone, or on Comm::world() (e.g. loom::mpi_comm under mpirun). Collective.
   explicit trainer(optimizer_options opt = {}, trainer_options options = {})
     requires(std::is_void_v<comm_type> || requires { comm_type::world(); })
-      : trainer(make_engine(), opt, options) {}
+      : options_(options), opt_(opt), init_threads_((set_threads(options.threads), 0)), engine_(make_engine()) {}
 
-  /// Trains under data_parallel, tensor parallelism or hybrid on `comm` (e.g. a
-  /// loom::local_comm of a local_world). Under tensor parallelism: comm has exactly T ranks
-  /// (model_parallel) or a multiple of T (hybrid; world rank r is slice r % T of replica r / T);
-  /// collective; throws loom::invalid_argument otherwise.
+  /// Trains on `comm` (e.g. a loom::local_comm of a local_world). Collective over comm.
+  /// Throws loom::invalid_argument when comm's size does not fit the policy (a pipeline: S
+  /// ranks, under hybrid a multiple of S; tensor parallelism: T ranks, under hybrid a multiple
+  /// of T) or Backend cannot run options.math; loom::communication_error when the ranks were
+  /// built differently (every rank names the fields that differ).
   template <class Comm>
     requires(!std::is_void_v<comm_type> && std::is_same_v<Comm, comm_type>)
-  trainer(Comm comm, optimizer_options opt = {}, trainer_options options = {})
-      : trainer(engine_type(std::move(comm)), opt, options) {}
+  explicit trainer(Comm comm, optimizer_options opt = {}, trainer_options options = {})
+      : options_(options), opt_(opt), init_threads_((set_threads(options.threads), 0)),
+        engine_(traits::make(std::move(comm), setup())) {}
 
-  /// Trains on `data` for opts.epochs epochs (or opts.max_steps optimizer steps). Under
-  /// data_parallel, opts.batch is the global batch: each rank trains on its share of every
-  /// batch, reading only its own samples. Collective under data_parallel.
-  /// Requires: Dataset's samples have Network's input size and Dataset::classes equals the
-  /// network's output width (both checked at compile time).
-  /// Throws loom::invalid_argument for a zero batch or accumulation, or an empty data set;
+  /// Trains on `data` for opts.epochs epochs (or opts.max_steps optimizer steps in all).
+  /// opts.batch is the global batch: split over the replicas (each reads only its share), and
+  /// in a pipeline each replica's share into the schedule's micro-batches. The result equals
+  /// one process training on the whole batch. Collective over the world.
+  /// Throws loom::invalid_argument for a zero batch or accumulation, an empty data set, a
+  /// negative or non-finite clip_grad_norm, or a deterministic_chunk the policy cannot run;
   /// loom::communication_error when the ranks were given different options.
   template <class Dataset>
   fit_result fit(const Dataset& data, const fit_options& opts = {}) {
     detail::check_dataset_for<Network, Dataset>();
-    if (opts.batch == 0) throw invalid_argument("loom::trainer::fit: batch must be at least 1, got 0");
-    if (opts.accumulation == 0) throw invalid_argument("loom::trainer::fit: accumulation must be at least 1, got 0");
-    if (data.size() == 0) throw invalid_argument("loom::trainer::fit: the training set is empty");
+    check(opts, data.size());
     engine_.check_same_job("fit: epochs=" + std::to_string(opts.epochs) + ";batch=" + std::to_string(opts.batch) +
                            ";accumulation=" + std::to_string(opts.accumulation) + ";max_steps=" +
                            std::to_string(opts.max_steps) + ";samples=" + std::to_string(data.size()) +
                            ";clip_grad_norm=" + std::to_string(opts.clip_grad_norm) +
                            ";deterministic_chunk=" + std::to_string(opts.deterministic_chunk));
-    data::distributed_loader<Dataset> loader(data, opts.batch, options_.seed, engine_.rank(), engine_.world());
-    chunks_.reset();
-    if (opts.deterministic_chunk) {
-      if constexpr (!std::is_same_v<Policy, single_process> && !is_data_parallel_v<Policy>)
-        throw invalid_argument("loom::trainer::fit: deterministic_chunk=" + std::to_string(opts.deterministic_chunk) +
-                               " needs loom::single_process or loom::data_parallel<Comm, ...>, not this policy "
-                               "(tensor or pipeline parallelism): set deterministic_chunk = 0");
-      chunks_ = chunk_plan::make(opts.batch, opts.deterministic_chunk, static_cast<std::size_t>(engine_.world()));
-      loader.set_rank_block(chunks_->rank_block());
-    }
+    data::distributed_loader<Dataset> loader(data, opts.batch, options_.seed, engine_.replica(), engine_.replicas());
+    if (const std::size_t block = engine_.prepare_fit(opts.batch, opts.deterministic_chunk)) loader.set_rank_block(block);
     reserve(opts.batch);
-    const bool show = detail::world_rank_of(engine_) == 0;
-    progress_display progress(show ? opts.progress : nullptr, opts.progress_style,
+    progress_display progress(engine_.rank() == 0 ? opts.progress : nullptr, opts.progress_style,
                               opts.progress == &std::cerr ? ::isatty(2) : opts.progress == &std::cout ? ::isatty(1) : false);
+    engine_.reset_figures();
     rank_figures& fig = engine_.figures();
-    fig = {};
     fit_result r;
-    r.ranks = detail::world_size_of(engine_);
-    const auto start = clock::now();
+    r.ranks = engine_.world();
+    const auto start = monitor::clock::now();
     bool stop = false;
     for (std::size_t epoch = 0; epoch < opts.epochs && !stop; ++epoch) {
       loader.start_epoch(epoch);
       const std::size_t batches = loader.batches_per_epoch();
-      // loss sum, correct, local samples, global samples (summed over ranks at the end).
-      double sums[4] = {0, 0, 0, 0};
-      std::size_t steps = 0;
+      // Loss sum, correct and samples of this rank's replica, summed over the replicas at the
+      // end of the epoch — or after every step where rank 0 holds no loss (a pipeline's first
+      // stage), so that its progress shows the whole batch's.
+      double sums[3] = {0, 0, 0};
+      std::size_t steps = 0, global_samples = 0;
       for (std::size_t k = 0; k < batches;) {
         if (opts.max_steps && step_ >= opts.max_steps) {
           stop = true;
           break;
         }
         const std::size_t group = std::min(opts.accumulation, batches - k);
+        double step_sums[3] = {0, 0, 0};
         for (std::size_t m = 0; m < group; ++m, ++k) {
-          const auto t0 = clock::now();
-          std::size_t global_n = 0;
-          const std::size_t n = next_batch(loader, global_n);
-          fig.data_s += seconds(t0, clock::now());
-          const loss_value v = chunks_ ? chunked_micro_step(n, global_n, loader.local_offset(), m, group)
-                                       : micro_step(n, global_n, loader.local_offset(), m, group);
-          sums[0] += v.sum;
-          sums[1] += static_cast<double>(v.correct);
-          sums[2] += static_cast<double>(n);
-          sums[3] += static_cast<double>(global_n);
+          batch_view<value_type> b;
+          {
+            monitor::timed data_time(fig.data_s);
+            b = next_batch(loader);
+          }
+          const loss_value v = engine_.micro_step(b, m, group, options_.seed, step_ * 1000003 + m);
+          step_sums[0] += v.sum;
+          step_sums[1] += static_cast<double>(v.correct);
+          step_sums[2] += static_cast<double>(b.n);
+          fig.samples += static_cast<double>(b.n);
+          global_samples += b.global_n;
         }
-        optimizer_step(opts);
+        engine_.optimizer_step(opts.schedule(step_, opt_.lr), opts.clip_grad_norm);
+        ++step_;
         ++steps;
+        if constexpr (!per_epoch_sums) engine_.sum(step_sums, 3);
+        for (int i = 0; i < 3; ++i) sums[i] += step_sums[i];
         progress.update(epoch + 1, opts.epochs, k, batches, sums[2] ? sums[0] / sums[2] : 0, sums[2] ? sums[1] / sums[2] : 0,
-                        (r.samples + sums[3]) / std::max(1e-9, seconds(start, clock::now())));
+                        (r.samples + global_samples) / std::max(1e-9, monitor::seconds_between(start, monitor::clock::now())));
       }
       if (steps == 0) break;
-      fig.samples += sums[2];
-      engine_.sum(sums, 3);  // loss, correct and samples over all ranks
+      if constexpr (per_epoch_sums) engine_.sum(sums, 3);
       r.epochs = epoch + 1;
       r.samples += static_cast<std::size_t>(sums[2]);
       r.steps += steps;
-      r.train_loss = sums[0] / sums[2];
-      r.train_accuracy = sums[1] / sums[2];
+      r.train_loss = sums[2] ? sums[0] / sums[2] : 0;
+      r.train_accuracy = sums[2] ? sums[1] / sums[2] : 0;
     }
-    r.seconds = seconds(start, clock::now());
+    r.seconds = monitor::seconds_between(start, monitor::clock::now());
     fig.seconds = r.seconds;
     r.figures = engine_.gather_figures();
     return r;
   }
 
-  /// Mean loss and accuracy of the current parameters on `data`, in evaluation mode. Under
-  /// data_parallel each rank evaluates its share and the results are summed (collective).
+  /// Mean loss and accuracy of the current parameters on `data`, in evaluation mode: each
+  /// replica evaluates its share (through its stages, in a pipeline) and the sums reach every
+  /// rank. Collective over the world.
   template <class Dataset>
   eval_result evaluate(const Dataset& data, std::size_t batch = 500) {
     detail::check_dataset_for<Network, Dataset>();
     if (batch == 0) throw invalid_argument("loom::trainer::evaluate: batch must be at least 1, got 0");
-    data::distributed_loader<Dataset> loader(data, batch, options_.seed, engine_.rank(), engine_.world(), /*shuffle=*/false);
+    data::distributed_loader<Dataset> loader(data, batch, options_.seed, engine_.replica(), engine_.replicas(),
+                                             /*shuffle=*/false);
     loader.start_epoch(0);
     reserve(batch);
     double sums[3] = {0, 0, 0};  // loss, correct, samples
     for (std::size_t k = 0; k < loader.batches_per_epoch(); ++k) {
-      std::size_t global_n = 0;
-      const std::size_t n = next_batch(loader, global_n);
-      if (n == 0) continue;
-      run_context ctx{.training = false, .accumulate = false, .seed = options_.seed, .step = step_,
-                      .sample_offset = loader.local_offset(), .tensor = tensor_group(), .math = options_.math};
-      const T* y = model_.forward(ctx, x_.data(), n);
-      const loss_value v = Loss::template compute<Backend, out_width, T>(y, labels_.data(), nullptr, n, T(1), ws_);
+      const batch_view<value_type> b = next_batch(loader);
+      if (b.n == 0) continue;  // the same on every rank of this replica
+      const loss_value v = engine_.evaluate_batch(b, options_.seed, step_);
       sums[0] += v.sum;
       sums[1] += static_cast<double>(v.correct);
-      sums[2] += static_cast<double>(n);
+      sums[2] += static_cast<double>(b.n);
     }
+    engine_.end_evaluation();
     engine_.sum(sums, 3);
     eval_result r;
     r.samples = static_cast<std::size_t>(sums[2]);
@@ -367,221 +368,125 @@ class trainer {
     return r;
   }
 
-  model_type& model() noexcept { return model_; }
-  const model_type& model() const noexcept { return model_; }
-  optimizer_state& optimizer() noexcept { return state_; }
+  /// This rank's model: a loom::model of the whole network (or of its tensor-parallel slice);
+  /// in a pipeline a std::variant over the stages' models holding this rank's stage (use
+  /// std::visit, or stage_model<S>()).
+  decltype(auto) model() noexcept { return engine_.model(); }
+  decltype(auto) model() const noexcept { return engine_.model(); }
+  /// This rank's optimizer state (of its part of the model).
+  decltype(auto) optimizer() noexcept { return engine_.optimizer(); }
   /// Optimizer steps taken so far, over all fit() calls.
   std::size_t steps() const noexcept { return step_; }
-  /// This process's rank and the number of ranks (0 and 1 when training alone), in the whole
-  /// world (under tensor parallelism each group's ranks count apart).
-  int rank() const { return detail::world_rank_of(engine_); }
-  int ranks() const { return detail::world_size_of(engine_); }
+  /// This process's rank and the number of ranks, in the whole world (0 and 1 alone).
+  int rank() const { return engine_.rank(); }
+  int ranks() const { return engine_.world(); }
+  /// This rank's model replica and the number of replicas (data parallelism's split).
+  int replica() const { return engine_.replica(); }
+  int replicas() const { return engine_.replicas(); }
+  /// What this rank holds of the whole model (see loom::shard_map).
+  shard_map shard() const { return engine_.shard(); }
   engine_type& engine() noexcept { return engine_; }
 
-  /// The L2 norm of the whole model's parameters, summed in double. Under tensor parallelism
-  /// the split parameters' squares are summed over the tensor group and replicated ones count
-  /// once, so every rank gets the whole model's norm (collective over the tensor group).
-  double parameters_l2() {
-    if constexpr (tensor_split) return engine_.template l2<Backend>(model_.parameters().data());
-    else return model_.parameters_l2();
+  /// The pipeline stage this rank runs (pipelines).
+  int stage() const
+    requires requires(const engine_type& e) { e.stage(); }
+  {
+    return engine_.stage();
   }
+  /// This rank's stage model as its type, when the caller knows the stage (pipelines).
+  /// Throws loom::invalid_argument when this rank runs another stage.
+  template <std::size_t Stage>
+    requires requires { typename engine_type::template stage_model_type<Stage>; }
+  auto& stage_model() {
+    static_assert(Stage < engine_type::stages, "loom::trainer::stage_model<Stage>: no such stage");
+    if (stage() != static_cast<int>(Stage))
+      throw invalid_argument("loom::trainer::stage_model<" + std::to_string(Stage) + ">: rank " + std::to_string(rank()) +
+                             " runs stage " + std::to_string(stage()) + ", not " + std::to_string(Stage));
+    return std::get<Stage>(engine_.models());
+  }
+
+  /// The L2 norm of the whole model's parameters, summed in double (split parameters' squares
+  /// summed over the model-parallel group, replicated ones counted once). Collective over the
+  /// model-parallel group.
+  double parameters_l2() { return engine_.parameters_l2(); }
 
   /// The whole model's flat parameters (Network::parameter_count, Network's layout) as a host
-  /// vector, on every rank. Under tensor parallelism the slices are gathered over the tensor
-  /// group (collective over it); otherwise a copy of model().parameters().
-  std::vector<T> gather_parameters() {
-    if constexpr (tensor_split) return engine_.gather_parameters(model_.copy_parameters_to_host());
-    else return model_.copy_parameters_to_host();
-  }
+  /// vector, on every rank. Collective over the model-parallel group.
+  std::vector<value_type> gather_parameters() { return engine_.gather_parameters(); }
 
  private:
-  using clock = std::chrono::steady_clock;
-  static double seconds(clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+  static constexpr bool per_epoch_sums = detail::every_rank_holds_loss<engine_type>();
+  static constexpr bool staged = !Backend::memory_space::host_accessible;
+  using space = typename Backend::memory_space;
+  using staging_space = typename detail::staging_space_of<Backend>::type;
+  static constexpr std::size_t in_width = Network::input_shape::size;
 
-  /// The tensor group of this rank for run_context::tensor (null unless tensor parallel).
-  loom::tensor_group* tensor_group() noexcept {
-    if constexpr (tensor_split) return engine_.group();
-    else return nullptr;
+  engine_setup<optimizer_options> setup() const {
+    return {.seed = options_.seed, .math = options_.math, .optimizer = opt_, .job = job_description()};
   }
-  static tensor_shard model_shard(engine_type& engine) {
-    if constexpr (tensor_split) return engine.shard();
-    else return {};
-  }
-
-  static engine_type make_engine() {
-    if constexpr (!std::is_void_v<comm_type>)
-      return engine_type(comm_type::world());
-    else
-      return engine_type();
+  engine_type make_engine() const {
+    if constexpr (std::is_void_v<comm_type>) return traits::make(setup());
+    else return traits::make(comm_type::world(), setup());
   }
 
-  trainer(engine_type engine, optimizer_options opt, trainer_options options)
-      : options_(options), opt_(opt), init_threads_((set_threads(options.threads), 0)), engine_(std::move(engine)),
-        model_(options.seed, 0, model_shard(engine_)), state_(opt, model_type::parameter_count) {
-    if (!Backend::supports(options_.math))
-      throw invalid_argument(std::string("loom::trainer: trainer_options::math = loom::math_mode::") +
-                             to_string(options_.math) + " is not available on loom::" + Backend::name +
-                             " here (see loom::" + Backend::name + "::supports): use math_mode::fp32");
-    engine_.check_same_job(job_description());
-    engine_.broadcast_parameters(model_.parameters().data(), model_type::parameter_count);
-  }
-
+  /// The job every rank must share; the engine adds its policy's own fields.
   std::string job_description() const {
-    return "network=" + std::string(typeid(Network).name()) + ";parameters=" + std::to_string(Network::parameter_count) +
+    return "network=" + type_name<Network>() + ";parameters=" + std::to_string(Network::parameter_count) +
            ";loss=" + Loss::name + ";optimizer=" + Optimizer::name + ";seed=" + std::to_string(options_.seed) +
-           ";ranks=" + std::to_string(engine_.world()) + ";math=" + to_string(options_.math);
+           ";math=" + to_string(options_.math) + ";policy=" + type_name<Policy>();
   }
 
-  void reserve(std::size_t batch) {
-    x_.reserve_discard(batch * Network::input_shape::size);
-    labels_.reserve_discard(batch);
-    dy_.reserve_discard(batch * out_width);
+  /// The checks of fit's options, on every rank alike before anything is communicated.
+  static void check(const fit_options& opts, std::size_t samples) {
+    if (opts.batch == 0) throw invalid_argument("loom::trainer::fit: batch must be at least 1, got 0");
+    if (opts.accumulation == 0) throw invalid_argument("loom::trainer::fit: accumulation must be at least 1, got 0");
+    if (samples == 0) throw invalid_argument("loom::trainer::fit: the training set is empty");
+    if (!(opts.clip_grad_norm >= 0) || !std::isfinite(opts.clip_grad_norm))
+      throw invalid_argument("loom::trainer::fit: clip_grad_norm must be finite and >= 0 (0: no clipping), got " +
+                             std::to_string(opts.clip_grad_norm));
+  }
+
+  /// Room for a batch of n samples: the samples where the engine reads them, the labels likewise.
+  void reserve(std::size_t n) {
+    if (engine_.reads_samples()) x_.reserve_discard(n * in_width);
+    if (engine_.reads_labels()) labels_.reserve_discard(n);
     if constexpr (staged) {
-      x_stage_.reserve_discard(batch * Network::input_shape::size);
-      labels_stage_.reserve_discard(batch);
+      if (engine_.reads_samples()) x_stage_.reserve_discard(n * in_width);
+      if (engine_.reads_labels()) labels_stage_.reserve_discard(n);
     }
   }
 
-  /// The loader's next batch into x_ and labels_ (through the staging buffers when the host
-  /// cannot write the backend's memory). Returns this rank's sample count.
+  /// The loader's next batch: the samples into x_ and the labels into labels_ where the engine
+  /// reads them (through the staging buffers when the host cannot write the backend's memory).
   template <class Loader>
-  std::size_t next_batch(Loader& loader, std::size_t& global_n) {
+  batch_view<value_type> next_batch(Loader& loader) {
+    const bool xs = engine_.reads_samples(), ls = engine_.reads_labels();
+    batch_view<value_type> b;
     if constexpr (!staged) {
-      return loader.next(x_.data(), labels_.data(), global_n);
+      b.n = loader.next(xs ? x_.data() : nullptr, ls ? labels_.data() : nullptr, b.global_n);
     } else {
       // The previous batch's copies must have left the staging buffers; the loss sum of that
       // batch already waited for them, so this returns at once.
-      Backend::synchronize();
-      const std::size_t n = loader.next(x_stage_.data(), labels_stage_.data(), global_n);
-      Backend::copy(x_.data(), x_stage_.data(), n * Network::input_shape::size);
-      Backend::copy(labels_.data(), labels_stage_.data(), n);
-      return n;
+      if (xs || ls) Backend::synchronize();
+      b.n = loader.next(xs ? x_stage_.data() : nullptr, ls ? labels_stage_.data() : nullptr, b.global_n);
+      if (xs) Backend::copy(x_.data(), x_stage_.data(), b.n * in_width);
+      if (ls) Backend::copy(labels_.data(), labels_stage_.data(), b.n);
     }
-  }
-
-  /// One micro-step m of a group of `group`: this rank's n of the batch's global_n samples.
-  /// The loss gradient is scaled by 1 / (global_n * group), so summing over ranks and the
-  /// group gives the mean over every sample of the optimizer step.
-  loss_value micro_step(std::size_t n, std::size_t global_n, std::size_t offset, std::size_t m, std::size_t group) {
-    const auto t0 = clock::now();
-    const bool last = m + 1 == group;
-    T* grads = model_.gradients().data();
-    loss_value v;
-    if (n > 0) {
-      run_context ctx{.training = true, .accumulate = m > 0 && had_samples_, .seed = options_.seed,
-                      .step = step_ * 1000003 + m, .sample_offset = offset, .tensor = tensor_group(), .math = options_.math};
-      const T* y = model_.forward(ctx, x_.data(), n);
-      v = Loss::template compute<Backend, out_width, T>(y, labels_.data(), dy_.data(), n,
-                                                        T(1) / static_cast<T>(global_n * group), ws_);
-      if (last)
-        model_.backward(ctx, dy_.data(), n, [&](std::size_t layer) { engine_.layer_done(layer, grads); });
-      else
-        model_.backward(ctx, dy_.data(), n);
-      had_samples_ = true;
-    } else if (!(m > 0 && had_samples_)) {
-      Backend::zero(grads, model_type::parameter_count);  // nothing of this batch here: contribute zeros
-      had_samples_ = true;
-    }
-    engine_.figures().compute_s += seconds(t0, clock::now());
-    if (last) engine_.finish(grads);
-    return v;
-  }
-
-  /// micro_step in deterministic mode (chunks_ set): each chunk of this rank's n samples runs
-  /// forward and backward alone from the same buffer; their gradients go into the chunk tree,
-  /// whose sum is finished across ranks by tree_allreduce, then into the tree over the group's
-  /// micro-steps, which gradients() gets on the last one.
-  loss_value chunked_micro_step(std::size_t n, std::size_t global_n, std::size_t offset, std::size_t m, std::size_t group) {
-    constexpr std::size_t in = Network::input_shape::size;
-    constexpr std::size_t count = model_type::parameter_count;
-    const std::size_t c = chunks_->chunk;
-    const auto t0 = clock::now();
-    T* grads = model_.gradients().data();
-    x_chunk_.reserve_discard(c * in);
-    labels_chunk_.reserve_discard(c);
-    if (m == 0) step_tree_.reset(count);
-    chunk_tree_.reset(count);
-    loss_value v;
-    for (std::size_t at = 0; at < n; at += c) {
-      // (k, input) from one buffer for every chunk, so each chunk is computed alike on any rank.
-      const std::size_t k = std::min(c, n - at);
-      Backend::copy(x_chunk_.data(), x_.data() + at * in, k * in);
-      Backend::copy(labels_chunk_.data(), labels_.data() + at, k);
-      run_context ctx{.training = true, .accumulate = false, .seed = options_.seed, .step = step_ * 1000003 + m,
-                      .sample_offset = offset + at, .math = options_.math};
-      const T* y = model_.forward(ctx, x_chunk_.data(), k);
-      const loss_value u = Loss::template compute<Backend, out_width, T>(y, labels_chunk_.data(), dy_.data(), k,
-                                                                        T(1) / static_cast<T>(global_n * group), ws_);
-      v.sum += u.sum;
-      v.correct += u.correct;
-      model_.backward(ctx, dy_.data(), k);
-      chunk_tree_.push(grads);
-    }
-    chunk_tree_.fold(grads);  // this rank's subtree; nothing when it has no sample
-    const auto t1 = clock::now();
-    auto& fig = engine_.figures();
-    fig.compute_s += seconds(t0, t1);
-    if constexpr (is_data_parallel_v<Policy>) {
-      if (engine_.world() > 1) {
-        tree_scratch_.reserve_discard(count);
-        fig.bytes_sent += tree_allreduce<T, Backend>(engine_.comm(), grads, tree_scratch_.data(), count,
-                                                     [&](std::size_t first, std::size_t) { return chunks_->has_samples(first, global_n); });
-        const double s = seconds(t1, clock::now());
-        fig.comm_s += s;
-        fig.comm_exposed_s += s;
-      }
-    }
-    if (group > 1) {
-      const auto t2 = clock::now();
-      step_tree_.push(grads);
-      if (m + 1 == group) step_tree_.fold(grads);
-      fig.compute_s += seconds(t2, clock::now());
-    }
-    return v;
-  }
-
-  void optimizer_step(const fit_options& opts) {
-    const auto t0 = clock::now();
-    auto grads = model_.gradients();
-    if (opts.clip_grad_norm > 0) {
-      if constexpr (tensor_split) {
-        // The whole model's gradient norm, as clip_grad_norm computes it for one buffer.
-        const double norm = engine_.template l2<Backend>(grads.data());
-        const double factor = opts.clip_grad_norm / (norm + 1e-6);
-        if (std::isfinite(norm) && factor < 1.0)
-          Backend::for_each(grads.size(), detail::scale_by<T>{grads.data(), static_cast<T>(factor)});
-      } else {
-        clip_grad_norm<Backend>(grads.data(), grads.size(), opts.clip_grad_norm);
-      }
-    }
-    state_.step(model_.parameters().data(), grads.data(), grads.size(), opts.schedule(step_, opt_.lr));
-    ++step_;
-    had_samples_ = false;
-    engine_.figures().compute_s += seconds(t0, clock::now());
+    b.offset = loader.local_offset();
+    b.x = xs ? x_.data() : nullptr;
+    b.labels = ls ? labels_.data() : nullptr;
+    return b;
   }
 
   trainer_options options_;
   optimizer_options opt_;
   int init_threads_;
   engine_type engine_;
-  model_type model_;
-  optimizer_state state_;
-  static constexpr bool staged = !Backend::memory_space::host_accessible;
-  using staging_space = typename detail::staging_space_of<Backend>::type;
-  buffer<T, typename Backend::memory_space> x_, dy_;
-  buffer<std::int32_t, typename Backend::memory_space> labels_;
-  buffer<T, staging_space> x_stage_;  // (batch, input) on the host; empty unless staged
+  buffer<value_type, space> x_;              // (batch, input)
+  buffer<std::int32_t, space> labels_;       // (batch)
+  buffer<value_type, staging_space> x_stage_;  // (batch, input) on the host; empty unless staged
   buffer<std::int32_t, staging_space> labels_stage_;
-  loss_workspace<Backend> ws_;
   std::size_t step_ = 0;
-  bool had_samples_ = false;
-  // Deterministic mode (fit_options::deterministic_chunk): the plan of the current fit, one
-  // chunk's input, the sums over chunks and over micro-steps, and the exchange's receive buffer.
-  std::optional<chunk_plan> chunks_;
-  buffer<T, typename Backend::memory_space> x_chunk_, tree_scratch_;
-  buffer<std::int32_t, typename Backend::memory_space> labels_chunk_;
-  gradient_tree<T, Backend> chunk_tree_, step_tree_;  // gradients of the current optimizer step have been written
 };
 
 }  // namespace loom
-#include "loom/train/pipeline_trainer.hpp"

@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// The engine the trainer drives for tensor parallelism (loom::model_parallel<loom::tensor_parallel<T>,
-// Comm>, loom::hybrid<loom::data_parallel<Comm, ...>, loom::tensor_parallel<T>>): the grid of
-// ranks, the tensor group the layers' allreduces run over (comm_tensor_group), the gradient
-// allreduce across replicas, and the gathering of the split model. The policy is in
+// The communication of tensor parallelism for loom::replica_engine (loom::model_parallel<
+// loom::tensor_parallel<T>, Comm>, loom::hybrid<loom::data_parallel<Comm, ...>,
+// loom::tensor_parallel<T>>): the grid of ranks, the tensor group the layers' allreduces run over
+// (comm_tensor_group), the gradient allreduce across replicas, the shard map of a slice, and
+// the gathering of the split model. The policy is in
 // loom/parallel/tensor_parallel.hpp, the layers in loom/layers/tensor_parallel.hpp.
 
 #include <algorithm>
@@ -23,7 +24,8 @@
 #include "loom/core/error.hpp"
 #include "loom/layers/tensor_parallel.hpp"
 #include "loom/parallel/data_parallel.hpp"
-#include "loom/parallel/figures.hpp"
+#include "loom/monitor/figures.hpp"
+#include "loom/parallel/shard_map.hpp"
 #include "loom/parallel/tensor_parallel.hpp"
 
 namespace loom {
@@ -59,26 +61,26 @@ class comm_tensor_group final : public tensor_group {
   double seconds_ = 0, bytes_ = 0;
 };
 
-/// Drives one rank of tensor-parallel training for the trainer (the interface of
-/// data_parallel_engine). World rank r holds slice r % Width of replica r / Width. Width
+/// One rank's tensor-parallel communication for replica_engine (the interface of
+/// gradient_allreduce). World rank r holds slice r % Width of replica r / Width. Width
 /// consecutive ranks form a tensor group (communicator split by colour r / Width), which runs the
 /// layers' allreduces; with DataParallel (a loom::data_parallel<Comm, ...>, for
 /// loom::hybrid) the ranks holding the same slice form a data-parallel group (colour r % Width)
 /// over which every gradient of this rank, split or replicated, is averaged by
-/// data_parallel_engine. DataParallel void: one replica, the world is the tensor group.
+/// gradient_allreduce. DataParallel void: one replica, the world is the tensor group.
 ///
-/// rank() / world() are the data-parallel index and replica count (what the data loader splits
-/// batches by: all ranks of a tensor group read the same samples); world_rank() / world_size()
-/// the place in the whole world.
+/// replica() / replicas() are the data-parallel index and replica count (what the data loader
+/// splits batches by: all ranks of a tensor group read the same samples); rank() / world() the
+/// place in the whole world.
 template <class Network, class T, class Comm, std::size_t Width, class DataParallel = void>
-class tensor_parallel_engine {
+class tensor_parallel_sync {
   static_assert(communicator<Comm>,
                 "loom::tensor_parallel: Comm must be a loom communicator (loom::mpi_comm, loom::local_comm)");
   static constexpr bool hybrid = !std::is_void_v<DataParallel>;
   struct no_data_parallel {};
   template <class D>
   struct dp_engine_of {
-    using type = data_parallel_engine<tensor_parallel_network<Network, Width>, T, D>;
+    using type = gradient_allreduce<tensor_parallel_network<Network, Width>, T, D>;
   };
   using dp_engine = typename std::conditional_t<hybrid, dp_engine_of<DataParallel>,
                                                 std::type_identity<no_data_parallel>>::type;
@@ -92,7 +94,7 @@ class tensor_parallel_engine {
   /// Splits world into tensor groups (and data-parallel groups for hybrid). Collective.
   /// Throws: loom::invalid_argument when world's size is not Width (model_parallel) or not a
   /// multiple of it (hybrid) — on every rank alike, before any communication.
-  explicit tensor_parallel_engine(Comm world) : world_(std::move(world)) {
+  explicit tensor_parallel_sync(Comm world) : world_(std::move(world)) {
     const int n = world_.size(), r = world_.rank(), w = static_cast<int>(Width);
     if (hybrid ? n % w != 0 : n != w)
       throw invalid_argument(std::string(hybrid ? "loom::hybrid<data_parallel, tensor_parallel<"
@@ -104,13 +106,16 @@ class tensor_parallel_engine {
     if constexpr (hybrid) dp_.emplace(world_.split(r % w, r));
   }
 
-  /// Data-parallel index and replica count.
-  int rank() const { return world_.rank() / static_cast<int>(Width); }
-  int world() const { return world_.size() / static_cast<int>(Width); }
-  int world_rank() const { return world_.rank(); }
-  int world_size() const { return world_.size(); }
-  /// This rank's slice of the tensor-parallel layers.
-  tensor_shard shard() const { return {static_cast<std::size_t>(world_.rank()) % Width, Width}; }
+  /// Data-parallel index and replica count, and the place in the whole world.
+  int replica() const { return world_.rank() / static_cast<int>(Width); }
+  int replicas() const { return world_.size() / static_cast<int>(Width); }
+  int rank() const { return world_.rank(); }
+  int world() const { return world_.size(); }
+  /// This rank's slice of the tensor-parallel layers, for the model's construction.
+  tensor_shard model_shard() const { return {slice(), Width}; }
+  /// What this rank holds: slice rank() % Width of the whole network's layout, as replica
+  /// rank() / Width (shards::slice).
+  shard_map shard() const { return shard_of(std::make_index_sequence<Width>{}); }
   /// The tensor group, for run_context::tensor; valid as long as the engine (moves keep it).
   tensor_group* group() noexcept { return group_.get(); }
   Comm& tensor_comm() noexcept { return group_->comm(); }
@@ -160,18 +165,14 @@ class tensor_parallel_engine {
 
   /// Every rank's figures on every rank, world rank order. Collective over the world.
   std::vector<rank_figures> gather_figures() {
-    constexpr std::size_t k = rank_figures::field_count;
-    std::vector<double> mine = figures().to_vector(), all(k * static_cast<std::size_t>(world_.size()));
-    world_.allgather(mine.data(), all.data(), k);
-    std::vector<rank_figures> out;
-    for (int r = 0; r < world_.size(); ++r)
-      out.push_back(rank_figures::from(all.data() + k * static_cast<std::size_t>(r)));
-    return out;
+    rank_figures f = figures();
+    f.parameter_bytes = static_cast<double>(rank_network::parameter_count * sizeof(T));
+    return loom::gather_figures(world_, f);
   }
 
   /// The whole model's flat parameters in Network's layout from this rank's slice (host
   /// memory, rank_network's layout). Collective over the tensor group.
-  std::vector<T> gather_parameters(const std::vector<T>& mine) {
+  std::vector<T> gather_parameters(std::vector<T> mine) {
     if (mine.size() != rank_network::parameter_count)
       throw invalid_argument("loom::tensor_parallel_engine::gather_parameters: expected " +
                              std::to_string(rank_network::parameter_count) + " values, got " +
@@ -186,13 +187,22 @@ class tensor_parallel_engine {
   /// v (rank_network's layout, Backend's memory): split values' squares summed over the tensor
   /// group, replicated ones counted once. Collective over the tensor group.
   template <class Backend>
-  double l2(const T* v) {
+  double l2(const T* v, std::size_t = rank_network::parameter_count) {
     std::array<double, 2> s = layout::template split_squares<Backend>(v);
     if constexpr (Width > 1) tensor_comm().allreduce(s.data(), 1, reduce_op::sum);
     return std::sqrt(s[0] + s[1]);
   }
 
  private:
+  std::size_t slice() const { return static_cast<std::size_t>(world_.rank()) % Width; }
+  template <std::size_t... S>
+  shard_map shard_of(std::index_sequence<S...>) const {
+    shard_map m{.replica = replica(), .replicas = replicas(), .slice = static_cast<int>(slice()),
+                .slices = static_cast<int>(Width), .whole_count = Network::parameter_count,
+                .local_count = rank_network::parameter_count};
+    ((S == slice() ? (m.pieces = shards::slice<layout, S>, 0) : 0), ...);
+    return m;
+  }
 
   Comm world_;
   std::unique_ptr<comm_tensor_group<Comm>> group_;

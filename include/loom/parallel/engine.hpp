@@ -1,0 +1,98 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// loom::engine: what the one trainer (loom/train/trainer.hpp) asks of the engine of a policy.
+// An engine owns this rank's model and optimizer state and runs everything between "here is
+// this rank's share of a batch" and "the parameters have stepped": the passes, the loss, the
+// communication of its policy, gradient clipping over the whole model and the optimizer step.
+// The trainer owns the loop: epochs, batches, accumulation groups, progress, results.
+//
+// The engines: loom::replica_engine (single_process, data_parallel, tensor parallelism and its
+// hybrid; loom/parallel/replica_engine.hpp) and loom::pipeline_engine (pipelines and their
+// hybrid; loom/parallel/pipeline_engine.hpp).
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "loom/core/math_mode.hpp"
+#include "loom/monitor/figures.hpp"
+#include "loom/nn/loss.hpp"
+#include "loom/parallel/shard_map.hpp"
+
+namespace loom {
+
+/// One micro-step's share of a batch for this rank, in the backend's memory.
+template <class T>
+struct batch_view {
+  const T* x = nullptr;                  // (n, input): the samples; null where the engine reads none
+  const std::int32_t* labels = nullptr;  // (n): the labels; null where the engine reads none
+  std::size_t n = 0;                     // samples of this replica (this rank's share)
+  std::size_t global_n = 0;              // samples of the whole batch (all replicas)
+  std::size_t offset = 0;                // the first of this replica's samples within the global batch
+};
+
+/// What an engine is built from: the trainer's seed and math mode, the optimizer's options,
+/// and the job every rank must share (key=value fields, compared across ranks before anything
+/// else is communicated).
+template <class OptimizerOptions>
+struct engine_setup {
+  std::uint64_t seed = 1;
+  math_mode math = math_mode::fp32;
+  OptimizerOptions optimizer{};
+  std::string job;
+};
+
+/// The engine of a policy, as the trainer drives it. E::value_type is the parameters' type.
+///
+/// - rank(), world(): this process in the whole world; replica(), replicas(): the data split
+///   (which share of every batch this rank's replica reads: the loader's rank and ranks).
+/// - reads_samples(), reads_labels(): whether this rank needs the batch's samples and labels
+///   (a pipeline's first and last stages); the trainer fills only those.
+/// - check_same_job(d): every rank describes the same d, or every rank throws the same
+///   loom::communication_error naming the ranks and the fields that differ. Collective.
+/// - prepare_fit(batch, deterministic_chunk): readies a fit of this global batch; returns the
+///   block of samples the loader must keep whole per rank (0: none), throws
+///   loom::invalid_argument when the engine cannot run the mode.
+/// - micro_step(b, m, group, seed, step): micro-step m of an accumulation group of `group`:
+///   forward, loss (gradient scaled by 1 / (b.global_n * group)), backward, and on the last one
+///   the gradient communication. Returns this rank's loss sums (zero where it holds no loss).
+/// - optimizer_step(lr, clip): clips the whole model's gradient norm to clip (0: none) and
+///   steps the optimizer at learning rate lr.
+/// - evaluate_batch(b, seed, step) and end_evaluation(): forward only; loss sums as above.
+/// - sum(v, n): v[0, n) summed over the replicas, each replica counted once, on every rank
+///   (ranks holding no loss contribute nothing). Collective.
+/// - figures(), reset_figures(), gather_figures(): this rank's figures, and every rank's on
+///   every rank (collective).
+/// - shard(): what this rank holds (loom::shard_map).
+/// - parameters_l2(), gather_parameters(): the whole model's norm and flat parameters on every
+///   rank (collective over the model-parallel group).
+template <class E>
+concept engine = requires(E& e, const E& ce, const batch_view<typename E::value_type>& b, std::size_t n, std::uint64_t u,
+                          double* v, const std::string& s, float lr, double clip) {
+  typename E::value_type;
+  { ce.rank() } -> std::same_as<int>;
+  { ce.world() } -> std::same_as<int>;
+  { ce.replica() } -> std::same_as<int>;
+  { ce.replicas() } -> std::same_as<int>;
+  { ce.reads_samples() } -> std::same_as<bool>;
+  { ce.reads_labels() } -> std::same_as<bool>;
+  e.check_same_job(s);
+  { e.prepare_fit(n, n) } -> std::same_as<std::size_t>;
+  { e.micro_step(b, n, n, u, u) } -> std::same_as<loss_value>;
+  e.optimizer_step(lr, clip);
+  { e.evaluate_batch(b, u, u) } -> std::same_as<loss_value>;
+  e.end_evaluation();
+  e.sum(v, n);
+  { e.figures() } -> std::same_as<rank_figures&>;
+  e.reset_figures();
+  { e.gather_figures() } -> std::same_as<std::vector<rank_figures>>;
+  { ce.shard() } -> std::same_as<shard_map>;
+  { e.parameters_l2() } -> std::same_as<double>;
+  { e.gather_parameters() } -> std::same_as<std::vector<typename E::value_type>>;
+  e.model();
+  e.optimizer();
+};
+
+}  // namespace loom

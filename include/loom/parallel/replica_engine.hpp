@@ -1,0 +1,264 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// loom::replica_engine: the engine (loom/parallel/engine.hpp) of every policy in which a rank
+// holds one model it runs whole — the whole network (single_process, data_parallel) or its
+// tensor-parallel slice (model_parallel<tensor_parallel<T>>, hybrid<data_parallel, tensor_parallel>).
+// It owns the model and the optimizer state, runs the passes and the loss, clips and steps; the
+// policy's communication is its Sync (single_process_sync, gradient_allreduce,
+// tensor_parallel_sync). Also the split-invariant mode (deterministic_chunk) of single_process and
+// data_parallel. Pipelines have their own engine (loom/parallel/pipeline_engine.hpp).
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "loom/backend/kernels/optim.hpp"
+#include "loom/core/error.hpp"
+#include "loom/core/memory.hpp"
+#include "loom/monitor/figures.hpp"
+#include "loom/nn/loss.hpp"
+#include "loom/nn/model.hpp"
+#include "loom/optim/clip.hpp"
+#include "loom/parallel/chunk_tree.hpp"
+#include "loom/parallel/engine.hpp"
+#include "loom/parallel/shard_map.hpp"
+
+namespace loom {
+
+namespace detail {
+/// Whether Sync runs tensor-parallel layers (its model is a slice and needs its group).
+template <class Sync>
+concept tensor_sync = requires(Sync& s) {
+  s.group();
+  s.model_shard();
+};
+/// Whether Sync averages gradients over replicas with a communicator (data_parallel).
+template <class Sync>
+concept replica_comm_sync = requires(Sync& s) { s.comm(); } && !tensor_sync<Sync>;
+}  // namespace detail
+
+/// Runs one rank of Network's training with Loss and Optimizer on Backend; Sync (see above)
+/// communicates. Satisfies loom::engine.
+template <class Network, class Loss, class Optimizer, class Backend, class Sync>
+class replica_engine {
+ public:
+  using value_type = float;
+  using T = value_type;
+  /// The network this rank runs: Network, or its tensor-parallel slice.
+  using rank_network = typename Sync::rank_network;
+  using model_type = ::loom::model<rank_network, T, Backend>;
+  using optimizer_state = typename Optimizer::template state<T, Backend>;
+  using optimizer_options = typename Optimizer::options;
+  static constexpr bool tensor_split = detail::tensor_sync<Sync>;
+  static constexpr bool deterministic_capable = !tensor_split;
+
+  /// Builds the communication on `sync`, checks that every rank runs setup.job (collective),
+  /// initialises the model from setup.seed, and makes every replica start from replica 0's
+  /// parameters. Throws loom::invalid_argument when Backend cannot run setup.math, and what the
+  /// optimizer's state throws for bad options; loom::communication_error when the ranks' jobs
+  /// differ.
+  replica_engine(Sync sync, const engine_setup<optimizer_options>& setup)
+      : sync_(std::move(sync)), math_(checked_math(setup.math)), model_(setup.seed, 0, model_shard(sync_)),
+        state_(setup.optimizer, model_type::parameter_count) {
+    sync_.check_same_job(setup.job);
+    sync_.broadcast_parameters(model_.parameters().data(), model_type::parameter_count);
+  }
+
+  int rank() const { return sync_.rank(); }
+  int world() const { return sync_.world(); }
+  int replica() const { return sync_.replica(); }
+  int replicas() const { return sync_.replicas(); }
+  bool reads_samples() const { return true; }
+  bool reads_labels() const { return true; }
+  shard_map shard() const { return sync_.shard(); }
+
+  model_type& model() noexcept { return model_; }
+  const model_type& model() const noexcept { return model_; }
+  optimizer_state& optimizer() noexcept { return state_; }
+  Sync& sync() noexcept { return sync_; }
+  /// The communicator of data_parallel (for programs that also communicate themselves).
+  decltype(auto) comm()
+    requires detail::replica_comm_sync<Sync>
+  {
+    return sync_.comm();
+  }
+
+  void check_same_job(const std::string& description) { sync_.check_same_job(description); }
+
+  std::size_t prepare_fit(std::size_t batch, std::size_t deterministic_chunk) {
+    chunks_.reset();
+    if (deterministic_chunk == 0) return 0;
+    if constexpr (!deterministic_capable) {
+      throw invalid_argument("loom::trainer::fit: deterministic_chunk=" + std::to_string(deterministic_chunk) +
+                             " needs loom::single_process or loom::data_parallel<Comm, ...>, not this policy "
+                             "(tensor or pipeline parallelism): set deterministic_chunk = 0");
+    } else {
+      chunks_ = chunk_plan::make(batch, deterministic_chunk, static_cast<std::size_t>(replicas()));
+      return chunks_->rank_block();
+    }
+  }
+
+  /// See loom::engine. Gradients are written on the first micro-step that has samples and
+  /// added to after it; a rank without samples contributes zeros.
+  loss_value micro_step(const batch_view<T>& b, std::size_t m, std::size_t group, std::uint64_t seed, std::uint64_t step) {
+    if (chunks_) return chunked_micro_step(b, m, group, seed, step);
+    monitor::timed compute(sync_.figures().compute_s);
+    const bool last = m + 1 == group;
+    T* grads = model_.gradients().data();
+    loss_value v;
+    if (b.n > 0) {
+      dy_.reserve_discard(b.n * out_width);
+      run_context ctx{.training = true, .accumulate = m > 0 && had_samples_, .seed = seed, .step = step,
+                      .sample_offset = b.offset, .tensor = tensor_group(), .math = math_};
+      const T* y = model_.forward(ctx, b.x, b.n);
+      v = Loss::template compute<Backend, out_width, T>(y, b.labels, dy_.data(), b.n,
+                                                        T(1) / static_cast<T>(b.global_n * group), ws_);
+      if (last)
+        model_.backward(ctx, dy_.data(), b.n, [&](std::size_t layer) { sync_.layer_done(layer, grads); });
+      else
+        model_.backward(ctx, dy_.data(), b.n);
+      had_samples_ = true;
+    } else if (!(m > 0 && had_samples_)) {
+      Backend::zero(grads, model_type::parameter_count);  // nothing of this batch here: contribute zeros
+      had_samples_ = true;
+    }
+    compute.stop();
+    if (last) sync_.finish(grads);
+    return v;
+  }
+
+  /// Clips the whole model's gradient norm (over the tensor group when split) and steps.
+  void optimizer_step(float lr, double clip) {
+    auto grads = model_.gradients();
+    if (clip > 0) scale_to_norm<Backend>(grads.data(), grads.size(), gradient_norm(), clip);
+    monitor::timed compute(sync_.figures().compute_s);
+    state_.step(model_.parameters().data(), grads.data(), grads.size(), lr);
+    had_samples_ = false;
+  }
+
+  /// See loom::engine: forward and loss in evaluation mode.
+  loss_value evaluate_batch(const batch_view<T>& b, std::uint64_t seed, std::uint64_t step) {
+    if (b.n == 0) return {};
+    run_context ctx{.training = false, .accumulate = false, .seed = seed, .step = step, .sample_offset = b.offset,
+                    .tensor = tensor_group(), .math = math_};
+    const T* y = model_.forward(ctx, b.x, b.n);
+    return Loss::template compute<Backend, out_width, T>(y, b.labels, nullptr, b.n, T(1), ws_);
+  }
+  void end_evaluation() {}
+
+  /// Sums over replicas (a tensor group's ranks saw the same samples: counted once).
+  void sum(double* values, std::size_t n) { sync_.sum(values, n); }
+
+  rank_figures& figures() { return sync_.figures(); }
+  void reset_figures() { sync_.figures() = {}; }
+  std::vector<rank_figures> gather_figures() { return sync_.gather_figures(); }
+
+  /// The L2 norm of the whole model's parameters, summed in double (over the tensor group when
+  /// split, replicated values counted once).
+  double parameters_l2() {
+    if constexpr (tensor_split) return sync_.template l2<Backend>(model_.parameters().data());
+    else return model_.parameters_l2();
+  }
+  /// The whole model's flat parameters (Network's layout) as a host vector, on every rank.
+  std::vector<T> gather_parameters() {
+    if constexpr (tensor_split) return sync_.gather_parameters(model_.copy_parameters_to_host());
+    else return model_.copy_parameters_to_host();
+  }
+
+ private:
+  static constexpr std::size_t in_width = Network::input_shape::size;
+  static constexpr std::size_t out_width = Network::output_shape::size;
+
+  static math_mode checked_math(math_mode math) {
+    if (!Backend::supports(math))
+      throw invalid_argument(std::string("loom::trainer: trainer_options::math = loom::math_mode::") + to_string(math) +
+                             " is not available on loom::" + Backend::name + " here (see loom::" + Backend::name +
+                             "::supports): use math_mode::fp32");
+    return math;
+  }
+  static tensor_shard model_shard(const Sync& s) {
+    if constexpr (tensor_split) return s.model_shard();
+    else return {};
+  }
+  loom::tensor_group* tensor_group() noexcept {
+    if constexpr (tensor_split) return sync_.group();
+    else return nullptr;
+  }
+  double gradient_norm() {
+    const T* g = model_.gradients().data();
+    if constexpr (tensor_split) return sync_.template l2<Backend>(g);
+    else return std::sqrt(Backend::sum(model_type::parameter_count, detail::squared_term<T>{g}));
+  }
+
+  /// micro_step in deterministic mode (chunks_ set): each chunk of this rank's samples runs
+  /// forward and backward alone from the same buffer; their gradients go into the chunk tree,
+  /// whose sum is finished across ranks by tree_allreduce, then into the tree over the group's
+  /// micro-steps, which gradients() gets on the last one.
+  loss_value chunked_micro_step(const batch_view<T>& b, std::size_t m, std::size_t group, std::uint64_t seed,
+                                std::uint64_t step) {
+    constexpr std::size_t count = model_type::parameter_count;
+    const std::size_t c = chunks_->chunk;
+    auto& fig = sync_.figures();
+    monitor::timed compute(fig.compute_s);
+    T* grads = model_.gradients().data();
+    x_chunk_.reserve_discard(c * in_width);
+    labels_chunk_.reserve_discard(c);
+    dy_.reserve_discard(c * out_width);
+    if (m == 0) step_tree_.reset(count);
+    chunk_tree_.reset(count);
+    loss_value v;
+    for (std::size_t at = 0; at < b.n; at += c) {
+      // (k, input) from one buffer for every chunk, so each chunk is computed alike on any rank.
+      const std::size_t k = std::min(c, b.n - at);
+      Backend::copy(x_chunk_.data(), b.x + at * in_width, k * in_width);
+      Backend::copy(labels_chunk_.data(), b.labels + at, k);
+      run_context ctx{.training = true, .accumulate = false, .seed = seed, .step = step, .sample_offset = b.offset + at,
+                      .math = math_};
+      const T* y = model_.forward(ctx, x_chunk_.data(), k);
+      const loss_value u = Loss::template compute<Backend, out_width, T>(y, labels_chunk_.data(), dy_.data(), k,
+                                                                        T(1) / static_cast<T>(b.global_n * group), ws_);
+      v.sum += u.sum;
+      v.correct += u.correct;
+      model_.backward(ctx, dy_.data(), k);
+      chunk_tree_.push(grads);
+    }
+    chunk_tree_.fold(grads);  // this rank's subtree; nothing when it has no sample
+    compute.stop();
+    if constexpr (detail::replica_comm_sync<Sync>) {
+      if (replicas() > 1) {
+        monitor::timed comm(fig.comm_s);
+        tree_scratch_.reserve_discard(count);
+        fig.bytes_sent += tree_allreduce<T, Backend>(sync_.comm(), grads, tree_scratch_.data(), count,
+                                                     [&](std::size_t first, std::size_t) { return chunks_->has_samples(first, b.global_n); });
+        fig.comm_exposed_s += comm.stop();
+      }
+    }
+    if (group > 1) {
+      monitor::timed fold(fig.compute_s);
+      step_tree_.push(grads);
+      if (m + 1 == group) step_tree_.fold(grads);
+    }
+    return v;
+  }
+
+  Sync sync_;
+  math_mode math_;
+  model_type model_;
+  optimizer_state state_;
+  buffer<T, typename Backend::memory_space> dy_;  // (batch, output): the loss gradient
+  loss_workspace<Backend> ws_;
+  bool had_samples_ = false;  // gradients of the current optimizer step have been written
+  // Deterministic mode: the plan of the current fit, one chunk's input, the sums over chunks
+  // and over micro-steps, and the exchange's receive buffer.
+  std::optional<chunk_plan> chunks_;
+  buffer<T, typename Backend::memory_space> x_chunk_, tree_scratch_;
+  buffer<std::int32_t, typename Backend::memory_space> labels_chunk_;
+  gradient_tree<T, Backend> chunk_tree_, step_tree_;
+};
+
+}  // namespace loom

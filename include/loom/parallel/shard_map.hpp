@@ -1,0 +1,130 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// loom::shard_map: what one rank holds of the whole model — which blocks of the whole network's
+// flat parameter layout (Network::parameter_offsets) lie where in this rank's own flat buffer,
+// and as which replica, stage and slice. Every engine gives one (engine::shard()); checkpoints,
+// resharding and optimizer-state sharding read it. The blocks are compile-time values wherever
+// the policy fixes them (the whole model, a pipeline stage, a tensor slice): shards::whole,
+// shards::stage, shards::slice below, which tests static_assert. Optimizer state buffers that
+// are laid out as the parameters (SGD's momentum, Adam's two moments) are described by the
+// same blocks. No communication here.
+
+#include <array>
+#include <cstddef>
+#include <span>
+
+namespace loom {
+
+/// A block of the whole network's flat parameter layout that a rank holds: `rows` runs of
+/// `count` consecutive values; run i starts at whole_offset + i * whole_stride in the whole
+/// layout and at local_offset + i * local_stride in the rank's own buffer. One run (rows = 1)
+/// is a plain range; several are a column block of a row-major matrix (a row_parallel weight).
+struct shard_piece {
+  std::size_t whole_offset = 0, local_offset = 0, count = 0;
+  std::size_t rows = 1, whole_stride = 0, local_stride = 0;
+  /// Every slice of the tensor-parallel group holds this block too (a replicated layer, a
+  /// row_parallel bias): one copy of it is the model's.
+  bool shared = false;
+
+  constexpr std::size_t size() const noexcept { return rows * count; }
+  friend constexpr bool operator==(const shard_piece&, const shard_piece&) = default;
+};
+
+/// What this rank holds of the whole model, and its place in the grid of ranks.
+struct shard_map {
+  /// Data-parallel replica (0 .. replicas - 1): replicas hold the same values.
+  int replica = 0, replicas = 1;
+  /// Pipeline stage (0 .. stages - 1) and tensor-parallel slice (0 .. slices - 1).
+  int stage = 0, stages = 1;
+  int slice = 0, slices = 1;
+  /// Values in the whole model (Network::parameter_count) and in this rank's buffer.
+  std::size_t whole_count = 0, local_count = 0;
+  /// The blocks this rank holds; together they cover its whole buffer once.
+  std::span<const shard_piece> pieces{};
+
+  /// Whether this rank is the one to write `p` when every rank writes what it holds once
+  /// (a checkpoint): replica 0 only, and a shared block from slice 0 only.
+  constexpr bool writes(const shard_piece& p) const noexcept { return replica == 0 && (!p.shared || slice == 0); }
+};
+
+/// Copies this rank's values local[0, map.local_count) into their places of whole (the whole
+/// network's flat layout, Network::parameter_count values). Host memory.
+template <class T>
+void copy_to_whole(const shard_map& map, const T* local, T* whole) {
+  for (const shard_piece& p : map.pieces)
+    for (std::size_t i = 0; i < p.rows; ++i)
+      for (std::size_t k = 0; k < p.count; ++k)
+        whole[p.whole_offset + i * p.whole_stride + k] = local[p.local_offset + i * p.local_stride + k];
+}
+
+/// The inverse: this rank's values from the whole network's flat layout (e.g. a checkpoint
+/// written by another world size). Host memory.
+template <class T>
+void copy_from_whole(const shard_map& map, const T* whole, T* local) {
+  for (const shard_piece& p : map.pieces)
+    for (std::size_t i = 0; i < p.rows; ++i)
+      for (std::size_t k = 0; k < p.count; ++k)
+        local[p.local_offset + i * p.local_stride + k] = whole[p.whole_offset + i * p.whole_stride + k];
+}
+
+namespace shards {
+
+/// The whole model in one block (single_process, data_parallel).
+template <class Network>
+inline constexpr std::array<shard_piece, 1> whole{{{.whole_offset = 0, .local_offset = 0, .count = Network::parameter_count}}};
+
+/// Pipeline stage Stage of Partition (a loom::stage_partition): its layers' parameters, one
+/// block at the stage's offset.
+template <class Partition, std::size_t Stage>
+inline constexpr std::array<shard_piece, 1> stage{
+    {{.whole_offset = Partition::parameter_offsets[Stage], .local_offset = 0, .count = Partition::parameter_counts[Stage]}}};
+
+namespace detail {
+/// The blocks of tensor slice S of Layout (a loom::tensor_parallel_layout<Network, Width>):
+/// a replicated layer whole (shared); a column_parallel layer its W rows and its b entries; a
+/// row_parallel layer its W columns (one run per row) and the whole b (shared).
+template <class Layout, std::size_t S>
+constexpr auto slice_pieces() {
+  using kind = typename Layout::kind;
+  constexpr std::size_t count = [] {
+    std::size_t n = 0;
+    for (const auto& p : Layout::pieces) n += p.role == kind::replicated ? (p.whole_count > 0 ? 1 : 0) : 2;
+    return n;
+  }();
+  std::array<shard_piece, count> out{};
+  std::size_t k = 0;
+  for (const auto& p : Layout::pieces) {
+    if (p.role == kind::replicated) {
+      if (p.whole_count > 0)
+        out[k++] = {.whole_offset = p.whole_offset, .local_offset = p.rank_offset, .count = p.whole_count, .shared = true};
+    } else if (p.role == kind::column) {
+      const std::size_t rows = p.rank_count / (p.cols + 1);  // the slice's rows: W (rows, cols) and b (rows)
+      out[k++] = {.whole_offset = p.whole_offset + S * rows * p.cols, .local_offset = p.rank_offset, .count = rows * p.cols};
+      out[k++] = {.whole_offset = p.whole_offset + p.rows * p.cols + S * rows, .local_offset = p.rank_offset + rows * p.cols,
+                  .count = rows};
+    } else {
+      const std::size_t cols = (p.rank_count - p.rows) / p.rows;  // the slice's columns of W (rows, cols)
+      out[k++] = {.whole_offset = p.whole_offset + S * cols, .local_offset = p.rank_offset, .count = cols, .rows = p.rows,
+                  .whole_stride = p.cols, .local_stride = cols};
+      out[k++] = {.whole_offset = p.whole_offset + p.rows * p.cols, .local_offset = p.rank_offset + p.rows * cols,
+                  .count = p.rows, .shared = true};
+    }
+  }
+  return out;
+}
+}  // namespace detail
+
+/// Tensor-parallel slice Slice of Layout (a loom::tensor_parallel_layout<Network, Width>).
+template <class Layout, std::size_t Slice>
+inline constexpr auto slice = detail::slice_pieces<Layout, Slice>();
+
+/// The values a set of blocks covers in the rank's buffer (each block once).
+template <std::size_t N>
+constexpr std::size_t local_size(const std::array<shard_piece, N>& pieces) {
+  std::size_t n = 0;
+  for (const auto& p : pieces) n += p.size();
+  return n;
+}
+
+}  // namespace shards
+}  // namespace loom
