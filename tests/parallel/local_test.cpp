@@ -124,6 +124,29 @@ TEST_CASE("Ranks built with different seeds are told apart at construction", "[p
   CHECK(caught == 2);
 }
 
+TEST_CASE("Ranks built with different networks are told which, in the types as written", "[parallel]") {
+  std::mutex m;
+  std::vector<std::string> messages;
+  loom::local_world(2).run([&](loom::local_comm& c) {
+    try {
+      if (c.rank() == 0)
+        loom::trainer<mlp, loom::softmax_cross_entropy, loom::sgd, local_dp> t{c, {.lr = 0.02f}, {.seed = 1, .threads = 1}};
+      else
+        loom::trainer<smooth_mlp, loom::softmax_cross_entropy, loom::sgd, local_dp> t{c, {.lr = 0.02f}, {.seed = 1, .threads = 1}};
+    } catch (const loom::communication_error& e) {
+      std::lock_guard lock(m);
+      messages.push_back(e.what());
+    }
+  });
+  REQUIRE(messages.size() == 2);
+  for (const auto& msg : messages) {
+    INFO(msg);
+    CHECK_THAT(msg, Catch::Contains("rank 1 differs from rank 0: [network=loom::network<loom::input<784>, loom::linear<256"));
+    CHECK_THAT(msg, Catch::Contains("loom::tanh") && Catch::Contains("where rank 0 has [network=loom::network<"));
+    CHECK_THAT(msg, !Catch::Contains("N4loom"));  // no mangled names
+  }
+}
+
 TEST_CASE("Each rank's figures are gathered on every rank", "[parallel]") {
   loom::local_world(2).run([&](loom::local_comm& c) {
     loom::trainer<mlp, loom::softmax_cross_entropy, loom::sgd, local_dp> t{c, {.lr = 0.02f}, {.seed = 1, .threads = 1}};

@@ -24,7 +24,7 @@ using tp_mlp = loom::network<loom::input<784>, loom::column_parallel<loom::linea
 // A small one for exhaustive compile-time coverage: a row_parallel first (strided blocks), a
 // column_parallel after it, a replicated layer in between, and activations without parameters.
 using small_tp = loom::network<loom::input<12>, loom::row_parallel<loom::linear<8>>, loom::tanh, loom::linear<6>,
-                               loom::column_parallel<loom::linear<6>>, loom::relu, loom::linear<4>>;
+                               loom::column_parallel<loom::linear<8>>, loom::relu, loom::linear<4>>;
 
 /// How often the blocks of every slice 0 .. Width-1 cover each value of the whole model, a
 /// shared block counted once (from slice 0, as shard_map::writes does).
@@ -98,6 +98,24 @@ static_assert(fills_local_once<small_tp, 2, 1>());
 static_assert(fills_local_once<small_tp, 4, 3>());
 static_assert(loom::shards::local_size(loom::shards::slice<layout2, 0>) ==
               loom::tensor_parallel_network<tp_mlp, 2>::parameter_count);
+
+// ---- every engine gives the same blocks, hybrids included ----------------------------------
+using lcomm = loom::local_comm;
+template <class Net, class Policy>
+using engine_of = typename loom::trainer<Net, loom::softmax_cross_entropy, loom::sgd, Policy>::engine_type;
+static_assert(engine_of<mlp, loom::single_process>::pieces_of<0> == loom::shards::whole<mlp>);
+static_assert(engine_of<mlp, loom::data_parallel<lcomm>>::pieces_of<0> == loom::shards::whole<mlp>);
+static_assert(engine_of<mlp, loom::model_parallel<loom::pipeline<2>, lcomm>>::pieces_of<1> == loom::shards::stage<part2, 1>);
+static_assert(engine_of<mlp, loom::hybrid<loom::data_parallel<lcomm>, loom::pipeline<2>>>::pieces_of<0> ==
+              loom::shards::stage<part2, 0>);
+static_assert(engine_of<mlp, loom::hybrid<loom::data_parallel<lcomm>, loom::pipeline<2>>>::pieces_of<1> ==
+              loom::shards::stage<part2, 1>);
+static_assert(engine_of<tp_mlp, loom::model_parallel<loom::tensor_parallel<2>, lcomm>>::pieces_of<1> ==
+              loom::shards::slice<layout2, 1>);
+static_assert(engine_of<tp_mlp, loom::hybrid<loom::data_parallel<lcomm>, loom::tensor_parallel<2>>>::pieces_of<0> ==
+              loom::shards::slice<layout2, 0>);
+static_assert(engine_of<tp_mlp, loom::hybrid<loom::data_parallel<lcomm>, loom::tensor_parallel<2>>>::pieces_of<1> ==
+              loom::shards::slice<layout2, 1>);
 
 /// Each rank's shard() and its own parameters, placed into the whole layout, must agree with
 /// gather_parameters() wherever the rank holds them; and the ranks together hold everything.

@@ -150,7 +150,9 @@ class gradient_allreduce {
   int replica() const { return comm_.rank(); }
   int replicas() const { return comm_.size(); }
   comm_t& comm() { return comm_; }
-  /// Every rank holds the whole model, as replica rank().
+  /// Every rank holds the whole model, as replica rank(); its blocks at compile time.
+  template <std::size_t = 0>
+  static constexpr auto pieces_of = shards::whole<Network>;
   shard_map shard() const {
     return {.replica = rank(), .replicas = world(), .whole_count = Network::parameter_count,
             .local_count = Network::parameter_count, .pieces = shards::whole<Network>};

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "loom/core/math_mode.hpp"
@@ -43,6 +44,16 @@ struct engine_setup {
   OptimizerOptions optimizer{};
   std::string job;
 };
+
+namespace detail {
+/// Whether Comm can move the memory Backend computes in: any communicator (or none, void)
+/// moves host memory; GPU memory needs one that says so (nccl_comm::moves_device_memory).
+template <class Comm, class Backend>
+constexpr bool comm_reaches_memory_of() {
+  if constexpr (std::is_void_v<Comm> || Backend::memory_space::host_accessible) return true;
+  else return requires { requires Comm::moves_device_memory; };
+}
+}  // namespace detail
 
 /// The engine of a policy, as the trainer drives it. E::value_type is the parameters' type.
 ///

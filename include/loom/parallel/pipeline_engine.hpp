@@ -44,14 +44,6 @@ namespace detail {
 /// Stands for "no data parallelism over the replicas" in pipeline_engine's DataParallel.
 struct no_data_parallel {};
 
-/// Whether Comm can move the memory Backend computes in: any communicator moves host memory;
-/// GPU memory needs one that says so (nccl_comm::moves_device_memory).
-template <class Comm, class Backend>
-constexpr bool comm_reaches_memory_of() {
-  if constexpr (Backend::memory_space::host_accessible) return true;
-  else return requires { requires Comm::moves_device_memory; };
-}
-
 /// The first sample of micro-batch m when n samples are cut into M micro-batches: sizes
 /// n m / M .. n (m + 1) / M differ by at most one (some are empty when n < M).
 constexpr std::size_t micro_batch_begin(std::size_t n, std::size_t m, std::size_t M) { return n * m / M; }
@@ -262,6 +254,9 @@ class pipeline_engine {
   bool reads_labels() const { return last_stage(); }
   /// This rank's stage of the whole network's layout (shards::stage), as its replica.
   shard_map shard() const { return shard_of(std::make_index_sequence<stages>{}); }
+  /// Stage I's blocks of the whole layout, at compile time.
+  template <std::size_t I>
+  static constexpr auto pieces_of = shards::stage<partition, I>;
   /// The world communicator, and this rank's pipeline group (ranked by stage).
   Comm& world_comm() { return world_; }
   Comm& pipeline_comm() { return pipe_; }

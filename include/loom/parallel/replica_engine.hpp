@@ -54,6 +54,11 @@ class replica_engine {
   using model_type = ::loom::model<rank_network, T, Backend>;
   using optimizer_state = typename Optimizer::template state<T, Backend>;
   using optimizer_options = typename Optimizer::options;
+  using sync_type = Sync;
+  /// The blocks of the whole layout that slice I holds (I = 0 unless tensor parallel), at
+  /// compile time (see loom::shards).
+  template <std::size_t I>
+  static constexpr auto pieces_of = Sync::template pieces_of<I>;
   static constexpr bool tensor_split = detail::tensor_sync<Sync>;
   static constexpr bool deterministic_capable = !tensor_split;
 

@@ -25,6 +25,8 @@ class single_process_sync {
   int world() const { return 1; }
   int replica() const { return 0; }
   int replicas() const { return 1; }
+  template <std::size_t = 0>
+  static constexpr auto pieces_of = shards::whole<Network>;
   shard_map shard() const {
     return {.whole_count = Network::parameter_count, .local_count = Network::parameter_count,
             .pieces = shards::whole<Network>};

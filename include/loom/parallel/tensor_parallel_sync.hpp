@@ -116,6 +116,9 @@ class tensor_parallel_sync {
   /// What this rank holds: slice rank() % Width of the whole network's layout, as replica
   /// rank() / Width (shards::slice).
   shard_map shard() const { return shard_of(std::make_index_sequence<Width>{}); }
+  /// Slice I's blocks of the whole layout, at compile time.
+  template <std::size_t I>
+  static constexpr auto pieces_of = shards::slice<layout, I>;
   /// The tensor group, for run_context::tensor; valid as long as the engine (moves keep it).
   tensor_group* group() noexcept { return group_.get(); }
   Comm& tensor_comm() noexcept { return group_->comm(); }

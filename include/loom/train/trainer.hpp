@@ -107,14 +107,6 @@ struct engine_for<Network, Loss, Optimizer, hybrid<data_parallel<Comm, DO...>, p
   static type make(Comm c, const engine_setup<typename Optimizer::options>& s) { return type(std::move(c), s); }
 };
 
-/// Whether Comm can move the memory of Backend's space: any communicator (or none) moves host
-/// memory; GPU memory needs one that says so (nccl_comm::moves_device_memory).
-template <class Comm, class Backend>
-constexpr bool reaches_backend_memory() {
-  if constexpr (std::is_void_v<Comm> || Backend::memory_space::host_accessible) return true;
-  else return requires { requires Comm::moves_device_memory; };
-}
-
 template <class Engine>
 inline constexpr bool is_pipeline_engine_v = false;
 template <class N, class L, class O, class B, class P, class C, class D>
@@ -233,7 +225,7 @@ class trainer {
                 "loom::hybrid<loom::data_parallel<Comm, ...>, loom::pipeline<...>>)");
   // (A pipeline's engine says it for pipelines, in its own words.)
   static_assert(detail::is_pipeline_engine_v<typename traits::type> ||
-                    detail::reaches_backend_memory<typename traits::comm, Backend>(),
+                    detail::comm_reaches_memory_of<typename traits::comm, Backend>(),
                 "loom::trainer: this data_parallel communicator cannot move GPU memory (mpi_comm and local_comm "
                 "take host memory): with loom::cuda use loom::data_parallel<loom::nccl_comm> from <loom/comm/nccl.hpp> "
                 "(tensor parallelism, too, needs a communicator that moves GPU memory)");
