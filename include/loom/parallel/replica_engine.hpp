@@ -62,15 +62,17 @@ class replica_engine {
   static constexpr bool tensor_split = detail::tensor_sync<Sync>;
   static constexpr bool deterministic_capable = !tensor_split;
 
-  /// Builds the communication on `sync`, checks that every rank runs setup.job (collective),
-  /// initialises the model from setup.seed, and makes every replica start from replica 0's
+  /// Takes the communication `sync`, checks that every rank runs setup.job (collective), then
+  /// that Backend runs setup.math, initialises the model from setup.seed, and makes every replica start from replica 0's
   /// parameters. Throws loom::invalid_argument when Backend cannot run setup.math, and what the
   /// optimizer's state throws for bad options; loom::communication_error when the ranks' jobs
   /// differ.
   replica_engine(Sync sync, const engine_setup<optimizer_options>& setup)
-      : sync_(std::move(sync)), math_(checked_math(setup.math)), model_(setup.seed, 0, model_shard(sync_)),
+      : sync_(std::move(sync)),
+        // The job first, on every rank alike: ranks asking for different math modes hear of
+        // the difference rather than one of them stopping alone.
+        math_((sync_.check_same_job(setup.job), checked_math(setup.math))), model_(setup.seed, 0, model_shard(sync_)),
         state_(setup.optimizer, model_type::parameter_count) {
-    sync_.check_same_job(setup.job);
     sync_.broadcast_parameters(model_.parameters().data(), model_type::parameter_count);
   }
 
