@@ -35,6 +35,8 @@ struct flags {
   std::size_t train_samples = 0;
   std::size_t test_samples = 0;
   std::size_t deterministic_chunk = 0;
+  std::string metrics_file, metrics_jsonl;
+  double monitor_every = 5;
   std::string data = loom::data::default_fashion_mnist_dir;
   bool quiet = false;
 };
@@ -55,6 +57,10 @@ inline constexpr const char* common_usage = R"(  --model mlp|cnn        network 
   --deterministic-chunk C  split-invariant mode: chunks of C samples summed in one fixed tree,
                          so results are bitwise equal on 1, 2, 4, ... ranks (power-of-two ranks;
                          single process and data parallel only; default 0: off)
+  --metrics-file FILE    each rank's live metrics as a Prometheus textfile, rewritten atomically
+                         (several ranks: FILE with .rank<r> before its extension)
+  --metrics-jsonl FILE   each rank's metrics appended as JSON lines (likewise per rank)
+  --monitor-every S      seconds between metrics writes (default 5; 0: every step)
   --quiet                no progress output
 )";
 
@@ -112,12 +118,16 @@ class parser {
       else if (name == "test-samples") f.test_samples = number<std::size_t>(name, value);
       else if (name == "data") f.data = value;
       else if (name == "deterministic-chunk") f.deterministic_chunk = number<std::size_t>(name, value);
+      else if (name == "metrics-file") f.metrics_file = value;
+      else if (name == "metrics-jsonl") f.metrics_jsonl = value;
+      else if (name == "monitor-every") f.monitor_every = number<double>(name, value);
       else if (!extra || !extra(name, value)) fail("unknown flag --" + std::string(name));
     }
     if (f.model != "mlp" && f.model != "cnn") fail("--model must be mlp or cnn, got '" + f.model + "'");
     if (f.optimizer != "sgd" && f.optimizer != "adam") fail("--optimizer must be sgd or adam, got '" + f.optimizer + "'");
     if (f.batch == 0) fail("--batch must be at least 1");
     if (f.epochs == 0) fail("--epochs must be at least 1");
+    if (!(f.monitor_every >= 0)) fail("--monitor-every must be >= 0 seconds");
     return f;
   }
 
@@ -147,6 +157,7 @@ inline loom::fit_options fit_options_of(const flags& f) {
   fo.batch = f.batch;
   fo.max_steps = f.max_steps;
   fo.deterministic_chunk = f.deterministic_chunk;
+  fo.metrics = {.prometheus_file = f.metrics_file, .jsonl_file = f.metrics_jsonl, .every_s = f.monitor_every};
   fo.progress = f.quiet ? nullptr : &std::cerr;
   return fo;
 }

@@ -25,6 +25,7 @@
 #include "loom/data/distributed.hpp"
 #include "loom/data/loader.hpp"
 #include "loom/monitor/figures.hpp"
+#include "loom/monitor/metrics.hpp"
 #include "loom/monitor/progress.hpp"
 #include "loom/nn/loss.hpp"
 #include "loom/nn/model.hpp"
@@ -182,6 +183,9 @@ struct fit_options {
   /// Where progress goes (null: nowhere) and how.
   std::ostream* progress = &std::cerr;
   progress_mode progress_style = progress_mode::automatic;
+  /// Each rank's live metrics files (Prometheus textfile, JSON lines) and how often they are
+  /// rewritten (loom/monitor/metrics.hpp); none by default.
+  metrics_options metrics{};
 };
 
 /// What fit() measured.
@@ -278,6 +282,8 @@ class trainer {
                               opts.progress == &std::cerr ? ::isatty(2) : opts.progress == &std::cout ? ::isatty(1) : false);
     engine_.reset_figures();
     rank_figures& fig = engine_.figures();
+    monitor::metrics_writer metrics(opts.metrics, engine_.rank(), engine_.world());
+    monitor::training_point point;
     fit_result r;
     r.ranks = engine_.world();
     const auto start = monitor::clock::now();
@@ -310,13 +316,18 @@ class trainer {
           fig.samples += static_cast<double>(b.n);
           global_samples += b.global_n;
         }
-        engine_.optimizer_step(opts.schedule(step_, opt_.lr), opts.clip_grad_norm);
+        const float lr = opts.schedule(step_, opt_.lr);
+        engine_.optimizer_step(lr, opts.clip_grad_norm);
         ++step_;
         ++steps;
         if constexpr (!per_epoch_sums) engine_.sum(step_sums, 3);
         for (int i = 0; i < 3; ++i) sums[i] += step_sums[i];
-        progress.update(epoch + 1, opts.epochs, k, batches, sums[2] ? sums[0] / sums[2] : 0, sums[2] ? sums[1] / sums[2] : 0,
-                        (r.samples + global_samples) / std::max(1e-9, monitor::seconds_between(start, monitor::clock::now())));
+        point = {.step = step_, .epoch = epoch + 1, .loss = sums[2] ? sums[0] / sums[2] : 0,
+                 .accuracy = sums[2] ? sums[1] / sums[2] : 0, .lr = lr,
+                 .elapsed_s = monitor::seconds_between(start, monitor::clock::now())};
+        point.samples_per_s = (r.samples + global_samples) / std::max(1e-9, point.elapsed_s);
+        progress.update(epoch + 1, opts.epochs, k, batches, point.loss, point.accuracy, point.samples_per_s);
+        metrics.tick(fig, point);
       }
       if (steps == 0) break;
       if constexpr (per_epoch_sums) engine_.sum(sums, 3);
@@ -328,6 +339,8 @@ class trainer {
     }
     r.seconds = monitor::seconds_between(start, monitor::clock::now());
     fig.seconds = r.seconds;
+    point.elapsed_s = r.seconds;
+    metrics.tick(fig, point, /*force=*/true);
     r.figures = engine_.gather_figures();
     return r;
   }

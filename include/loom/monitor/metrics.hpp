@@ -1,0 +1,206 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Live metrics of one rank while it trains, in the formats tools read: a Prometheus text
+// exposition file (a node_exporter textfile, rewritten atomically) and JSON lines for scripts.
+// Each rank writes its own files every few seconds from its own figures — no communication, so
+// a slow or stuck rank still reports, and nothing waits for it. Also the process sampler (RSS,
+// peak RSS, CPU time) the files carry. Not here: the live view across ranks, timelines and
+// TensorBoard events.
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "loom/core/error.hpp"
+#include "loom/monitor/figures.hpp"
+
+namespace loom {
+
+/// Where and how often a rank writes its metrics during fit (empty paths: not written).
+/// Under several ranks, each rank writes its own file: `.rank<r>` goes before the extension
+/// (metrics.prom → metrics.rank1.prom), so one node_exporter textfile directory holds them all.
+struct metrics_options {
+  /// Prometheus text exposition (node_exporter's textfile collector reads `*.prom`).
+  std::string prometheus_file;
+  /// One JSON object per line, appended at each write.
+  std::string jsonl_file;
+  /// Seconds between writes (0: after every optimizer step); the last state is always written
+  /// when fit ends.
+  double every_s = 5;
+};
+
+namespace monitor {
+
+/// What the process uses, read in about a microsecond from /proc/self/statm and getrusage.
+struct process_sample {
+  double rss_bytes = 0;       ///< resident set now
+  double peak_rss_bytes = 0;  ///< the most resident at once since the process started
+  double cpu_s = 0;           ///< user + system CPU time of every thread
+};
+
+inline process_sample sample_process() {
+  process_sample s;
+  if (std::FILE* f = std::fopen("/proc/self/statm", "r")) {
+    unsigned long size = 0, resident = 0;
+    if (std::fscanf(f, "%lu %lu", &size, &resident) == 2)
+      s.rss_bytes = static_cast<double>(resident) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+    std::fclose(f);
+  }
+  rusage u{};
+  if (::getrusage(RUSAGE_SELF, &u) == 0) {
+    s.peak_rss_bytes = static_cast<double>(u.ru_maxrss) * 1024.0;  // Linux: KiB
+    s.cpu_s = static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+              1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+  }
+  return s;
+}
+
+/// The training state a metrics write reports besides the figures.
+struct training_point {
+  std::size_t step = 0;        ///< optimizer steps so far (over all fit calls)
+  std::size_t epoch = 0;       ///< 1-based epoch in progress
+  double loss = 0;             ///< mean loss of this rank's replica over the epoch so far
+  double accuracy = 0;         ///< likewise
+  double lr = 0;               ///< learning rate of the last step
+  double samples_per_s = 0;    ///< global samples per second since fit started
+  double elapsed_s = 0;        ///< seconds since fit started
+};
+
+/// `path` with `.rank<r>` before its extension when several ranks write (see metrics_options).
+inline std::string rank_path(const std::string& path, int rank, int world) {
+  if (world <= 1) return path;
+  const std::size_t slash = path.find_last_of('/');
+  const std::size_t dot = path.find_last_of('.');
+  const std::size_t name = slash == std::string::npos ? 0 : slash + 1;  // a leading dot is no extension
+  const bool has_ext = dot != std::string::npos && dot > name;
+  const std::string tag = ".rank" + std::to_string(rank);
+  return has_ext ? path.substr(0, dot) + tag + path.substr(dot) : path + tag;
+}
+
+/// Writes one rank's metrics files (see metrics_options). Throws loom::io_error naming the
+/// file when one cannot be written; a failed Prometheus write leaves the previous file whole.
+class metrics_writer {
+ public:
+  metrics_writer(const metrics_options& o, int rank, int world)
+      : every_s_(o.every_s), rank_(rank), prom_(o.prometheus_file.empty() ? "" : rank_path(o.prometheus_file, rank, world)),
+        jsonl_(o.jsonl_file.empty() ? "" : rank_path(o.jsonl_file, rank, world)) {
+    if (!(every_s_ >= 0))
+      throw invalid_argument("loom::metrics_options: every_s must be >= 0 (0: every step), got " + std::to_string(every_s_));
+    if (!jsonl_.empty()) {
+      jsonl_out_.open(jsonl_, std::ios::app);
+      if (!jsonl_out_) throw io_error("loom::metrics: cannot open " + jsonl_ + " for appending: " + std::strerror(errno));
+    }
+  }
+
+  bool enabled() const noexcept { return !prom_.empty() || !jsonl_.empty(); }
+  const std::string& prometheus_path() const noexcept { return prom_; }
+  const std::string& jsonl_path() const noexcept { return jsonl_; }
+
+  /// Writes when every_s has passed since the last write (or force); one clock read otherwise.
+  void tick(const rank_figures& f, const training_point& p, bool force = false) {
+    if (!enabled()) return;
+    const auto now = clock::now();
+    if (!force && written_ && seconds_between(last_, now) < every_s_) return;
+    last_ = now;
+    written_ = true;
+    const process_sample s = sample_process();
+    if (!prom_.empty()) write_prometheus(f, p, s);
+    if (!jsonl_.empty()) write_jsonl(f, p, s);
+  }
+
+ private:
+  static std::string num(double v) {
+    char b[64];
+    std::snprintf(b, sizeof b, "%.17g", v);
+    return b;
+  }
+
+  void write_prometheus(const rank_figures& f, const training_point& p, const process_sample& s) {
+    std::string out;
+    const std::string label = "{rank=\"" + std::to_string(rank_) + "\"}";
+    auto metric = [&](std::string_view name, std::string_view type, std::string_view help, double v) {
+      out += "# HELP loom_";
+      out += name;
+      out += ' ';
+      out += help;
+      out += "\n# TYPE loom_";
+      out += name;
+      out += ' ';
+      out += type;
+      out += "\nloom_";
+      out += name;
+      out += label + ' ' + num(v) + '\n';
+    };
+    metric("steps_total", "counter", "Optimizer steps taken.", static_cast<double>(p.step));
+    metric("epoch", "gauge", "Epoch in progress (1-based).", static_cast<double>(p.epoch));
+    metric("train_loss", "gauge", "Mean training loss of this rank's replica over the epoch so far.", p.loss);
+    metric("train_accuracy", "gauge", "Training accuracy of this rank's replica over the epoch so far.", p.accuracy);
+    metric("learning_rate", "gauge", "Learning rate of the last step.", p.lr);
+    metric("samples_per_second", "gauge", "Global samples per second since fit started.", p.samples_per_s);
+    metric("fit_elapsed_seconds", "gauge", "Seconds since fit started.", p.elapsed_s);
+    metric("compute_seconds_total", "counter", "Seconds in forward, backward and the optimizer.", f.compute_s);
+    metric("comm_seconds_total", "counter", "Seconds gradient communication was in flight.", f.comm_s);
+    metric("comm_exposed_seconds_total", "counter", "Seconds blocked waiting for gradients (communication not hidden).",
+           f.comm_exposed_s);
+    metric("wait_seconds_total", "counter", "Seconds blocked in other collectives.", f.wait_s);
+    metric("data_seconds_total", "counter", "Seconds reading and converting samples.", f.data_s);
+    metric("bubble_seconds_total", "counter", "Seconds a pipeline stage waited on its neighbours.", f.bubble_s);
+    metric("sent_bytes_total", "counter", "Gradient and activation bytes sent.", f.bytes_sent);
+    metric("samples_total", "counter", "Samples this rank trained on.", f.samples);
+    metric("resident_memory_bytes", "gauge", "Resident set size of the process.", s.rss_bytes);
+    metric("peak_resident_memory_bytes", "gauge", "Most resident memory at once since the process started.",
+           s.peak_rss_bytes);
+    metric("cpu_seconds_total", "counter", "User and system CPU time of the process.", s.cpu_s);
+    // Atomically: a reader (node_exporter) sees the old file or the new one, never half of one.
+    const std::string tmp = prom_ + ".tmp." + std::to_string(::getpid());
+    {
+      std::ofstream o(tmp, std::ios::trunc);
+      o << out;
+      o.flush();
+      if (!o) {
+        std::remove(tmp.c_str());
+        throw io_error("loom::metrics: cannot write " + tmp + ": " + std::strerror(errno) + " (" + prom_ +
+                       " is left as it was)");
+      }
+    }
+    if (std::rename(tmp.c_str(), prom_.c_str()) != 0) {
+      const int e = errno;
+      std::remove(tmp.c_str());
+      throw io_error("loom::metrics: cannot rename " + tmp + " to " + prom_ + ": " + std::strerror(e));
+    }
+  }
+
+  void write_jsonl(const rank_figures& f, const training_point& p, const process_sample& s) {
+    std::string line = "{\"rank\":" + std::to_string(rank_) + ",\"step\":" + std::to_string(p.step) +
+                       ",\"epoch\":" + std::to_string(p.epoch) + ",\"loss\":" + num(p.loss) +
+                       ",\"accuracy\":" + num(p.accuracy) + ",\"lr\":" + num(p.lr) +
+                       ",\"samples_per_s\":" + num(p.samples_per_s) + ",\"elapsed_s\":" + num(p.elapsed_s);
+    for (const auto& field : figure_fields) {
+      line += ",\"";
+      line += field.name;
+      line += "\":" + num(f.*field.member);
+    }
+    line += ",\"rss_bytes\":" + num(s.rss_bytes) + ",\"peak_rss_bytes\":" + num(s.peak_rss_bytes) +
+            ",\"cpu_s\":" + num(s.cpu_s) + "}\n";
+    jsonl_out_ << line << std::flush;
+    if (!jsonl_out_) throw io_error("loom::metrics: cannot append to " + jsonl_ + ": " + std::strerror(errno));
+  }
+
+  double every_s_;
+  int rank_;
+  std::string prom_, jsonl_;
+  std::ofstream jsonl_out_;
+  clock::time_point last_{};
+  bool written_ = false;
+};
+
+}  // namespace monitor
+}  // namespace loom
