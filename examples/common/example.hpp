@@ -35,7 +35,7 @@ struct flags {
   std::size_t train_samples = 0;
   std::size_t test_samples = 0;
   std::size_t deterministic_chunk = 0;
-  std::string metrics_file, metrics_jsonl;
+  std::string metrics_file, metrics_jsonl, trace;
   double monitor_every = 5;
   std::string data = loom::data::default_fashion_mnist_dir;
   bool quiet = false;
@@ -61,6 +61,8 @@ inline constexpr const char* common_usage = R"(  --model mlp|cnn        network 
                          (several ranks: FILE with .rank<r> before its extension)
   --metrics-jsonl FILE   each rank's metrics appended as JSON lines (likewise per rank)
   --monitor-every S      seconds between metrics writes (default 5; 0: every step)
+  --trace FILE           Chrome trace JSON timeline of training (Perfetto, chrome://tracing): every
+                         rank in FILE, and each rank's own with .rank<r> before the extension
   --quiet                no progress output
 )";
 
@@ -121,6 +123,7 @@ class parser {
       else if (name == "metrics-file") f.metrics_file = value;
       else if (name == "metrics-jsonl") f.metrics_jsonl = value;
       else if (name == "monitor-every") f.monitor_every = number<double>(name, value);
+      else if (name == "trace") f.trace = value;
       else if (!extra || !extra(name, value)) fail("unknown flag --" + std::string(name));
     }
     if (f.model != "mlp" && f.model != "cnn") fail("--model must be mlp or cnn, got '" + f.model + "'");
@@ -158,6 +161,7 @@ inline loom::fit_options fit_options_of(const flags& f) {
   fo.max_steps = f.max_steps;
   fo.deterministic_chunk = f.deterministic_chunk;
   fo.metrics = {.prometheus_file = f.metrics_file, .jsonl_file = f.metrics_jsonl, .every_s = f.monitor_every};
+  fo.trace = f.trace;
   fo.progress = f.quiet ? nullptr : &std::cerr;
   return fo;
 }

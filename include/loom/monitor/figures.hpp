@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Per-rank figures of a training run (compute, communication, waiting, bytes, throughput, and a
-// pipeline stage's bubble and memory), the one list of their names, the one way every engine
-// times a phase (monitor::timed), gathering every rank's figures, and the tables rank 0 prints.
-// Knows nothing of communicators beyond an allgather of doubles.
+// pipeline stage's bubble and memory), the one list of their names, gathering every rank's
+// figures, and the tables rank 0 prints. The one way every engine times a phase,
+// monitor::timed, is in monitor/timeline.hpp. Knows nothing of communicators beyond an
+// allgather of doubles.
 
 #include <array>
 #include <chrono>
@@ -70,29 +71,6 @@ using clock = std::chrono::steady_clock;
 inline double seconds_between(clock::time_point a, clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
-
-/// Adds the seconds of a scope to a figure: `{ monitor::timed t(fig.compute_s); ...work... }`.
-/// Two clock reads (about 40 ns), nothing else: cheap enough to stay on in every step.
-/// stop() ends the span early (then the destructor adds nothing); it returns the seconds added.
-class timed {
- public:
-  explicit timed(double& into) noexcept : into_(&into), start_(clock::now()) {}
-  timed(const timed&) = delete;
-  timed& operator=(const timed&) = delete;
-  ~timed() { stop(); }
-  double stop() noexcept {
-    if (!into_) return 0;
-    const double s = seconds_between(start_, clock::now());
-    *into_ += s;
-    into_ = nullptr;
-    return s;
-  }
-  clock::time_point start() const noexcept { return start_; }
-
- private:
-  double* into_;
-  clock::time_point start_;
-};
 
 }  // namespace monitor
 

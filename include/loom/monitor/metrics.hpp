@@ -21,6 +21,7 @@
 
 #include "loom/core/error.hpp"
 #include "loom/monitor/figures.hpp"
+#include "loom/monitor/timeline.hpp"
 
 namespace loom {
 
@@ -160,22 +161,7 @@ class metrics_writer {
            s.peak_rss_bytes);
     metric("cpu_seconds_total", "counter", "User and system CPU time of the process.", s.cpu_s);
     // Atomically: a reader (node_exporter) sees the old file or the new one, never half of one.
-    const std::string tmp = prom_ + ".tmp." + std::to_string(::getpid());
-    {
-      std::ofstream o(tmp, std::ios::trunc);
-      o << out;
-      o.flush();
-      if (!o) {
-        std::remove(tmp.c_str());
-        throw io_error("loom::metrics: cannot write " + tmp + ": " + std::strerror(errno) + " (" + prom_ +
-                       " is left as it was)");
-      }
-    }
-    if (std::rename(tmp.c_str(), prom_.c_str()) != 0) {
-      const int e = errno;
-      std::remove(tmp.c_str());
-      throw io_error("loom::metrics: cannot rename " + tmp + " to " + prom_ + ": " + std::strerror(e));
-    }
+    write_file_atomically(prom_, out);
   }
 
   void write_jsonl(const rank_figures& f, const training_point& p, const process_sample& s) {

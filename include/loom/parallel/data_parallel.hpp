@@ -19,6 +19,7 @@
 #include "loom/core/error.hpp"
 #include "loom/parallel/bucket_plan.hpp"
 #include "loom/monitor/figures.hpp"
+#include "loom/monitor/timeline.hpp"
 #include "loom/parallel/shard_map.hpp"
 
 namespace loom {
@@ -182,7 +183,7 @@ class gradient_allreduce {
   /// last one as a blocking allreduce, waits for every bucket, and accounts the time. After it,
   /// grads holds the sum over ranks. Every rank issues the same collectives in the same order.
   void finish(T* grads) {
-    monitor::timed exposed(figures_.comm_exposed_s);
+    monitor::timed exposed(figures_, &rank_figures::comm_exposed_s);
     if (plan::count > 0 && started_ + 1 < plan::count) start(plan::count - 2, grads);  // a rank without samples ran no backward
     if (started_ < plan::count) {
       const auto& last = plan::buckets[plan::count - 1];
@@ -200,7 +201,7 @@ class gradient_allreduce {
 
   /// Sums values over ranks (losses, counts for reporting). Collective.
   void sum(double* values, std::size_t n) {
-    monitor::timed t(figures_.wait_s);
+    monitor::timed t(figures_, &rank_figures::wait_s);
     comm_.allreduce(values, n, reduce_op::sum);
   }
 
@@ -208,6 +209,10 @@ class gradient_allreduce {
 
   /// Gathers every rank's figures on every rank (collective), rank order.
   std::vector<rank_figures> gather_figures() { return loom::gather_figures(comm_, figures_); }
+  /// Every rank's spans on rank 0 (collective).
+  std::vector<std::vector<monitor::span_event>> gather_timelines(const monitor::timeline& t, std::vector<std::size_t>& dropped) {
+    return monitor::gather_timelines(comm_, t, dropped);
+  }
 
   static constexpr const auto& buckets() { return plan::buckets; }
 

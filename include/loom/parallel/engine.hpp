@@ -19,6 +19,7 @@
 
 #include "loom/core/math_mode.hpp"
 #include "loom/monitor/figures.hpp"
+#include "loom/monitor/timeline.hpp"
 #include "loom/nn/loss.hpp"
 #include "loom/parallel/shard_map.hpp"
 
@@ -75,13 +76,15 @@ constexpr bool comm_reaches_memory_of() {
 /// - sum(v, n): v[0, n) summed over the replicas, each replica counted once, on every rank
 ///   (ranks holding no loss contribute nothing). Collective.
 /// - figures(), reset_figures(), gather_figures(): this rank's figures, and every rank's on
-///   every rank (collective).
+///   every rank (collective); gather_timelines(t, dropped): every rank's spans on world rank 0
+///   (collective).
 /// - shard(): what this rank holds (loom::shard_map).
 /// - parameters_l2(), gather_parameters(): the whole model's norm and flat parameters on every
 ///   rank (collective over the model-parallel group).
 template <class E>
 concept engine = requires(E& e, const E& ce, const batch_view<typename E::value_type>& b, std::size_t n, std::uint64_t u,
-                          double* v, const std::string& s, float lr, double clip) {
+                          double* v, const std::string& s, float lr, double clip, const monitor::timeline& t,
+                          std::vector<std::size_t>& d) {
   typename E::value_type;
   { ce.rank() } -> std::same_as<int>;
   { ce.world() } -> std::same_as<int>;
@@ -99,6 +102,7 @@ concept engine = requires(E& e, const E& ce, const batch_view<typename E::value_
   { e.figures() } -> std::same_as<rank_figures&>;
   e.reset_figures();
   { e.gather_figures() } -> std::same_as<std::vector<rank_figures>>;
+  { e.gather_timelines(t, d) } -> std::same_as<std::vector<std::vector<monitor::span_event>>>;
   { ce.shard() } -> std::same_as<shard_map>;
   { e.parameters_l2() } -> std::same_as<double>;
   { e.gather_parameters() } -> std::same_as<std::vector<typename E::value_type>>;

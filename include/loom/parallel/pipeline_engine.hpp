@@ -35,6 +35,7 @@
 #include "loom/parallel/data_parallel.hpp"
 #include "loom/parallel/engine.hpp"
 #include "loom/monitor/figures.hpp"
+#include "loom/monitor/timeline.hpp"
 #include "loom/parallel/pipeline_plan.hpp"
 #include "loom/parallel/shard_map.hpp"
 
@@ -340,7 +341,7 @@ class pipeline_engine {
     T* grads = gradients();
     const std::size_t n = parameter_count();
     if (clip > 0) scale_to_norm<Backend>(grads, n, std::sqrt(gradient_squared_norm()), clip);
-    monitor::timed compute(figures_.compute_s);
+    monitor::timed compute(figures_, &rank_figures::compute_s);
     state_.step(parameters(), grads, n, lr);
   }
 
@@ -380,7 +381,7 @@ class pipeline_engine {
   /// the other stages' values do not count. Collective.
   void sum(double* values, std::size_t n) {
     if (!last_stage()) std::fill_n(values, n, 0.0);
-    monitor::timed wait(figures_.wait_s);
+    monitor::timed wait(figures_, &rank_figures::wait_s);
     world_.allreduce(values, n, reduce_op::sum);
   }
 
@@ -409,6 +410,11 @@ class pipeline_engine {
       }
     });
     return loom::gather_figures(world_, f);
+  }
+
+  /// Every rank's spans on world rank 0 (collective over the world).
+  std::vector<std::vector<monitor::span_event>> gather_timelines(const monitor::timeline& t, std::vector<std::size_t>& dropped) {
+    return monitor::gather_timelines(world_, t, dropped);
   }
 
   /// The bytes of saved activations this rank's slots hold, the most it has needed at once
@@ -463,17 +469,17 @@ class pipeline_engine {
   }
 
   void timed_allreduce(double* v, std::size_t n) {
-    monitor::timed wait(figures_.wait_s);
+    monitor::timed wait(figures_, &rank_figures::wait_s);
     pipe_.allreduce(v, n, reduce_op::sum);
   }
 
   void wait_timed(request& r) {
-    monitor::timed bubble(figures_.bubble_s);
+    monitor::timed bubble(figures_, &rank_figures::bubble_s);
     r.wait();
   }
   void wait_all(std::vector<request>& rs) {
     if (rs.empty()) return;
-    monitor::timed bubble(figures_.bubble_s);
+    monitor::timed bubble(figures_, &rank_figures::bubble_s);
     for (auto& r : rs) r.wait();
     rs.clear();
   }
@@ -576,7 +582,7 @@ class pipeline_engine {
           if constexpr (State::first) sl.x = b.x + lo * State::in_size;
           sl.y = nullptr;
           if (n > 0) {
-            monitor::timed compute(figures_.compute_s);
+            monitor::timed compute(figures_, &rank_figures::compute_s);
             const auto y = sl.seq.forward(ctx, params, activation<const T, Backend>{sl.x}, n);
             sl.y_format = y.format;
             sl.y = sl.conv.template to_plain<T, typename State::out_shape>(y.data, y.format, n);
@@ -604,7 +610,7 @@ class pipeline_engine {
         case backward: {
           auto& sl = slot_of(st, m);
           if (n > 0) {
-            monitor::timed compute(figures_.compute_s);
+            monitor::timed compute(figures_, &rank_figures::compute_s);
             const T* d = sl.dy.data();
             if (!sl.y_format.plain()) {
               sl.dy_layout.reserve_discard(n * State::out_size);
@@ -639,7 +645,7 @@ class pipeline_engine {
     wait_all(receives);
     complete_sends(st);
     if (last_of_group) {
-      monitor::timed compute(figures_.compute_s);
+      monitor::timed compute(figures_, &rank_figures::compute_s);
       if (!grads_written_) {  // no sample of this step reached this stage: contribute zeros
         Backend::zero(grads, model.parameters().size());
         grads_written_ = true;
@@ -665,7 +671,7 @@ class pipeline_engine {
     }
     sl.y = nullptr;
     if (b.n > 0) {
-      monitor::timed compute(figures_.compute_s);
+      monitor::timed compute(figures_, &rank_figures::compute_s);
       const auto y = sl.seq.forward(ctx, model.parameters().data(), activation<const T, Backend>{sl.x}, b.n);
       sl.y = sl.conv.template to_plain<T, typename State::out_shape>(y.data, y.format, b.n);
       if constexpr (State::last)

@@ -21,6 +21,7 @@
 #include "loom/core/error.hpp"
 #include "loom/core/memory.hpp"
 #include "loom/monitor/figures.hpp"
+#include "loom/monitor/timeline.hpp"
 #include "loom/nn/loss.hpp"
 #include "loom/nn/model.hpp"
 #include "loom/optim/clip.hpp"
@@ -114,7 +115,7 @@ class replica_engine {
   /// added to after it; a rank without samples contributes zeros.
   loss_value micro_step(const batch_view<T>& b, std::size_t m, std::size_t group, std::uint64_t seed, std::uint64_t step) {
     if (chunks_) return chunked_micro_step(b, m, group, seed, step);
-    monitor::timed compute(sync_.figures().compute_s);
+    monitor::timed compute(sync_.figures(), &rank_figures::compute_s);
     const bool last = m + 1 == group;
     T* grads = model_.gradients().data();
     loss_value v;
@@ -143,7 +144,7 @@ class replica_engine {
   void optimizer_step(float lr, double clip) {
     auto grads = model_.gradients();
     if (clip > 0) scale_to_norm<Backend>(grads.data(), grads.size(), gradient_norm(), clip);
-    monitor::timed compute(sync_.figures().compute_s);
+    monitor::timed compute(sync_.figures(), &rank_figures::compute_s);
     state_.step(model_.parameters().data(), grads.data(), grads.size(), lr);
     had_samples_ = false;
   }
@@ -164,6 +165,9 @@ class replica_engine {
   rank_figures& figures() { return sync_.figures(); }
   void reset_figures() { sync_.figures() = {}; }
   std::vector<rank_figures> gather_figures() { return sync_.gather_figures(); }
+  std::vector<std::vector<monitor::span_event>> gather_timelines(const monitor::timeline& t, std::vector<std::size_t>& dropped) {
+    return sync_.gather_timelines(t, dropped);
+  }
 
   /// The L2 norm of the whole model's parameters, summed in double (over the tensor group when
   /// split, replicated values counted once).
@@ -211,7 +215,7 @@ class replica_engine {
     constexpr std::size_t count = model_type::parameter_count;
     const std::size_t c = chunks_->chunk;
     auto& fig = sync_.figures();
-    monitor::timed compute(fig.compute_s);
+    monitor::timed compute(fig, &rank_figures::compute_s);
     T* grads = model_.gradients().data();
     x_chunk_.reserve_discard(c * in_width);
     labels_chunk_.reserve_discard(c);
@@ -238,7 +242,7 @@ class replica_engine {
     compute.stop();
     if constexpr (detail::replica_comm_sync<Sync>) {
       if (replicas() > 1) {
-        monitor::timed comm(fig.comm_s);
+        monitor::timed comm(fig, &rank_figures::comm_s);
         tree_scratch_.reserve_discard(count);
         fig.bytes_sent += tree_allreduce<T, Backend>(sync_.comm(), grads, tree_scratch_.data(), count,
                                                      [&](std::size_t first, std::size_t) { return chunks_->has_samples(first, b.global_n); });
@@ -246,7 +250,7 @@ class replica_engine {
       }
     }
     if (group > 1) {
-      monitor::timed fold(fig.compute_s);
+      monitor::timed fold(fig, &rank_figures::compute_s);
       step_tree_.push(grads);
       if (m + 1 == group) step_tree_.fold(grads);
     }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "loom/monitor/figures.hpp"
+#include "loom/monitor/timeline.hpp"
 #include "loom/parallel/shard_map.hpp"
 
 namespace loom {
@@ -38,6 +39,10 @@ class single_process_sync {
   void sum(double*, std::size_t) {}
   rank_figures& figures() { return figures_; }
   std::vector<rank_figures> gather_figures() { return {figures_}; }
+  std::vector<std::vector<monitor::span_event>> gather_timelines(const monitor::timeline& t, std::vector<std::size_t>& dropped) {
+    dropped = {t.dropped()};
+    return {t.events()};
+  }
 
  private:
   rank_figures figures_;

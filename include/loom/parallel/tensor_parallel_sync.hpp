@@ -25,6 +25,7 @@
 #include "loom/layers/tensor_parallel.hpp"
 #include "loom/parallel/data_parallel.hpp"
 #include "loom/monitor/figures.hpp"
+#include "loom/monitor/timeline.hpp"
 #include "loom/parallel/shard_map.hpp"
 #include "loom/parallel/tensor_parallel.hpp"
 
@@ -171,6 +172,11 @@ class tensor_parallel_sync {
     rank_figures f = figures();
     f.parameter_bytes = static_cast<double>(rank_network::parameter_count * sizeof(T));
     return loom::gather_figures(world_, f);
+  }
+
+  /// Every rank's spans on world rank 0 (collective over the world).
+  std::vector<std::vector<monitor::span_event>> gather_timelines(const monitor::timeline& t, std::vector<std::size_t>& dropped) {
+    return monitor::gather_timelines(world_, t, dropped);
   }
 
   /// The whole model's flat parameters in Network's layout from this rank's slice (host

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "loom/data/distributed.hpp"
 #include "loom/data/loader.hpp"
 #include "loom/monitor/figures.hpp"
+#include "loom/monitor/timeline.hpp"
 #include "loom/monitor/metrics.hpp"
 #include "loom/monitor/progress.hpp"
 #include "loom/nn/loss.hpp"
@@ -186,6 +188,12 @@ struct fit_options {
   /// Each rank's live metrics files (Prometheus textfile, JSON lines) and how often they are
   /// rewritten (loom/monitor/metrics.hpp); none by default.
   metrics_options metrics{};
+  /// A Chrome trace JSON timeline of this fit (empty: none; loom/monitor/timeline.hpp): rank 0
+  /// writes this file with every rank as a process, clocks aligned on the collective that
+  /// starts fit; under several ranks each rank also writes its own, `.rank<r>` before the
+  /// extension. Opens in Perfetto (ui.perfetto.dev) and chrome://tracing. Every rank must ask
+  /// alike (checked).
+  std::string trace;
 };
 
 /// What fit() measured.
@@ -274,7 +282,12 @@ class trainer {
                            ";accumulation=" + std::to_string(opts.accumulation) + ";max_steps=" +
                            std::to_string(opts.max_steps) + ";samples=" + std::to_string(data.size()) +
                            ";clip_grad_norm=" + std::to_string(opts.clip_grad_norm) +
-                           ";deterministic_chunk=" + std::to_string(opts.deterministic_chunk));
+                           ";deterministic_chunk=" + std::to_string(opts.deterministic_chunk) +
+                           ";trace=" + (opts.trace.empty() ? "off" : "on"));
+    // Every rank leaves that collective at about the same time: the timeline's common zero.
+    std::optional<monitor::timeline> timeline;
+    if (!opts.trace.empty()) timeline.emplace().set_zero(monitor::clock::now());
+    monitor::timeline_scope recording(timeline ? &*timeline : nullptr);
     data::distributed_loader<Dataset> loader(data, opts.batch, options_.seed, engine_.replica(), engine_.replicas());
     if (const std::size_t block = engine_.prepare_fit(opts.batch, opts.deterministic_chunk)) loader.set_rank_block(block);
     reserve(opts.batch);
@@ -302,11 +315,13 @@ class trainer {
           break;
         }
         const std::size_t group = std::min(opts.accumulation, batches - k);
+        const auto step_start = monitor::clock::now();
+        if (timeline) timeline->set_step(static_cast<std::uint32_t>(step_));
         double step_sums[3] = {0, 0, 0};
         for (std::size_t m = 0; m < group; ++m, ++k) {
           batch_view<value_type> b;
           {
-            monitor::timed data_time(fig.data_s);
+            monitor::timed data_time(fig, &rank_figures::data_s);
             b = next_batch(loader);
           }
           const loss_value v = engine_.micro_step(b, m, group, options_.seed, step_ * 1000003 + m);
@@ -321,6 +336,7 @@ class trainer {
         ++step_;
         ++steps;
         if constexpr (!per_epoch_sums) engine_.sum(step_sums, 3);
+        monitor::record_span(monitor::step_span, step_start, monitor::clock::now());
         for (int i = 0; i < 3; ++i) sums[i] += step_sums[i];
         point = {.step = step_, .epoch = epoch + 1, .loss = sums[2] ? sums[0] / sums[2] : 0,
                  .accuracy = sums[2] ? sums[1] / sums[2] : 0, .lr = lr,
@@ -342,6 +358,7 @@ class trainer {
     point.elapsed_s = r.seconds;
     metrics.tick(fig, point, /*force=*/true);
     r.figures = engine_.gather_figures();
+    if (timeline) write_trace(opts.trace, *timeline);
     return r;
   }
 
@@ -439,6 +456,18 @@ class trainer {
     return "network=" + type_name<Network>() + ";parameters=" + std::to_string(Network::parameter_count) +
            ";loss=" + Loss::name + ";optimizer=" + Optimizer::name + ";seed=" + std::to_string(options_.seed) +
            ";math=" + to_string(options_.math) + ";policy=" + type_name<Policy>();
+  }
+
+  /// Writes this rank's timeline (own file under several ranks) and, on rank 0, every rank's
+  /// in `path` (collective).
+  void write_trace(const std::string& path, const monitor::timeline& t) {
+    const int rank = engine_.rank(), world = engine_.world();
+    if (world > 1)
+      monitor::write_file_atomically(monitor::rank_path(path, rank, world),
+                                     monitor::chrome_trace({t.events()}, {t.dropped()}, rank));
+    std::vector<std::size_t> dropped;
+    const auto all = engine_.gather_timelines(t, dropped);
+    if (rank == 0) monitor::write_file_atomically(path, monitor::chrome_trace(all, dropped));
   }
 
   /// The checks of fit's options, on every rank alike before anything is communicated.
