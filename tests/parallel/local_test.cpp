@@ -154,16 +154,3 @@ static_assert(cnn_small_buckets::buckets[1].first_layer == 7 && cnn_small_bucket
 static_assert(cnn_small_buckets::buckets[2].first_layer == 0 && cnn_small_buckets::buckets[2].count == 320 + 18496);
 static_assert(cnn_small_buckets::starts_after_layer[7] == 1 && cnn_small_buckets::starts_after_layer[0] == 2);
 
-TEST_CASE("Ranks asking for different math modes are told apart at construction", "[parallel][bf16]") {
-  // bf16 on one rank and fp32 on another would average gradients of different computations.
-  std::atomic<int> caught{0};
-  loom::local_world(2).run([&](loom::local_comm& c) {
-    try {
-      loom::trainer<mlp, loom::softmax_cross_entropy, loom::sgd, local_dp> t{
-          c, {.lr = 0.02f}, {.seed = 1, .threads = 1, .math = c.rank() == 0 ? loom::math_mode::fp32 : loom::math_mode::bf16}};
-    } catch (const loom::communication_error& e) {
-      if (std::string(e.what()).find("[math=bf16] where rank 0 has [math=fp32]") != std::string::npos) ++caught;
-    }
-  });
-  CHECK(caught == 2);
-}
