@@ -89,10 +89,11 @@ constexpr const char* usage = R"(usage: bench_train_throughput [flags]
 Prints per row on stdout:
   row: impl=loom model=M batch=B threads=T math=fp32|bf16 samples_per_s=S (median) runs=S1,S2,.. steps=N
        mflop_per_sample=F gflops=G ceiling_gflops=C ceiling_what=oneDNN_sgemm|oneDNN_conv
-       ceiling_fraction=G/C nominal_fraction=G/(160*T)
+       ceiling_fraction=G/C cpu_ceiling_fraction=(the same per second of this process's CPU time)
+       nominal_fraction=G/(160*T)
        train_loss=L others_cores=O (CPU cores other processes used during the timed runs)
-per thread count `ceiling: threads=T gflops=C shape=256x784x256 what=oneDNN_sgemm`, per thread
-count and batch with the cnn `ceiling: threads=T gflops=C shape=cnn_convs_batchB what=oneDNN_conv`,
+per thread count `ceiling: threads=T gflops=C cpu_gflops=C' shape=256x784x256 what=oneDNN_sgemm`,
+per thread count and batch with the cnn `ceiling: ... shape=cnn_convs_batchB what=oneDNN_conv`,
 and first `cpu: impl=loom <model>; <vector ISA>; oneDNN <ISA>; bf16 math yes|no`.
 )";
 
@@ -188,29 +189,35 @@ flags parse(int argc, char** argv) {
   return f;
 }
 
-// Median GFLOP/s of `run` (flop per call) on the current thread count: 3 runs of ~0.3 s each
-// after `warmup` calls.
+// A ceiling: median GFLOP/s of `run` (flop per call) on the current thread count, 3 runs of
+// ~0.3 s each after `warmup` calls; per second of wall time and per second of this process's CPU
+// time (which a busy machine does not dilute at 1 thread: a preempted thread uses none).
+struct ceiling_rate {
+  double gflops = 0, cpu_gflops = 0;
+};
 template <class Run>
-double rate_gflops(double flop, int warmup, Run run) {
+ceiling_rate rate_gflops(double flop, int warmup, Run run) {
   for (int i = 0; i < warmup; ++i) run();
-  std::vector<double> rates;
+  std::vector<double> rates, cpu_rates;
   for (int r = 0; r < 3; ++r) {
     std::size_t calls = 0;
-    const auto t0 = clock_type::now();
+    const auto c0 = cpu_snapshot::now();
     double s = 0;
     do {
       for (int i = 0; i < 10; ++i) run();
       calls += 10;
-      s = since(t0);
+      s = since(c0.at);
     } while (s < 0.3);
+    const double cpu_s = cpu_snapshot::now().own_s - c0.own_s;
     rates.push_back(flop * double(calls) / s / 1e9);
+    cpu_rates.push_back(cpu_s > 0 ? flop * double(calls) / cpu_s / 1e9 : 0.0);
   }
-  return median(rates);
+  return {median(rates), median(cpu_rates)};
 }
 
 // The mlp's ceiling: oneDNN's sgemm on a representative training GEMM (batch 256, 784 -> 256,
 // the mlp's first layer).
-double sgemm_ceiling(std::size_t m = 256, std::size_t k = 784, std::size_t n = 256) {
+ceiling_rate sgemm_ceiling(std::size_t m = 256, std::size_t k = 784, std::size_t n = 256) {
   std::vector<float> a(m * k), b(k * n), c(m * n);
   for (std::size_t i = 0; i < a.size(); ++i) a[i] = float((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
   for (std::size_t i = 0; i < b.size(); ++i) b[i] = float((i * 40503u) % 1000) / 1000.0f - 0.5f;
@@ -236,7 +243,7 @@ static_assert(cnn::layer_flops[0] == 2.0 * 32 * 28 * 28 * 1 * 9 && cnn::layer_fl
 // weights (with bias) and, except for the first layer (whose input needs no gradient, as in
 // cnn_flops), backward data — each primitive on the layouts it prefers (format any, no reorders
 // timed), direct algorithm as in loom::cpu, fp32. Counts the convolutions' FLOP only.
-double conv_ceiling(std::size_t batch) {
+ceiling_rate conv_ceiling(std::size_t batch) {
   using dims = dnnl::memory::dims;
   using tag = dnnl::memory::format_tag;
   const auto f32 = dnnl::memory::data_type::f32;
@@ -305,6 +312,7 @@ struct row_result {
   std::size_t steps = 0;
   double train_loss = 0;
   double others_cores = 0;
+  double samples_per_cpu_s = 0;  // over the timed runs, per second of this process's CPU time
 };
 
 template <class Net>
@@ -340,8 +348,15 @@ row_result measure(const flags& f, const loom::data::fashion_mnist_set& train, s
   row_result r;
   r.steps = std::max<std::size_t>(5, std::size_t(std::llround(f.seconds * rate / double(batch))));
   const auto c0 = cpu_snapshot::now();
-  for (std::size_t i = 0; i < f.repeats; ++i) r.runs.push_back(run_steps(r.steps));
-  r.others_cores = cpu_snapshot::others_cores(c0, cpu_snapshot::now());
+  std::size_t samples = 0;
+  for (std::size_t i = 0; i < f.repeats; ++i) {
+    std::size_t n = 0;
+    r.runs.push_back(run_steps(r.steps, &n));
+    samples += n;
+  }
+  const auto c1 = cpu_snapshot::now();
+  r.others_cores = cpu_snapshot::others_cores(c0, c1);
+  r.samples_per_cpu_s = c1.own_s > c0.own_s ? double(samples) / (c1.own_s - c0.own_s) : 0.0;
   r.median = median(r.runs);
   r.train_loss = last_loss;
   return r;
@@ -357,18 +372,19 @@ int main(int argc, char** argv) {
     // The ceilings: sgemm per thread count (the mlp's rows), the cnn's convolutions per batch
     // and thread count (the cnn's rows).
     const bool with_cnn = std::find(f.models.begin(), f.models.end(), "cnn") != f.models.end();
-    std::vector<double> ceilings(f.threads.size(), 0.0);
-    std::vector<std::vector<double>> conv_ceilings(f.batches.size(), std::vector<double>(f.threads.size(), 0.0));
+    std::vector<ceiling_rate> ceilings(f.threads.size());
+    std::vector<std::vector<ceiling_rate>> conv_ceilings(f.batches.size(), std::vector<ceiling_rate>(f.threads.size()));
     if (f.ceiling || f.ceiling_only) {
       for (std::size_t i = 0; i < f.threads.size(); ++i) {
         loom::set_threads(f.threads[i]);
         ceilings[i] = sgemm_ceiling();
-        std::printf("ceiling: threads=%d gflops=%.1f shape=256x784x256 what=oneDNN_sgemm\n", f.threads[i], ceilings[i]);
+        std::printf("ceiling: threads=%d gflops=%.1f cpu_gflops=%.1f shape=256x784x256 what=oneDNN_sgemm\n",
+                    f.threads[i], ceilings[i].gflops, ceilings[i].cpu_gflops);
         std::fflush(stdout);
         for (std::size_t bi = 0; with_cnn && bi < f.batches.size(); ++bi) {
           conv_ceilings[bi][i] = conv_ceiling(f.batches[bi]);
-          std::printf("ceiling: threads=%d gflops=%.1f shape=cnn_convs_batch%zu what=oneDNN_conv\n", f.threads[i],
-                      conv_ceilings[bi][i], f.batches[bi]);
+          std::printf("ceiling: threads=%d gflops=%.1f cpu_gflops=%.1f shape=cnn_convs_batch%zu what=oneDNN_conv\n",
+                      f.threads[i], conv_ceilings[bi][i].gflops, conv_ceilings[bi][i].cpu_gflops, f.batches[bi]);
           std::fflush(stdout);
         }
       }
@@ -383,7 +399,7 @@ int main(int argc, char** argv) {
         for (std::size_t ti = 0; ti < f.threads.size(); ++ti)
         for (const loom::math_mode math : f.maths) {
           const int threads = f.threads[ti];
-          const double ceiling = model == "cnn" ? conv_ceilings[bi][ti] : ceilings[ti];
+          const ceiling_rate ceiling = model == "cnn" ? conv_ceilings[bi][ti] : ceilings[ti];
           const row_result r = model == "cnn" ? measure<cnn>(f, train, batch, threads, math)
                                               : measure<mlp>(f, train, batch, threads, math);
           const double gflops = r.median * flop / 1e9;
@@ -392,13 +408,16 @@ int main(int argc, char** argv) {
             if (!runs.empty()) runs += ',';
             runs += std::to_string(std::lround(v));
           }
+          const double cpu_gflops = r.samples_per_cpu_s * flop / 1e9;
           std::printf(
               "row: impl=loom model=%s batch=%zu threads=%d math=%s samples_per_s=%.0f runs=%s steps=%zu "
               "mflop_per_sample=%.3f gflops=%.2f ceiling_gflops=%.1f ceiling_what=%s ceiling_fraction=%.3f "
-              "nominal_fraction=%.3f train_loss=%.4f others_cores=%.2f env=%s\n",
+              "cpu_ceiling_fraction=%.3f nominal_fraction=%.3f train_loss=%.4f others_cores=%.2f env=%s\n",
               model.c_str(), batch, threads, loom::to_string(math), r.median, runs.c_str(), r.steps, flop / 1e6, gflops,
-              ceiling, model == "cnn" ? "oneDNN_conv" : "oneDNN_sgemm", ceiling > 0 ? gflops / ceiling : 0.0,
-              gflops / (160.0 * threads), r.train_loss, r.others_cores, foreign_env().c_str());
+              ceiling.gflops, model == "cnn" ? "oneDNN_conv" : "oneDNN_sgemm",
+              ceiling.gflops > 0 ? gflops / ceiling.gflops : 0.0,
+              ceiling.cpu_gflops > 0 ? cpu_gflops / ceiling.cpu_gflops : 0.0, gflops / (160.0 * threads), r.train_loss,
+              r.others_cores, foreign_env().c_str());
           std::fflush(stdout);
           if (!std::isfinite(r.train_loss)) {
             std::cerr << "bench_train_throughput: training diverged (loss " << r.train_loss << ")\n";

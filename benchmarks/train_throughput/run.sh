@@ -57,18 +57,20 @@ table() {
       if (o != "" && (!(k in busy) || o + 0 > busy[k] + 0)) busy[k] = o
       if (impl == "loom") {
         loom[k] = get($0, "samples_per_s"); gf[k] = get($0, "gflops"); ceil[k] = get($0, "ceiling_gflops")
+        cpuf[k] = get($0, "cpu_ceiling_fraction")
       } else if (v == "installed") inst[k] = get($0, "samples_per_s")
       else if (v == "tuned") tuned[k] = get($0, "samples_per_s")
     }
     END {
-      printf "%-5s %5s %7s %4s %10s %12s %11s %10s %9s %7s %8s %6s %6s\n", "model", "batch", "threads", "math", "loom", \
-        "torch-inst", "torch-tuned", "loom/tuned", "loom/inst", "GFLOP/s", "ceiling", "%ceil", "others "
+      printf "%-5s %5s %7s %4s %10s %12s %11s %10s %9s %7s %8s %6s %5s %6s\n", "model", "batch", "threads", "math", "loom", \
+        "torch-inst", "torch-tuned", "loom/tuned", "loom/inst", "GFLOP/s", "ceiling", "%ceil", "%cpu", "others "
       for (r = 1; r <= rows; r++) {
         k = order[r]; split(k, p, " ")
-        printf "%-5s %5s %7s %4s %10s %12s %11s %10s %9s %7s %8s %6s %6s\n", p[1], p[2], p[3], p[4], \
+        printf "%-5s %5s %7s %4s %10s %12s %11s %10s %9s %7s %8s %6s %5s %6s\n", p[1], p[2], p[3], p[4], \
           (k in loom) ? loom[k] : "-", (k in inst) ? inst[k] : "-", (k in tuned) ? tuned[k] : "-", \
           ratio(loom[k], tuned[k]), ratio(loom[k], inst[k]), (k in gf) ? gf[k] : "-", \
           (k in ceil) ? ceil[k] : "-", (k in ceil && ceil[k] > 0) ? sprintf("%.0f%%", 100 * gf[k] / ceil[k]) : "-", \
+          (cpuf[k] != "" && cpuf[k] > 0) ? sprintf("%.0f%%", 100 * cpuf[k]) : "-", \
           (k in busy) ? busy[k] (busy[k] > cores - p[3] + 0.25 ? "*" : " ") : "-"
         if (k in busy && busy[k] > cores - p[3] + 0.25) marked = 1
         if (p[2] == 64 && p[3] == 1 && p[4] == "fp32" && (k in loom) && (k in tuned))
@@ -157,7 +159,8 @@ throughput() {
   cpu_header "$results"
   echo "  ceiling, measured in the loom process before the rows on the row's thread count: mlp rows oneDNN sgemm"
   echo "  256x784x256, cnn rows oneDNN's own convolutions of the cnn at the row's batch (forward, backward data and"
-  echo "  weights, in oneDNN's preferred layouts); % = loom GFLOP/s / ceiling"
+  echo "  weights, in oneDNN's preferred layouts); %ceil = loom GFLOP/s / ceiling, %cpu = the same per CPU second of"
+  echo "  each (what a busy machine does not dilute at 1 thread)"
   echo "  (mlp 1.007 MFLOP, cnn 24.995 MFLOP per sample and step). Rows with 2 threads share the 2 cores with"
   echo "  everything else on the machine: they are noisy. 'others' = CPU cores other processes kept busy during"
   echo "  the timed runs (the most of the three programs'); a row marked * had fewer free cores than threads."
