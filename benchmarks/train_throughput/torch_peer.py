@@ -15,7 +15,8 @@ included), then the test accuracy, printed as one `result: impl=torch ...` line.
 
 Run it with Debian's python3-torch (/usr/bin/python3). Whether PyTorch runs "as installed" or
 "tuned" is decided by the caller's environment (OPENBLAS_CORETYPE, OPENBLAS_NUM_THREADS) and by
---flush-denormal; run.sh sets both and the row line reports what was in effect.
+--flush-denormal; run.sh sets both and the row line reports what was in effect. The first line
+on stdout, `cpu: impl=torch variant=... ...` (cpu_line()), names the CPU as this torch sees it.
 """
 
 import argparse
