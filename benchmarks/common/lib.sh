@@ -69,17 +69,27 @@ field() { printf '%s\n' "$1" | tr ' ' '\n' | sed -n "s/^$2=//p" | head -n1; }
 # to see the choices below for another CPU.
 has_cpu_flag() { grep -m1 '^flags' "${CPUINFO:-/proc/cpuinfo}" | tr ' ' '\n' | grep -qx "$1"; }
 
+# The CPU's vector class from its flags: 3 AVX-512 (F, CD, BW, DQ, VL), 2 AVX2 + FMA, 1 AVX, 0 less.
+cpu_vector_class() {
+  local f avx512=1
+  for f in avx512f avx512cd avx512bw avx512dq avx512vl; do has_cpu_flag $f || avx512=0; done
+  if [ $avx512 = 1 ]; then echo 3
+  elif has_cpu_flag avx2 && has_cpu_flag fma; then echo 2
+  elif has_cpu_flag avx; then echo 1
+  else echo 0; fi
+}
+
 # The CPU's model and vector ISA in one line, read from /proc/cpuinfo as loom's
 # loom::detect_cpu_features does: "Intel(R) Xeon(R) Processor; AVX-512 with avx512_bf16, no AMX".
 cpu_line() {
-  local model isa f avx512=1
+  local model isa
   model=$(sed -n 's/^model name[[:space:]]*: //p' "${CPUINFO:-/proc/cpuinfo}" | head -n1)
-  for f in avx512f avx512cd avx512bw avx512dq avx512vl; do has_cpu_flag $f || avx512=0; done
-  if [ $avx512 = 1 ]; then
-    isa="AVX-512"
-    if has_cpu_flag avx512_bf16; then isa+=" with avx512_bf16"; else isa+=", no avx512_bf16"; fi
-  elif has_cpu_flag avx2 && has_cpu_flag fma; then isa="AVX2, no AVX-512"
-  else isa="no AVX2"; fi
+  case $(cpu_vector_class) in
+    3) isa="AVX-512"
+       if has_cpu_flag avx512_bf16; then isa+=" with avx512_bf16"; else isa+=", no avx512_bf16"; fi ;;
+    2) isa="AVX2, no AVX-512" ;;
+    *) isa="no AVX2" ;;
+  esac
   if has_cpu_flag amx_tile && has_cpu_flag amx_bf16; then isa+=", AMX (amx_bf16)"; else isa+=", no AMX"; fi
   echo "${model:-unknown CPU}; $isa"
 }
@@ -114,17 +124,14 @@ else:
 # SkylakeX (AVX-512), Haswell (AVX2 + FMA), Sandybridge (AVX). Never one the CPU cannot run;
 # never one this OpenBLAS does not know (it must report the forced name back).
 openblas_choice() {
-  local py=$1 cpu_class=0 blas_class want f avx512=1
+  local py=$1 cpu_class blas_class want f
   blas_forced="" blas_reason=""
   blas_detected=$(blas_core "$py")
   if [ "$blas_detected" = "-" ]; then
     blas_reason="torch's BLAS is not OpenBLAS"
     return 0
   fi
-  for f in avx512f avx512cd avx512bw avx512dq avx512vl; do has_cpu_flag $f || avx512=0; done
-  if [ $avx512 = 1 ]; then cpu_class=3
-  elif has_cpu_flag avx2 && has_cpu_flag fma; then cpu_class=2
-  elif has_cpu_flag avx; then cpu_class=1; fi
+  cpu_class=$(cpu_vector_class)
   case $blas_detected in
     SkylakeX | Cooperlake | SapphireRapids) blas_class=3 ;;
     Haswell | Zen | Excavator) blas_class=2 ;;
