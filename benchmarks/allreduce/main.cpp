@@ -358,6 +358,7 @@ int main(int argc, char** argv) {
   loom::mpi::environment env{argc, argv};
   const flags f = parse(argc, argv);
   try {
+    if (loom::mpi_comm::world().rank() == 0) bench::print_cpu_line();
     return f.memcpy_mode ? memcpy_mode(f) : allreduce_mode(f);
   } catch (const loom::error& e) {
     loom::mpi::abort(1, std::string("bench_allreduce: ") + e.what());

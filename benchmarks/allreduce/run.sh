@@ -47,6 +47,7 @@ setup() {
 header() {
   echo "$1 ($(nproc) cores: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1);" \
     "$(mpirun --version 2>/dev/null | head -n1); $(date -u +%Y-%m-%dT%H:%MZ))"
+  echo "  CPU: $(cpu_line)"
   local mca
   mca=$(env | grep '^OMPI_MCA_' | tr '\n' ' ' || true)
   [ -z "$mca" ] || echo "  Open MPI settings from the environment: $mca"

@@ -1,16 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// What the benchmark programs share: wall-clock timing, the median, and how busy the machine
-// was with other work while they measured (a shared machine is noisy: every row says so).
+// What the benchmark programs share: wall-clock timing, the median, how busy the machine was
+// with other work while they measured (a shared machine is noisy: every row says so), and the
+// CPU they ran on (a table says which machine it is from).
 
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <string>
 #include <vector>
+
+#include "loom/backend/cpu/features.hpp"
 
 namespace bench {
 
@@ -59,5 +63,9 @@ struct cpu_snapshot {
     return wall > 0 ? std::max(0.0, others / wall) : 0.0;
   }
 };
+
+/// Prints `cpu: impl=loom <model>; <vector ISA>; oneDNN <ISA>; bf16 math yes|no`, the line
+/// run.sh puts in its header. Call it once per program (on one rank).
+inline void print_cpu_line() { std::printf("cpu: impl=loom %s\n", loom::detect_cpu_features().str().c_str()); }
 
 }  // namespace bench

@@ -230,9 +230,11 @@ int main(int argc, char** argv) {
   const flags f = parse(argc, argv);
   try {
     const int rank = loom::mpi_comm::world().rank();
-    if (rank == 0)
+    if (rank == 0) {
       std::cerr << "bench_data_parallel: " << loom::mpi_comm::world().size() << " rank(s) x " << f.threads
                 << " thread(s); foreign tuning variables in the environment: " << foreign_env() << "\n";
+      bench::print_cpu_line();
+    }
     const auto train = loom::data::mapped_fashion_mnist(f.data, loom::data::split::train);
     for (const auto& model : f.models) {
       for (std::size_t batch : f.batches) {

@@ -141,9 +141,10 @@ run_all() {
       --deterministic-chunk "$dchunk" \
       2>>"$results.stderr" | tee -a "$results" >&2
   }
+  tuned_blas_env "$py" 1
   run_torch() {  # model batch procs
     quiet_wait
-    "${strip_env[@]}" OPENBLAS_CORETYPE=SkylakeX OPENBLAS_NUM_THREADS=1 "$py" "$peer" --flush-denormal \
+    "${tuned_env[@]}" "$py" "$peer" --flush-denormal \
       --model "$1" --batch "$2" --procs "$3" --threads "$threads" "${common[@]}" 2>>"$results.stderr" | tee -a "$results" >&2
   }
 
@@ -171,8 +172,9 @@ run_all() {
   echo "         Fashion-MNIST, no BLAS/OpenMP tuning variables (env: $(field "$(grep -m1 '^row: impl=loom' "$results")" env))"
   [ "$dchunk" = 0 ] || echo "         split-invariant mode, fit_options::deterministic_chunk = $dchunk"
   echo "  torch: DistributedDataParallel, gloo on 127.0.0.1, torch.multiprocessing, $threads thread(s) per process, data"
-  echo "         preloaded as tensors; OPENBLAS_CORETYPE=SkylakeX OPENBLAS_NUM_THREADS=1, set_flush_denormal(True);"
-  echo "         blas $(field "$first_torch" blas), core $(field "$first_torch" blas_core)"
+  echo "         preloaded as tensors; $(tuned_blas_words)"
+  echo "         OPENBLAS_NUM_THREADS=1, set_flush_denormal(True); blas $(field "$first_torch" blas), core $(field "$first_torch" blas_core)"
+  cpu_header "$results"
   echo "  both:  He (fan_in) init, zero biases, SGD lr 0.02 momentum 0.9; the global batch split evenly over the ranks."
   echo "  efficiency = 2-rank samples/s / (2 x 1-rank samples/s) at the same global batch; same per rank = the same"
   echo "  against 1 rank at half the batch (each rank then runs the batch size it runs alone); exposed comm % = share of"

@@ -132,6 +132,7 @@ def worker(rank, args, port):
         print(f"torch_ddp: torch {torch.__version__}, {args.procs} process(es) x {args.threads} thread(s), "
               f"gloo on 127.0.0.1:{port}, blas {blas} (core {core}, {blas_threads} threads); env {env_label()}",
               file=sys.stderr, flush=True)
+        print(f"cpu: impl=torch-ddp {peer.cpu_line()}", flush=True)
     for model_name in args.models:
         xm = x.reshape(-1, 784) if model_name == "mlp" else x
         for batch in args.batches:

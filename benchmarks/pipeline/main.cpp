@@ -151,6 +151,7 @@ int main(int argc, char** argv) {
     const data_set data = synthetic(o.batch * (o.steps + 2));
     const bool lead = world.rank() == 0;
     const double alone = run_alone(data, o);
+    if (lead) bench::print_cpu_line();
     if (lead)
       std::printf("pipeline benchmark: 2 stages (1 rank, 1 thread each), network 1x32x32-flatten-1024-1024 | 1024-1024-10, global batch %zu, "
                   "%zu steps, median of %zu\n",

@@ -4,9 +4,11 @@
 // 0.9) through loom::trainer::fit, for each (model, batch, threads, math) row — math: fp32, or
 // bf16 (trainer_options::math: bf16 products, fp32 accumulation and master weights). Each row: a warm-up,
 // then `--repeats` timed runs of a fixed number of steps (sized to last about `--seconds`),
-// and the median. The same run measures the ceiling: oneDNN sgemm (256 x 784 x 256) on the same
-// thread count. One machine-readable `row:` line per row on stdout, one `ceiling:` line per
-// thread count; notes go to stderr. benchmarks/train_throughput/torch_peer.py is the PyTorch
+// and the median. The same run measures the ceilings on the same thread count: for the mlp
+// oneDNN's sgemm (256 x 784 x 256), for the cnn oneDNN's own rate on the cnn's convolutions
+// (forward, backward data and weights, in the layouts oneDNN prefers) at the row's batch. One
+// machine-readable `row:` line per row on stdout, one `ceiling:` line per ceiling, and a `cpu:`
+// line first; notes go to stderr. benchmarks/train_throughput/torch_peer.py is the PyTorch
 // side with the same rows and method; run.sh runs both and prints the table.
 
 #include <dnnl.h>
@@ -25,6 +27,8 @@
 #include <iostream>
 #include <string>
 #include <string_view>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "../common/bench.hpp"
@@ -79,14 +83,18 @@ constexpr const char* usage = R"(usage: bench_train_throughput [flags]
   --warmup X         seconds of warm-up steps before the repeats (default 0.5)
   --repeats N        timed repeats per row; the median is reported (default 3)
   --seed N           initialisation and shuffling seed (default 1)
-  --no-ceiling       do not measure the oneDNN sgemm ceiling
-  --ceiling-only     only measure the ceiling for each thread count
+  --no-ceiling       do not measure the ceilings (oneDNN sgemm, and convolutions for the cnn)
+  --ceiling-only     only measure the ceilings for each thread count (and batch, for the cnn)
   --data DIR         Fashion-MNIST IDX files (default /usr/share/datasets/fashion-mnist)
 Prints per row on stdout:
   row: impl=loom model=M batch=B threads=T math=fp32|bf16 samples_per_s=S (median) runs=S1,S2,.. steps=N
-       mflop_per_sample=F gflops=G ceiling_gflops=C ceiling_fraction=G/C nominal_fraction=G/(160*T)
+       mflop_per_sample=F gflops=G ceiling_gflops=C ceiling_what=oneDNN_sgemm|oneDNN_conv
+       ceiling_fraction=G/C cpu_ceiling_fraction=(the same per second of this process's CPU time)
+       nominal_fraction=G/(160*T)
        train_loss=L others_cores=O (CPU cores other processes used during the timed runs)
-and per thread count `ceiling: threads=T gflops=C shape=256x784x256`.
+per thread count `ceiling: threads=T gflops=C cpu_gflops=C' shape=256x784x256 what=oneDNN_sgemm`,
+per thread count and batch with the cnn `ceiling: ... shape=cnn_convs_batchB what=oneDNN_conv`,
+and first `cpu: impl=loom <model>; <vector ISA>; oneDNN <ISA>; bf16 math yes|no`.
 )";
 
 [[noreturn]] void bad_flag(const std::string& msg) {
@@ -181,35 +189,108 @@ flags parse(int argc, char** argv) {
   return f;
 }
 
-// The ceiling: oneDNN's sgemm on a representative training GEMM (batch 256, 784 -> 256, the
-// mlp's first layer), on the current thread count; median GFLOP/s of 3 runs of ~0.3 s each.
-double sgemm_ceiling(std::size_t m = 256, std::size_t k = 784, std::size_t n = 256) {
+// A ceiling: median GFLOP/s of `run` (flop per call) on the current thread count, 3 runs of
+// ~0.3 s each after `warmup` calls; per second of wall time and per second of this process's CPU
+// time (which a busy machine does not dilute at 1 thread: a preempted thread uses none).
+struct ceiling_rate {
+  double gflops = 0, cpu_gflops = 0;
+};
+template <class Run>
+ceiling_rate rate_gflops(double flop, int warmup, Run run) {
+  for (int i = 0; i < warmup; ++i) run();
+  std::vector<double> rates, cpu_rates;
+  for (int r = 0; r < 3; ++r) {
+    std::size_t calls = 0;
+    const auto c0 = cpu_snapshot::now();
+    double s = 0;
+    do {
+      for (int i = 0; i < 10; ++i) run();
+      calls += 10;
+      s = since(c0.at);
+    } while (s < 0.3);
+    const double cpu_s = cpu_snapshot::now().own_s - c0.own_s;
+    rates.push_back(flop * double(calls) / s / 1e9);
+    cpu_rates.push_back(cpu_s > 0 ? flop * double(calls) / cpu_s / 1e9 : 0.0);
+  }
+  return {median(rates), median(cpu_rates)};
+}
+
+// The mlp's ceiling: oneDNN's sgemm on a representative training GEMM (batch 256, 784 -> 256,
+// the mlp's first layer).
+ceiling_rate sgemm_ceiling(std::size_t m = 256, std::size_t k = 784, std::size_t n = 256) {
   std::vector<float> a(m * k), b(k * n), c(m * n);
   for (std::size_t i = 0; i < a.size(); ++i) a[i] = float((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
   for (std::size_t i = 0; i < b.size(); ++i) b[i] = float((i * 40503u) % 1000) / 1000.0f - 0.5f;
-  auto gemm = [&] {
+  return rate_gflops(2.0 * double(m) * double(n) * double(k), 20, [&] {
     const auto st = dnnl_sgemm('N', 'N', dnnl_dim_t(m), dnnl_dim_t(n), dnnl_dim_t(k), 1.0f, a.data(), dnnl_dim_t(k),
                                b.data(), dnnl_dim_t(n), 0.0f, c.data(), dnnl_dim_t(n));
     if (st != dnnl_success) {
       std::cerr << "bench_train_throughput: dnnl_sgemm failed (status " << int(st) << ")\n";
       std::exit(1);
     }
+  });
+}
+
+// The cnn's convolutions (examples/common/networks.hpp): 3x3, stride 1, padding 1.
+struct conv_shape {
+  int c, h, w, oc;
+};
+constexpr conv_shape cnn_convs[] = {{1, 28, 28, 32}, {32, 14, 14, 64}};
+static_assert(cnn::layer_flops[0] == 2.0 * 32 * 28 * 28 * 1 * 9 && cnn::layer_flops[3] == 2.0 * 64 * 14 * 14 * 32 * 9,
+              "cnn_convs are the cnn's conv2d layers 0 and 3");
+
+// The cnn's ceiling: oneDNN's own rate on the cnn's convolutions at `batch` — forward, backward
+// weights (with bias) and, except for the first layer (whose input needs no gradient, as in
+// cnn_flops), backward data — each primitive on the layouts it prefers (format any, no reorders
+// timed), direct algorithm as in loom::cpu, fp32. Counts the convolutions' FLOP only.
+ceiling_rate conv_ceiling(std::size_t batch) {
+  using dims = dnnl::memory::dims;
+  using tag = dnnl::memory::format_tag;
+  const auto f32 = dnnl::memory::data_type::f32;
+  const auto direct = dnnl::algorithm::convolution_direct;
+  auto& eng = loom::detail::dnnl_engine();
+  auto& stream = loom::detail::dnnl_stream();
+  const auto n = static_cast<dnnl::memory::dim>(batch);
+  const dims strides{1, 1}, pad{1, 1};
+  // A memory of desc d, filled with small values (no denormals, no zeros).
+  auto filled = [&](const dnnl::memory::desc& d) {
+    dnnl::memory m(d, eng);
+    auto* p = static_cast<float*>(m.get_data_handle());
+    for (std::size_t i = 0; i < d.get_size() / sizeof(float); ++i) p[i] = float((i * 40503u) % 1000) / 1000.0f - 0.5f;
+    return m;
   };
-  const double flop = 2.0 * double(m) * double(n) * double(k);
-  for (int i = 0; i < 20; ++i) gemm();
-  std::vector<double> rates;
-  for (int r = 0; r < 3; ++r) {
-    std::size_t calls = 0;
-    const auto t0 = clock_type::now();
-    double s = 0;
-    do {
-      for (int i = 0; i < 10; ++i) gemm();
-      calls += 10;
-      s = since(t0);
-    } while (s < 0.3);
-    rates.push_back(flop * double(calls) / s / 1e9);
+  std::vector<std::pair<dnnl::primitive, std::unordered_map<int, dnnl::memory>>> steps;
+  double flop = 0;
+  for (std::size_t l = 0; l < std::size(cnn_convs); ++l) {
+    const auto& g = cnn_convs[l];
+    const dnnl::memory::desc src({n, g.c, g.h, g.w}, f32, tag::any), w({g.oc, g.c, 3, 3}, f32, tag::any),
+        b({g.oc}, f32, tag::x), dst({n, g.oc, g.h, g.w}, f32, tag::any);
+    const dnnl::convolution_forward::primitive_desc fwd(
+        dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, direct, src, w, b, dst, strides, pad, pad),
+        eng);
+    steps.push_back({dnnl::convolution_forward(fwd),
+                     {{DNNL_ARG_SRC, filled(fwd.src_desc())}, {DNNL_ARG_WEIGHTS, filled(fwd.weights_desc())},
+                      {DNNL_ARG_BIAS, filled(fwd.bias_desc())}, {DNNL_ARG_DST, filled(fwd.dst_desc())}}});
+    const dnnl::convolution_backward_weights::primitive_desc bw(
+        dnnl::convolution_backward_weights::desc(direct, src, w, b, dst, strides, pad, pad), eng, fwd);
+    steps.push_back({dnnl::convolution_backward_weights(bw),
+                     {{DNNL_ARG_SRC, filled(bw.src_desc())}, {DNNL_ARG_DIFF_DST, filled(bw.diff_dst_desc())},
+                      {DNNL_ARG_DIFF_WEIGHTS, filled(bw.diff_weights_desc())},
+                      {DNNL_ARG_DIFF_BIAS, filled(bw.diff_bias_desc())}}});
+    const double layer = 2.0 * double(batch) * g.oc * g.h * g.w * g.c * 9;
+    flop += 2 * layer;
+    if (l == 0) continue;
+    const dnnl::convolution_backward_data::primitive_desc bd(
+        dnnl::convolution_backward_data::desc(direct, src, w, dst, strides, pad, pad), eng, fwd);
+    steps.push_back({dnnl::convolution_backward_data(bd),
+                     {{DNNL_ARG_DIFF_DST, filled(bd.diff_dst_desc())}, {DNNL_ARG_WEIGHTS, filled(bd.weights_desc())},
+                      {DNNL_ARG_DIFF_SRC, filled(bd.diff_src_desc())}}});
+    flop += layer;
   }
-  return median(rates);
+  return rate_gflops(flop, 3, [&] {
+    for (auto& [p, args] : steps) p.execute(stream, args);
+    stream.wait();
+  });
 }
 
 // Variables that tune other libraries' kernels or thread pools; loom needs none of them, and
@@ -231,6 +312,7 @@ struct row_result {
   std::size_t steps = 0;
   double train_loss = 0;
   double others_cores = 0;
+  double samples_per_cpu_s = 0;  // over the timed runs, per second of this process's CPU time
 };
 
 template <class Net>
@@ -266,8 +348,15 @@ row_result measure(const flags& f, const loom::data::fashion_mnist_set& train, s
   row_result r;
   r.steps = std::max<std::size_t>(5, std::size_t(std::llround(f.seconds * rate / double(batch))));
   const auto c0 = cpu_snapshot::now();
-  for (std::size_t i = 0; i < f.repeats; ++i) r.runs.push_back(run_steps(r.steps));
-  r.others_cores = cpu_snapshot::others_cores(c0, cpu_snapshot::now());
+  std::size_t samples = 0;
+  for (std::size_t i = 0; i < f.repeats; ++i) {
+    std::size_t n = 0;
+    r.runs.push_back(run_steps(r.steps, &n));
+    samples += n;
+  }
+  const auto c1 = cpu_snapshot::now();
+  r.others_cores = cpu_snapshot::others_cores(c0, c1);
+  r.samples_per_cpu_s = c1.own_s > c0.own_s ? double(samples) / (c1.own_s - c0.own_s) : 0.0;
   r.median = median(r.runs);
   r.train_loss = last_loss;
   return r;
@@ -279,13 +368,25 @@ int main(int argc, char** argv) {
   const flags f = parse(argc, argv);
   try {
     std::cerr << "bench_train_throughput: foreign tuning variables in the environment: " << foreign_env() << "\n";
-    std::vector<double> ceilings(f.threads.size(), 0.0);
+    bench::print_cpu_line();
+    // The ceilings: sgemm per thread count (the mlp's rows), the cnn's convolutions per batch
+    // and thread count (the cnn's rows).
+    const bool with_cnn = std::find(f.models.begin(), f.models.end(), "cnn") != f.models.end();
+    std::vector<ceiling_rate> ceilings(f.threads.size());
+    std::vector<std::vector<ceiling_rate>> conv_ceilings(f.batches.size(), std::vector<ceiling_rate>(f.threads.size()));
     if (f.ceiling || f.ceiling_only) {
       for (std::size_t i = 0; i < f.threads.size(); ++i) {
         loom::set_threads(f.threads[i]);
         ceilings[i] = sgemm_ceiling();
-        std::printf("ceiling: threads=%d gflops=%.1f shape=256x784x256 what=oneDNN_sgemm\n", f.threads[i], ceilings[i]);
+        std::printf("ceiling: threads=%d gflops=%.1f cpu_gflops=%.1f shape=256x784x256 what=oneDNN_sgemm\n",
+                    f.threads[i], ceilings[i].gflops, ceilings[i].cpu_gflops);
         std::fflush(stdout);
+        for (std::size_t bi = 0; with_cnn && bi < f.batches.size(); ++bi) {
+          conv_ceilings[bi][i] = conv_ceiling(f.batches[bi]);
+          std::printf("ceiling: threads=%d gflops=%.1f cpu_gflops=%.1f shape=cnn_convs_batch%zu what=oneDNN_conv\n",
+                      f.threads[i], conv_ceilings[bi][i].gflops, conv_ceilings[bi][i].cpu_gflops, f.batches[bi]);
+          std::fflush(stdout);
+        }
       }
     }
     if (f.ceiling_only) return 0;
@@ -293,10 +394,12 @@ int main(int argc, char** argv) {
     const auto train = loom::data::fashion_mnist(f.data, loom::data::split::train);
     for (const auto& model : f.models) {
       const double flop = model == "cnn" ? cnn_flops : mlp_flops;
-      for (std::size_t batch : f.batches) {
+      for (std::size_t bi = 0; bi < f.batches.size(); ++bi) {
+        const std::size_t batch = f.batches[bi];
         for (std::size_t ti = 0; ti < f.threads.size(); ++ti)
         for (const loom::math_mode math : f.maths) {
           const int threads = f.threads[ti];
+          const ceiling_rate ceiling = model == "cnn" ? conv_ceilings[bi][ti] : ceilings[ti];
           const row_result r = model == "cnn" ? measure<cnn>(f, train, batch, threads, math)
                                               : measure<mlp>(f, train, batch, threads, math);
           const double gflops = r.median * flop / 1e9;
@@ -305,14 +408,16 @@ int main(int argc, char** argv) {
             if (!runs.empty()) runs += ',';
             runs += std::to_string(std::lround(v));
           }
+          const double cpu_gflops = r.samples_per_cpu_s * flop / 1e9;
           std::printf(
               "row: impl=loom model=%s batch=%zu threads=%d math=%s samples_per_s=%.0f runs=%s steps=%zu "
-              "mflop_per_sample=%.3f gflops=%.2f ceiling_gflops=%.1f ceiling_fraction=%.3f nominal_fraction=%.3f "
-              "train_loss=%.4f others_cores=%.2f env=%s\n",
+              "mflop_per_sample=%.3f gflops=%.2f ceiling_gflops=%.1f ceiling_what=%s ceiling_fraction=%.3f "
+              "cpu_ceiling_fraction=%.3f nominal_fraction=%.3f train_loss=%.4f others_cores=%.2f env=%s\n",
               model.c_str(), batch, threads, loom::to_string(math), r.median, runs.c_str(), r.steps, flop / 1e6, gflops,
-              ceilings[ti],
-              ceilings[ti] > 0 ? gflops / ceilings[ti] : 0.0, gflops / (160.0 * threads), r.train_loss, r.others_cores,
-              foreign_env().c_str());
+              ceiling.gflops, model == "cnn" ? "oneDNN_conv" : "oneDNN_sgemm",
+              ceiling.gflops > 0 ? gflops / ceiling.gflops : 0.0,
+              ceiling.cpu_gflops > 0 ? cpu_gflops / ceiling.cpu_gflops : 0.0, gflops / (160.0 * threads), r.train_loss,
+              r.others_cores, foreign_env().c_str());
           std::fflush(stdout);
           if (!std::isfinite(r.train_loss)) {
             std::cerr << "bench_train_throughput: training diverged (loss " << r.train_loss << ")\n";

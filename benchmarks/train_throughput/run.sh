@@ -57,18 +57,20 @@ table() {
       if (o != "" && (!(k in busy) || o + 0 > busy[k] + 0)) busy[k] = o
       if (impl == "loom") {
         loom[k] = get($0, "samples_per_s"); gf[k] = get($0, "gflops"); ceil[k] = get($0, "ceiling_gflops")
+        cpuf[k] = get($0, "cpu_ceiling_fraction")
       } else if (v == "installed") inst[k] = get($0, "samples_per_s")
       else if (v == "tuned") tuned[k] = get($0, "samples_per_s")
     }
     END {
-      printf "%-5s %5s %7s %4s %10s %12s %11s %10s %9s %7s %8s %6s %6s\n", "model", "batch", "threads", "math", "loom", \
-        "torch-inst", "torch-tuned", "loom/tuned", "loom/inst", "GFLOP/s", "ceiling", "%ceil", "others "
+      printf "%-5s %5s %7s %4s %10s %12s %11s %10s %9s %7s %8s %6s %5s %6s\n", "model", "batch", "threads", "math", "loom", \
+        "torch-inst", "torch-tuned", "loom/tuned", "loom/inst", "GFLOP/s", "ceiling", "%ceil", "%cpu", "others "
       for (r = 1; r <= rows; r++) {
         k = order[r]; split(k, p, " ")
-        printf "%-5s %5s %7s %4s %10s %12s %11s %10s %9s %7s %8s %6s %6s\n", p[1], p[2], p[3], p[4], \
+        printf "%-5s %5s %7s %4s %10s %12s %11s %10s %9s %7s %8s %6s %5s %6s\n", p[1], p[2], p[3], p[4], \
           (k in loom) ? loom[k] : "-", (k in inst) ? inst[k] : "-", (k in tuned) ? tuned[k] : "-", \
           ratio(loom[k], tuned[k]), ratio(loom[k], inst[k]), (k in gf) ? gf[k] : "-", \
           (k in ceil) ? ceil[k] : "-", (k in ceil && ceil[k] > 0) ? sprintf("%.0f%%", 100 * gf[k] / ceil[k]) : "-", \
+          (cpuf[k] != "" && cpuf[k] > 0) ? sprintf("%.0f%%", 100 * cpuf[k]) : "-", \
           (k in busy) ? busy[k] (busy[k] > cores - p[3] + 0.25 ? "*" : " ") : "-"
         if (k in busy && busy[k] > cores - p[3] + 0.25) marked = 1
         if (p[2] == 64 && p[3] == 1 && p[4] == "fp32" && (k in loom) && (k in tuned))
@@ -115,9 +117,9 @@ throughput() {
     "${strip_env[@]}" "$py" "$peer" --variant installed --model "$1" --batch "$2" --threads "$3" --math "$4" "${common[@]}" \
       2>>"$results.stderr" | tee -a "$results" >&2
   }
+  tuned_blas_env "$py" "${TUNED_BLAS_THREADS:-1}"
   run_tuned() {
-    "${strip_env[@]}" OPENBLAS_CORETYPE=SkylakeX OPENBLAS_NUM_THREADS="${TUNED_BLAS_THREADS:-1}" \
-      "$py" "$peer" --variant tuned --flush-denormal --model "$1" --batch "$2" --threads "$3" --math "$4" "${common[@]}" \
+    "${tuned_env[@]}" "$py" "$peer" --variant tuned --flush-denormal --model "$1" --batch "$2" --threads "$3" --math "$4" "${common[@]}" \
       2>>"$results.stderr" | tee -a "$results" >&2
   }
 
@@ -152,9 +154,13 @@ throughput() {
   echo "  torch installed: env $(field "$first_installed" env) (OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE unset);" \
     "blas $(field "$first_installed" blas), core $(field "$first_installed" blas_core)," \
     "$(field "$first_installed" blas_threads) BLAS threads (OpenBLAS ignores torch.set_num_threads)"
-  echo "  torch tuned:     env OPENBLAS_CORETYPE=SkylakeX OPENBLAS_NUM_THREADS=${TUNED_BLAS_THREADS:-1}," \
+  echo "  torch tuned:     env $(tuned_blas_words) OPENBLAS_NUM_THREADS=${TUNED_BLAS_THREADS:-1}," \
     "torch.set_flush_denormal(True); blas core $(field "$first_tuned" blas_core)"
-  echo "  ceiling: oneDNN sgemm 256x784x256 measured in the loom process before each row; % = loom GFLOP/s / ceiling"
+  cpu_header "$results"
+  echo "  ceiling, measured in the loom process before the rows on the row's thread count: mlp rows oneDNN sgemm"
+  echo "  256x784x256, cnn rows oneDNN's own convolutions of the cnn at the row's batch (forward, backward data and"
+  echo "  weights, in oneDNN's preferred layouts); %ceil = loom GFLOP/s / ceiling, %cpu = the same per CPU second of"
+  echo "  each (what a busy machine does not dilute at 1 thread)"
   echo "  (mlp 1.007 MFLOP, cnn 24.995 MFLOP per sample and step). Rows with 2 threads share the 2 cores with"
   echo "  everything else on the machine: they are noisy. 'others' = CPU cores other processes kept busy during"
   echo "  the timed runs (the most of the three programs'); a row marked * had fewer free cores than threads."
@@ -176,9 +182,11 @@ accuracy() {
   echo "loom  $lm [$((SECONDS - started)) s]" >&2
   lc=$("${strip_env[@]}" "$fm" --model cnn --epochs 5 "${common[@]}" | grep '^result:')
   echo "loom  $lc [$((SECONDS - started)) s]" >&2
-  local tuned_env=("${strip_env[@]}" OPENBLAS_CORETYPE=SkylakeX OPENBLAS_NUM_THREADS="${TUNED_BLAS_THREADS:-1}")
-  tm=$("${tuned_env[@]}" "$py" "$peer" --accuracy --model mlp --epochs 10 --batch 64 --seed 1 --threads "$t" \
-       --flush-denormal --variant tuned --quiet | grep '^result:')
+  tuned_blas_env "$py" "${TUNED_BLAS_THREADS:-1}"
+  local tm_out
+  tm_out=$("${tuned_env[@]}" "$py" "$peer" --accuracy --model mlp --epochs 10 --batch 64 --seed 1 --threads "$t" \
+           --flush-denormal --variant tuned --quiet)
+  tm=$(grep '^result:' <<<"$tm_out")
   echo "torch $tm [$((SECONDS - started)) s]" >&2
   tc=$("${tuned_env[@]}" "$py" "$peer" --accuracy --model cnn --epochs 5 --batch 64 --seed 1 --threads "$t" \
        --flush-denormal --variant tuned --quiet | grep '^result:')
@@ -192,8 +200,10 @@ accuracy() {
     "$(field "$tc" test_accuracy)" "$(field "$tc" samples_per_s)" "$(field "$lc" samples_per_s)"
   awk -v m="$(field "$lm" test_accuracy)" -v c="$(field "$lc" test_accuracy)" 'BEGIN {
     printf "loom mlp %s the target, loom cnn %s the target\n", (m >= 0.875 ? "meets" : "misses"), (c >= 0.900 ? "meets" : "misses") }'
-  echo "(PyTorch ran tuned: OPENBLAS_CORETYPE=SkylakeX OPENBLAS_NUM_THREADS=${TUNED_BLAS_THREADS:-1}, flush-denormal;" \
+  echo "(PyTorch ran tuned: $(tuned_blas_words) OPENBLAS_NUM_THREADS=${TUNED_BLAS_THREADS:-1}, flush-denormal;" \
     "its shuffling differs from loom's)"
+  echo "CPU (loom):            $(cpu_line) (/proc/cpuinfo)"
+  echo "CPU (torch tuned):     $(sed -n 's/^cpu: impl=torch variant=tuned //p' <<<"$tm_out" | head -n1)"
 }
 
 compile_time() {

@@ -15,7 +15,8 @@ included), then the test accuracy, printed as one `result: impl=torch ...` line.
 
 Run it with Debian's python3-torch (/usr/bin/python3). Whether PyTorch runs "as installed" or
 "tuned" is decided by the caller's environment (OPENBLAS_CORETYPE, OPENBLAS_NUM_THREADS) and by
---flush-denormal; run.sh sets both and the row line reports what was in effect.
+--flush-denormal; run.sh sets both and the row line reports what was in effect. The first line
+on stdout, `cpu: impl=torch variant=... ...` (cpu_line()), names the CPU as this torch sees it.
 """
 
 import argparse
@@ -23,6 +24,7 @@ import ctypes
 import gzip
 import math
 import os
+import re
 import resource
 import statistics
 import struct
@@ -127,6 +129,46 @@ def blas_info():
             except (OSError, AttributeError):
                 pass
     return name, core, nthreads, sorted(libs)
+
+
+# oneDNN's dnnl_cpu_isa_t values (oneDNN 2.x, the libdnnl.so.2 Debian's torch uses) and names.
+ONEDNN_ISA = {0x1: "sse41", 0x3: "avx", 0x7: "avx2", 0x407: "avx2_vnni", 0xf: "avx512_mic",
+              0x1f: "avx512_mic_4ops", 0x27: "avx512_core", 0x67: "avx512_core_vnni",
+              0xe7: "avx512_core_bf16", 0x3e7: "avx512_core_amx"}
+
+
+def cpu_line():
+    """The CPU as this torch sees it, in the words of loom's cpu_features::str(): model; vector
+    ISA (from /proc/cpuinfo); the ISA ATen's vectorised kernels use; the ISA oneDNN (torch's
+    convolutions, and its bf16 products) dispatches to, after ONEDNN_MAX_CPU_ISA; bf16 math (oneDNN
+    2.x has bf16 primitives from avx512_core up); the OpenBLAS core (torch's fp32 GEMMs)."""
+    model, flags = "unknown CPU", set()
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model == "unknown CPU":
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    avx512 = {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"} <= flags
+    avx2 = {"avx2", "fma"} <= flags
+    isa = "AVX-512" if avx512 else "AVX2, no AVX-512" if avx2 else "no AVX2"
+    if avx512:
+        isa += " with avx512_bf16" if "avx512_bf16" in flags else ", no avx512_bf16"
+    if avx2:
+        isa += ", AMX (amx_bf16)" if {"amx_tile", "amx_bf16"} <= flags else ", no AMX"
+    found = re.search(r"CPU capability usage: (\S+)", torch.__config__.show())
+    onednn, bf16 = "?", "?"
+    try:
+        code = ctypes.CDLL("libdnnl.so.2").dnnl_get_effective_cpu_isa()
+        onednn = ONEDNN_ISA.get(code, f"isa 0x{code:x}")
+        bf16 = "yes" if onednn.startswith("avx512_core") else "no"
+    except (OSError, AttributeError):
+        pass
+    limit = next((f"{k}={os.environ[k]}" for k in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA") if os.environ.get(k)), "")
+    _, core, _, _ = blas_info()
+    return (f"{model}; {isa}; ATen {found.group(1) if found else '?'}; oneDNN {onednn}"
+            f"{f' (limited by {limit})' if limit else ''}; bf16 math {bf16}; OpenBLAS {core}")
 
 
 class Trainer:
@@ -282,6 +324,7 @@ def main():
     blas, core, blas_threads, libs = blas_info()
     print(f"torch_peer: torch {torch.__version__}, blas {blas} (core {core}, {blas_threads} threads) "
           f"from {' '.join(libs) or '?'}; env {env_label()}", file=sys.stderr)
+    print(f"cpu: impl=torch variant={args.variant} {cpu_line()}", flush=True)
     if blas == "reference":
         print("torch_peer: warning: torch runs on the netlib reference BLAS (libblas3), not OpenBLAS; "
               "apt-get install libopenblas0-pthread (libtorch1.13 recommends libopenblas0)", file=sys.stderr)

@@ -14,48 +14,11 @@
 #include <variant>
 
 #include "loom/comm/local.hpp"
-#include "pipeline_common.hpp"
+#include "pipeline_local.hpp"
 
 using namespace loom_test;
 
 namespace {
-
-template <std::size_t S, class... O>
-using local_pipeline = loom::model_parallel<loom::pipeline<S, O...>, loom::local_comm>;
-template <std::size_t S, class... O>
-using local_hybrid = loom::hybrid<loom::data_parallel<loom::local_comm>, loom::pipeline<S, O...>>;
-
-template <class Net, class Policy>
-using pipeline_trainer = loom::trainer<Net, loom::softmax_cross_entropy, loom::sgd, Policy>;
-
-/// What every rank of a run ends with.
-struct run_output {
-  std::vector<std::vector<float>> params;  // gathered, by world rank
-  std::vector<loom::fit_result> results;   // by world rank
-  std::vector<loom::eval_result> evals;    // by world rank (when asked)
-};
-
-template <class Net, class Policy, class Dataset>
-run_output train_pipeline(int ranks, const Dataset& data, const loom::fit_options& opts, bool evaluate = false,
-                          loom::math_mode math = loom::math_mode::fp32) {
-  run_output out;
-  out.params.resize(static_cast<std::size_t>(ranks));
-  out.results.resize(static_cast<std::size_t>(ranks));
-  out.evals.resize(static_cast<std::size_t>(ranks));
-  loom::local_world(ranks).run([&](loom::local_comm& c) {
-    pipeline_trainer<Net, Policy> t{c, pipeline_sgd, {.seed = 1, .threads = 1, .math = math}};
-    const auto r = t.fit(data, opts);
-    const auto i = static_cast<std::size_t>(c.rank());
-    out.results[i] = r;
-    out.params[i] = t.gather_parameters();
-    if (evaluate) out.evals[i] = t.evaluate(data, 100);
-  });
-  for (int r = 1; r < ranks; ++r) {
-    const bool gathered_alike = out.params[static_cast<std::size_t>(r)] == out.params[0];
-    REQUIRE(gathered_alike);
-  }
-  return out;
-}
 
 /// Each stage's model has exactly the parameters of its layers in the whole network.
 template <class Net, class Policy, std::size_t... S>
@@ -424,20 +387,6 @@ TEST_CASE("A one-stage pipeline and a hand-written schedule match one process to
   CHECK(relative_distance(
             train_pipeline<mlp, local_pipeline<2, loom::micro_batches<2>, fifo_gpipe>>(2, train_set(), opts).params[0],
             ref) <= 1e-5);
-}
-
-TEST_CASE("Under math_mode::bf16 a pipeline matches one process in bf16", "[parallel][pipeline]") {
-  if (!loom::cpu::supports(loom::math_mode::bf16)) {
-    WARN("SKIPPED: this CPU has no bf16 matrix products");
-    return;
-  }
-  const auto opts = steps(10, 64);
-  const auto ref = reference_with<mlp>(train_set(), opts, nullptr, nullptr, loom::math_mode::bf16);
-  const auto out = train_pipeline<mlp, local_pipeline<2, loom::micro_batches<1>>>(2, train_set(), opts, false,
-                                                                                 loom::math_mode::bf16);
-  CHECK(relative_distance(out.params[0], ref) <= 1e-5);
-  // bf16 took effect: fp32 training ends elsewhere.
-  CHECK(relative_distance(out.params[0], reference_with<mlp>(train_set(), opts)) > 1e-4);
 }
 
 namespace {
