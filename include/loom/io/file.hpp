@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 
 #include "loom/core/error.hpp"
@@ -29,7 +30,9 @@ inline std::string errno_text(int e) { return std::strerror(e); }
 inline std::string write_failure(const std::filesystem::path& target, const char* doing, int e) {
   const auto dir = target.parent_path().empty() ? std::filesystem::path(".") : target.parent_path();
   std::string why;
-  if (e == ENOENT) why = "the directory " + dir.string() + " does not exist";
+  std::error_code ec;
+  if (e == ENOENT && !std::filesystem::exists(dir, ec)) why = "the directory " + dir.string() + " does not exist";
+  else if (e == ENOENT) why = "the directory " + dir.string() + " is not writable (" + errno_text(e) + ")";  // /proc, /sys
   else if (e == ENOTDIR) why = dir.string() + " is not a directory";
   else if (e == EACCES || e == EPERM || e == EROFS) why = "the directory " + dir.string() + " is not writable (" + errno_text(e) + ")";
   else if (e == ENOSPC || e == EDQUOT) why = "the disk is full (" + errno_text(e) + ")";
@@ -46,7 +49,10 @@ class atomic_file {
  public:
   explicit atomic_file(std::filesystem::path target) : target_(std::move(target)) {
     const auto dir = directory();
-    temp_ = (dir / ("." + target_.filename().string() + ".tmp-XXXXXX")).string();
+    std::string name = ".";
+    name += target_.filename().string();
+    name += ".tmp-XXXXXX";  // mkstemp's pattern
+    temp_ = (dir / name).string();
     fd_ = ::mkstemp(temp_.data());
     if (fd_ < 0) {
       const int e = errno;

@@ -277,6 +277,17 @@ class onnx_graph_builder {
   std::map<std::string, int> used_;
 };
 
+/// Whether weights of weight_bytes go to external data under `mode`.
+/// Throws: loom::invalid_argument for mode never and weights that do not fit inline.
+inline bool onnx_external(std::uint64_t weight_bytes, onnx_external_data mode, const std::filesystem::path& path) {
+  const bool too_large = weight_bytes > onnx_inline_limit;
+  if (mode == onnx_external_data::never && too_large)
+    throw invalid_argument("loom::export_onnx(" + path.string() + "): the weights take " + std::to_string(weight_bytes) +
+                           " bytes, more than one ONNX protobuf holds (2 GiB): use onnx_external_data::automatic or "
+                           "always");
+  return mode == onnx_external_data::always || too_large;
+}
+
 inline std::filesystem::path external_data_path(const std::filesystem::path& model) {
   return model.parent_path() / (model.filename().string() + ".data");
 }
@@ -369,13 +380,8 @@ void export_onnx(std::span<const float> params, const std::filesystem::path& pat
                            std::to_string(Network::parameter_count) + " parameters but " +
                            std::to_string(params.size()) + " values were given");
   const network_description d = describe<Network>();
-  const std::uint64_t weight_bytes = std::uint64_t{Network::parameter_count} * detail::onnx_type_bytes(options.precision);
-  const bool external = options.external_data == onnx_external_data::always ||
-                        (options.external_data == onnx_external_data::automatic && weight_bytes > detail::onnx_inline_limit);
-  if (!external && weight_bytes > detail::onnx_inline_limit)
-    throw invalid_argument("loom::export_onnx(" + path.string() + "): the weights take " + std::to_string(weight_bytes) +
-                           " bytes, more than one ONNX protobuf holds (2 GiB): use onnx_external_data::automatic or "
-                           "always");
+  const bool external = detail::onnx_external(
+      std::uint64_t{Network::parameter_count} * detail::onnx_type_bytes(options.precision), options.external_data, path);
   const auto data_path = detail::external_data_path(path);
   std::string data;
   const std::string model = detail::onnx_model(d, params, options, external, &data, data_path.filename().string());
