@@ -36,6 +36,9 @@ struct flags {
   std::size_t test_samples = 0;
   std::string data = loom::data::default_fashion_mnist_dir;
   bool quiet = false;
+  // Weights in and out (examples/common/weights.hpp), for the examples whose parser takes them
+  // (parser::with_weights_flags); empty: not asked for.
+  std::string save_weights, load_weights, export_onnx;
 };
 
 inline constexpr const char* common_usage = R"(  --model mlp|cnn        network to train (default mlp: 784-256-128-10 with ReLU;
@@ -52,6 +55,12 @@ inline constexpr const char* common_usage = R"(  --model mlp|cnn        network 
   --test-samples N       evaluate on the first N test images (default: all 10000)
   --data DIR             directory with the IDX files (default /usr/share/datasets/fashion-mnist)
   --quiet                no progress output
+)";
+
+inline constexpr const char* weights_usage = R"(  --load-weights FILE    start from the weights in FILE (safetensors, PyTorch's names)
+  --save-weights FILE    after training, write the weights to FILE (safetensors)
+  --export-onnx FILE     after training, write the model to FILE as ONNX (opset 17); with
+                         --load-weights FILE --epochs 0: convert FILE without training
 )";
 
 /// Parses the command line. `program` names the example in messages; `usage` is its whole usage
@@ -107,17 +116,29 @@ class parser {
       else if (name == "train-samples") f.train_samples = number<std::size_t>(name, value);
       else if (name == "test-samples") f.test_samples = number<std::size_t>(name, value);
       else if (name == "data") f.data = value;
+      else if (weights_ && name == "load-weights") f.load_weights = value;
+      else if (weights_ && name == "save-weights") f.save_weights = value;
+      else if (weights_ && name == "export-onnx") f.export_onnx = value;
       else if (!extra || !extra(name, value)) fail("unknown flag --" + std::string(name));
     }
     if (f.model != "mlp" && f.model != "cnn") fail("--model must be mlp or cnn, got '" + f.model + "'");
     if (f.optimizer != "sgd" && f.optimizer != "adam") fail("--optimizer must be sgd or adam, got '" + f.optimizer + "'");
     if (f.batch == 0) fail("--batch must be at least 1");
-    if (f.epochs == 0) fail("--epochs must be at least 1");
+    if (f.epochs == 0 && f.load_weights.empty()) fail("--epochs must be at least 1 (0 only with --load-weights)");
     return f;
+  }
+
+  /// Takes --load-weights, --save-weights and --export-onnx too (and --epochs 0 with
+  /// --load-weights), and lists them in the usage.
+  parser& with_weights_flags() {
+    weights_ = true;
+    usage_ += weights_usage;
+    return *this;
   }
 
  private:
   std::string program_, usage_;
+  bool weights_ = false;
 };
 
 template <class Set>
