@@ -97,7 +97,7 @@ TEST_CASE("The weights file is an 8-byte header length, the JSON header, then th
   io_test::scratch_dir dir("layout");
   const auto params = io_cases::parameters<io_cases::mlp>(3);
   const auto path = dir / "mlp.safetensors";
-  loom::save_weights<io_cases::mlp, float>(std::span<const float>(params), path);
+  loom::save_weights<io_cases::mlp, float>(params, path);  // a whole flat buffer, as trainer::gather_parameters() gives
   const std::string bytes = read_bytes(path);
   REQUIRE(bytes.size() > 8);
   std::uint64_t n = 0;
