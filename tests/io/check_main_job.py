@@ -11,6 +11,7 @@ import sys
 try:
     import numpy as np
     import onnxruntime as ort
+    from common import cli, finish
 except ImportError as e:
     sys.exit(f"check_main_job.py: {e}: the io tests' Python environment is incomplete; run `bash scripts/setup`")
 
@@ -35,10 +36,8 @@ def main(model, classes_path, data):
     same = int((ort_classes == loom_classes).sum())
     share = same / len(ort_classes)
     print(f"ONNX Runtime and loom predict the same class for {same} of {len(ort_classes)} test images ({100 * share:.2f}%)")
-    return 0 if share >= 0.999 else 1
+    return finish("check_main_job.py", 0 if share >= 0.999 else 1, "at least 99.9% agree")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 4:
-        sys.exit(__doc__)
-    sys.exit(main(*sys.argv[1:]))
+    cli(main, __doc__, 3)

@@ -18,6 +18,7 @@ try:
     import onnxruntime as ort
     import safetensors.numpy
     import ml_dtypes
+    from common import cli, finish
 except ImportError as e:
     sys.exit(f"check_onnx.py: {e}: the io tests' Python environment is incomplete; run `bash scripts/setup`")
 
@@ -108,14 +109,8 @@ def main(d):
                       f"{path}: batch {b}: ONNX Runtime vs loom relative error {e2:.3g} (2-norm), {emax:.3g} (max) > {limit}")
         print(f"{case:12s} " + ", ".join(line))
     print("worst relative errors (2-norm/max): " + ", ".join(f"{k} {v[0]:.1e}/{v[1]:.1e}" for k, v in sorted(worst.items())))
-    if failures:
-        print(f"check_onnx.py: {len(failures)} failure(s)")
-        return 1
-    print("check_onnx.py: every export passed")
-    return 0
+    return finish("check_onnx.py", len(failures), "every export passed")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit(__doc__)
-    sys.exit(main(sys.argv[1]))
+    cli(main, __doc__, 1)

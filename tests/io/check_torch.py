@@ -21,6 +21,7 @@ try:
     import torch
     from torch import nn
     import safetensors.torch
+    from common import cli, finish
 except ImportError as e:
     sys.exit(f"check_torch.py: {e}: the io tests' Python environment is incomplete (Debian's python3-torch and "
              f"the venv's safetensors); run `bash scripts/setup`")
@@ -107,14 +108,8 @@ def main(d):
             safetensors.torch.save_file({"y7": fresh(io["x7"]).contiguous()}, f"{base}.torch_out.safetensors")
         print(f"{case:12s} loom's weights in PyTorch vs loom (2-norm/max): " + ", ".join(line))
     print(f"worst relative error {worst:.2e}")
-    if failures:
-        print(f"check_torch.py: {failures} failure(s)")
-        return 1
-    print("check_torch.py: every case loaded with strict=True and agreed")
-    return 0
+    return finish("check_torch.py", failures, "every case loaded with strict=True and agreed")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit(__doc__)
-    sys.exit(main(sys.argv[1]))
+    cli(main, __doc__, 1)

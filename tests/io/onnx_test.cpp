@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cases.hpp"
+#include "error_message.hpp"
 #include "loom/io/onnx.hpp"
 #include "test_files.hpp"
 
@@ -113,13 +114,9 @@ TEST_CASE("External data is chosen past what one protobuf holds, and refused whe
 TEST_CASE("An export that cannot be written fails with a sentence and leaves no file", "[io][onnx]") {
   io_test::scratch_dir dir("unwritable");
   const auto p = io_cases::parameters<io_cases::linear>(1);
-  auto message_of = [&](const std::filesystem::path& path, loom::onnx_options o = {}) -> std::string {
-    try {
-      loom::export_onnx<io_cases::linear>(std::span<const float>(p), path, o);
-    } catch (const loom::io_error& e) {
-      return e.what();
-    }
-    return "(no loom::io_error)";
+  auto message_of = [&](const std::filesystem::path& path, loom::onnx_options o = {}) {
+    return loom::testing::error_message<loom::io_error>(
+        [&] { loom::export_onnx<io_cases::linear>(std::span<const float>(p), path, o); }, "loom::io_error");
   };
   SECTION("a directory that does not exist") {
     const std::string m = message_of(dir / "nowhere" / "m.onnx");

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cases.hpp"
+#include "error_message.hpp"
 #include "loom/io/safetensors.hpp"
 #include "test_files.hpp"
 
@@ -27,12 +28,7 @@ using io_test::write_bytes;
 
 template <class F>
 std::string io_error_of(F&& f) {
-  try {
-    f();
-  } catch (const loom::io_error& e) {
-    return e.what();
-  }
-  return "(no loom::io_error)";
+  return loom::testing::error_message<loom::io_error>(f, "loom::io_error");
 }
 
 /// Network's tensors as named_tensors over params, with `edit` applied to the list.
