@@ -252,35 +252,41 @@ inline void shift(std::vector<layer_description>& layers, std::size_t by) {
   }
 }
 
+/// Layer I of Chain (L), described, its offsets made absolute (base: where Chain's parameters
+/// start), appended to out.
+template <class Chain, std::size_t I, class L>
+void describe_at(const std::string& prefix, std::size_t base, std::vector<layer_description>& out) {
+  using In = typename Chain::template input_of<I>;
+  layer_description d;
+  d.path = prefix + std::to_string(I);
+  d.input_shape = dims_of<In>();
+  d.output_shape = dims_of<typename Chain::template output_of<I>>();
+  layer_traits<L>::template describe<In>(d);
+  std::size_t described = 0;
+  for (const auto& t : d.tensors) described += t.count;
+  std::vector<tensor_description> inner;
+  collect(d.inner, inner);
+  for (const auto& t : inner) described += t.count;
+  if (described != Chain::parameter_counts[I])
+    throw error("loom::io: layer " + d.path + " (" + layer_text(d) + ") is described with " + std::to_string(described) +
+                " parameters but has " + std::to_string(Chain::parameter_counts[I]) +
+                ": its loom::io::layer_traits describe() is wrong");
+  const std::size_t at_ = base + Chain::parameter_offsets[I];
+  for (auto& t : d.tensors) t.offset += at_;
+  shift(d.inner, at_);
+  out.push_back(std::move(d));
+}
+
+template <class Chain, class... Layers, std::size_t... I>
+void describe_each(const std::string& prefix, std::size_t base, std::vector<layer_description>& out,
+                   std::index_sequence<I...>) {
+  (describe_at<Chain, I, Layers>(prefix, base, out), ...);
+}
+
 template <class Chain, class... Layers>
 std::vector<layer_description> describe_chain(const std::string& prefix, std::size_t base) {
   std::vector<layer_description> out;
-  [&]<std::size_t... I>(std::index_sequence<I...>) {
-    (
-        [&] {
-          using L = at<I, type_list<Layers...>>;
-          using In = typename Chain::template input_of<I>;
-          layer_description d;
-          d.path = prefix + std::to_string(I);
-          d.input_shape = dims_of<In>();
-          d.output_shape = dims_of<typename Chain::template output_of<I>>();
-          layer_traits<L>::template describe<In>(d);
-          std::size_t described = 0;
-          for (const auto& t : d.tensors) described += t.count;
-          std::vector<tensor_description> inner;
-          collect(d.inner, inner);
-          for (const auto& t : inner) described += t.count;
-          if (described != Chain::parameter_counts[I])
-            throw error("loom::io: layer " + d.path + " (" + layer_text(d) + ") is described with " +
-                        std::to_string(described) + " parameters but has " + std::to_string(Chain::parameter_counts[I]) +
-                        ": its loom::io::layer_traits describe() is wrong");
-          const std::size_t at_ = base + Chain::parameter_offsets[I];
-          for (auto& t : d.tensors) t.offset += at_;
-          shift(d.inner, at_);
-          out.push_back(std::move(d));
-        }(),
-        ...);
-  }(std::index_sequence_for<Layers...>{});
+  describe_each<Chain, Layers...>(prefix, base, out, std::index_sequence_for<Layers...>{});
   return out;
 }
 
