@@ -39,6 +39,9 @@ struct flags {
   double monitor_every = 5;
   std::string data = loom::data::default_fashion_mnist_dir;
   bool quiet = false;
+  // Weights in and out (examples/common/weights.hpp), for the examples whose parser takes them
+  // (parser::with_weights_flags); empty: not asked for.
+  std::string save_weights, load_weights, export_onnx;
 };
 
 inline constexpr const char* common_usage = R"(  --model mlp|cnn        network to train (default mlp: 784-256-128-10 with ReLU;
@@ -64,6 +67,12 @@ inline constexpr const char* common_usage = R"(  --model mlp|cnn        network 
   --trace FILE           Chrome trace JSON timeline of training (Perfetto, chrome://tracing): every
                          rank in FILE, and each rank's own with .rank<r> before the extension
   --quiet                no progress output
+)";
+
+inline constexpr const char* weights_usage = R"(  --load-weights FILE    start from the weights in FILE (safetensors, PyTorch's names)
+  --save-weights FILE    after training, write the weights to FILE (safetensors)
+  --export-onnx FILE     after training, write the model to FILE as ONNX (opset 17); with
+                         --load-weights FILE --epochs 0: convert FILE without training
 )";
 
 /// Parses the command line. `program` names the example in messages; `usage` is its whole usage
@@ -124,18 +133,30 @@ class parser {
       else if (name == "metrics-jsonl") f.metrics_jsonl = value;
       else if (name == "monitor-every") f.monitor_every = number<double>(name, value);
       else if (name == "trace") f.trace = value;
+      else if (weights_ && name == "load-weights") f.load_weights = value;
+      else if (weights_ && name == "save-weights") f.save_weights = value;
+      else if (weights_ && name == "export-onnx") f.export_onnx = value;
       else if (!extra || !extra(name, value)) fail("unknown flag --" + std::string(name));
     }
     if (f.model != "mlp" && f.model != "cnn") fail("--model must be mlp or cnn, got '" + f.model + "'");
     if (f.optimizer != "sgd" && f.optimizer != "adam") fail("--optimizer must be sgd or adam, got '" + f.optimizer + "'");
     if (f.batch == 0) fail("--batch must be at least 1");
-    if (f.epochs == 0) fail("--epochs must be at least 1");
+    if (f.epochs == 0 && f.load_weights.empty()) fail("--epochs must be at least 1 (0 only with --load-weights)");
     if (!(f.monitor_every >= 0)) fail("--monitor-every must be >= 0 seconds");
     return f;
   }
 
+  /// Takes --load-weights, --save-weights and --export-onnx too (and --epochs 0 with
+  /// --load-weights), and lists them in the usage.
+  parser& with_weights_flags() {
+    weights_ = true;
+    usage_ += weights_usage;
+    return *this;
+  }
+
  private:
   std::string program_, usage_;
+  bool weights_ = false;
 };
 
 template <class Set>

@@ -5,6 +5,7 @@
 // each rank reads only its own samples of every batch from the memory-mapped data set.
 
 #include "../common/example.hpp"
+#include "../common/weights.hpp"
 
 namespace {
 
@@ -26,11 +27,19 @@ int train(const example::flags& f, typename Optimizer::options opt) {
     std::cerr << program << ": " << f.model << " (" << Net::parameter_count << " parameters), " << train_set.size()
               << " training and " << test_set.size() << " test images, " << t.ranks() << " rank(s) x "
               << loom::threads() << " thread(s)\n";
-  const auto fit = t.fit(train_set, example::fit_options_of(f));
+  example::load_weights(f, t.model());
+  // --epochs 0 (with --load-weights): no training, only evaluation and the files asked for.
+  const auto fit = [&] {
+    if (f.epochs) return t.fit(train_set, example::fit_options_of(f));
+    loom::fit_result none;
+    none.ranks = t.ranks();
+    return none;
+  }();
   const auto eval = t.evaluate(test_set);
   if (!lead) return 0;
   if (!f.quiet && fit.ranks > 1) std::cerr << loom::figures_table(fit.figures);
   example::print_result(f, fit, eval, t.model().parameters_l2());
+  example::write_weights(f, t.model());
   return 0;
 }
 
@@ -47,6 +56,8 @@ int main(int argc, char** argv) {
   loom::mpi::environment env{argc, argv};
 #endif
   const example::flags f =
-      example::parser(program, std::string("usage: fashion_mnist [flags]\n") + example::common_usage).parse(argc, argv);
+      example::parser(program, std::string("usage: fashion_mnist [flags]\n") + example::common_usage)
+          .with_weights_flags()
+          .parse(argc, argv);
   return example::guarded(program, [&] { return f.model == "cnn" ? train_with<example::cnn>(f) : train_with<example::mlp>(f); });
 }

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Everything a CPU-only user needs: shapes and tensors, the CPU backend, every layer, networks,
-// losses, optimizers, data sets and the trainer. MPI and NCCL parts have their own headers.
+// losses, optimizers, data sets, the trainer, and the weights and ONNX files (loom/io.hpp). MPI
+// and NCCL parts have their own headers.
 // Compiled by nvcc with the loom::cuda component, it brings the CUDA backend (loom::cuda)
 // instead of the CPU one (nvcc cannot parse oneDNN's header; see backend/default_backend.hpp).
 
@@ -14,6 +15,7 @@
 #include "loom/core/shape.hpp"
 #include "loom/core/tensor.hpp"
 #include "loom/data.hpp"
+#include "loom/io.hpp"
 #include "loom/layers/activation.hpp"
 #include "loom/layers/conv2d.hpp"
 #include "loom/layers/dropout.hpp"

@@ -1,0 +1,419 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// loom::export_onnx: a trained network as an ONNX model (opset 17, IR version 8) for ONNX
+// Runtime and TensorRT, with a symbolic batch dimension. The layers map to Conv, Gemm
+// (transB=1), Relu, LeakyRelu, Tanh, Sigmoid, GELU in its Erf form, MaxPool, AveragePool,
+// Flatten(axis=1), LayerNormalization over the whole sample, Add around a residual's inner
+// graph; dropout is left out. Initializers carry the safetensors names ("3.weight"). The file
+// is encoded by io/protobuf.hpp (no libprotobuf) and written crash-safe (io/file.hpp).
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "loom/core/error.hpp"
+#include "loom/core/math_mode.hpp"
+#include "loom/io/file.hpp"
+#include "loom/io/layer_description.hpp"
+#include "loom/io/protobuf.hpp"
+
+namespace loom::io {
+
+/// The element type of the exported weights and of the graph's arithmetic. With fp16 or bf16 the
+/// graph's input and output stay float32 and Cast nodes convert at both ends, so callers feed
+/// and read float32 either way (TensorRT 10 takes each layer's precision from these types).
+/// bf16: opset 17 has no bf16 Conv, MaxPool or AveragePool, so those run in float32 on the
+/// bf16-rounded weights and activations (Cast nodes around them); everything else runs in bf16.
+enum class onnx_precision { fp32, fp16, bf16 };
+
+/// When the weights go to a file of their own beside the model (`<model file>.data`, ONNX's
+/// external data): when the model would not fit in one protobuf (2 GiB), always, or never.
+enum class onnx_external_data { automatic, always, never };
+
+/// Options of export_onnx.
+struct onnx_options {
+  onnx_precision precision = onnx_precision::fp32;
+  /// End with Softmax over the classes, so the model outputs probabilities instead of logits.
+  bool softmax = false;
+  onnx_external_data external_data = onnx_external_data::automatic;
+  /// The name of the symbolic batch dimension of the input and output.
+  std::string batch_name = "batch";
+};
+
+namespace detail {
+
+/// IEEE half-precision bits of x, rounded to nearest, ties to even (overflow to infinity).
+inline std::uint16_t fp16_bits(float x) noexcept {
+  std::uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  const std::uint32_t sign = (u >> 16) & 0x8000u;
+  const std::uint32_t exp = (u >> 23) & 0xffu;
+  std::uint32_t mant = u & 0x7fffffu;
+  if (exp == 0xff) return static_cast<std::uint16_t>(sign | 0x7c00u | (mant ? 0x200u : 0u));
+  const int e = static_cast<int>(exp) - 127 + 15;
+  if (e >= 31) return static_cast<std::uint16_t>(sign | 0x7c00u);
+  if (e <= 0) {
+    if (e < -10) return static_cast<std::uint16_t>(sign);
+    mant |= 0x800000u;
+    const int shift = 14 - e;
+    std::uint32_t h = mant >> shift;
+    const std::uint32_t rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (h & 1u))) ++h;
+    return static_cast<std::uint16_t>(sign | h);
+  }
+  std::uint32_t h = (static_cast<std::uint32_t>(e) << 10) | (mant >> 13);
+  const std::uint32_t rem = mant & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // a carry into the exponent is right, up to infinity
+  return static_cast<std::uint16_t>(sign | h);
+}
+
+// onnx.proto: TensorProto.DataType and AttributeProto.AttributeType values.
+inline constexpr int onnx_float = 1, onnx_float16 = 10, onnx_bfloat16 = 16;
+inline constexpr int attr_float = 1, attr_int = 2, attr_tensor = 4, attr_ints = 7;
+/// Weights over this many bytes do not fit beside the graph in one protobuf (2 GiB less room
+/// for the nodes): automatic external data starts here.
+inline constexpr std::uint64_t onnx_inline_limit = (std::uint64_t{1} << 31) - (std::uint64_t{1} << 24);
+/// External tensors start at multiples of this (a page), so readers can map them.
+inline constexpr std::uint64_t onnx_external_alignment = 4096;
+
+inline int onnx_type(onnx_precision p) {
+  return p == onnx_precision::fp16 ? onnx_float16 : p == onnx_precision::bf16 ? onnx_bfloat16 : onnx_float;
+}
+inline std::size_t onnx_type_bytes(onnx_precision p) { return p == onnx_precision::fp32 ? 4 : 2; }
+
+/// values converted to the precision's element type, as little-endian bytes.
+inline std::string onnx_raw(std::span<const float> values, onnx_precision p) {
+  std::string raw(values.size() * onnx_type_bytes(p), '\0');
+  if (p == onnx_precision::fp32) {
+    if (!values.empty()) std::memcpy(raw.data(), values.data(), raw.size());
+    return raw;
+  }
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    const std::uint16_t b = p == onnx_precision::fp16 ? fp16_bits(values[i]) : ::loom::detail::bf16_bits(values[i]);
+    raw[2 * i] = static_cast<char>(b & 0xff), raw[2 * i + 1] = static_cast<char>(b >> 8);
+  }
+  return raw;
+}
+
+inline protobuf::message onnx_attr(std::string_view name, std::int64_t v) {
+  protobuf::message a;
+  a.bytes(1, name).varint(20, attr_int).varint(3, v);
+  return a;
+}
+inline protobuf::message onnx_attr(std::string_view name, float v) {
+  protobuf::message a;
+  a.bytes(1, name).varint(20, attr_float).fixed32(2, v);
+  return a;
+}
+inline protobuf::message onnx_attr(std::string_view name, const std::vector<std::int64_t>& v) {
+  protobuf::message a;
+  a.bytes(1, name).varint(20, attr_ints);
+  for (auto x : v) a.varint(8, x);
+  return a;
+}
+
+/// A TensorProto with its data inline.
+inline protobuf::message onnx_tensor(std::string_view name, const std::vector<std::size_t>& dims, int type,
+                                     std::string_view raw) {
+  protobuf::message t;
+  for (auto d : dims) t.varint(1, static_cast<std::int64_t>(d));
+  t.varint(2, type);
+  if (!name.empty()) t.bytes(8, name);
+  t.bytes(9, raw);
+  return t;
+}
+
+/// A ValueInfoProto of a tensor whose first dimension is the symbolic batch.
+inline protobuf::message onnx_value_info(std::string_view name, int type, std::string_view batch,
+                                         const std::vector<std::size_t>& sample) {
+  protobuf::message shape;
+  shape.nested(1, protobuf::message{}.bytes(2, batch));
+  for (auto d : sample) shape.nested(1, protobuf::message{}.varint(1, static_cast<std::int64_t>(d)));
+  protobuf::message tensor;
+  tensor.varint(1, type).nested(2, shape);
+  protobuf::message vi;
+  vi.bytes(1, name).nested(2, protobuf::message{}.nested(1, tensor));
+  return vi;
+}
+
+/// The graph being built: nodes in order, then encoded once the output's name is known.
+class onnx_graph_builder {
+ public:
+  onnx_graph_builder(std::span<const float> params, const onnx_options& o) : params_(params), o_(o) {}
+
+  struct node {
+    std::string op, name;
+    std::vector<std::string> inputs, outputs;
+    std::vector<protobuf::message> attrs;
+  };
+  struct initializer {
+    std::string name;
+    std::vector<std::size_t> dims;
+    std::string raw;
+  };
+
+  /// Adds node op at layer `path` and returns the name of its output.
+  std::string add(std::string_view op, const std::string& path, std::vector<std::string> inputs,
+                  std::vector<protobuf::message> attrs = {}) {
+    std::string base = "/";
+    for (char c : path) base += c == '.' ? '/' : c;
+    if (!path.empty()) base += '/';
+    base += op;
+    const int n = used_[base]++;
+    node x{std::string(op), n ? base + "_" + std::to_string(n) : base, std::move(inputs), {}, std::move(attrs)};
+    x.outputs.push_back(x.name + "_output_0");
+    nodes_.push_back(std::move(x));
+    return nodes_.back().outputs[0];
+  }
+  /// A scalar constant in the graph's element type, as a Constant node.
+  std::string constant(const std::string& path, float v) {
+    const float one[1] = {v};
+    protobuf::message a;
+    a.bytes(1, "value").varint(20, attr_tensor).nested(5, onnx_tensor("", {}, onnx_type(o_.precision), onnx_raw(one, o_.precision)));
+    std::vector<protobuf::message> attrs;
+    attrs.push_back(std::move(a));
+    return add("Constant", path, {}, std::move(attrs));
+  }
+  /// Opset 17 defines Conv, MaxPool and AveragePool for float16, float and double only: in a
+  /// bf16 export their operands are cast to float (back=false) and their result back to bf16
+  /// (back=true). Other precisions: v itself.
+  std::string in_float(const std::string& path, const std::string& v, bool back = false) {
+    if (o_.precision != onnx_precision::bf16) return v;
+    std::vector<protobuf::message> to;
+    to.push_back(onnx_attr("to", std::int64_t{back ? onnx_bfloat16 : onnx_float}));
+    return add("Cast", path, {v}, std::move(to));
+  }
+  /// The layer's parameter tensor t as an initializer; returns its name.
+  std::string weight(const tensor_description& t) {
+    inits_.push_back({t.name, t.shape, onnx_raw(params_.subspan(t.offset, t.count), o_.precision)});
+    return t.name;
+  }
+
+  std::string layers(const std::vector<layer_description>& ls, std::string x) {
+    for (const auto& l : ls) x = layer(l, std::move(x));
+    return x;
+  }
+
+  std::string layer(const layer_description& l, const std::string& x) {
+    const auto k = static_cast<std::int64_t>(l.kernel), s = static_cast<std::int64_t>(l.stride),
+               p = static_cast<std::int64_t>(l.pad);
+    auto attrs = [](auto... a) {
+      std::vector<protobuf::message> v;
+      (v.push_back(std::move(a)), ...);
+      return v;
+    };
+    switch (l.kind) {
+      case layer_kind::linear:
+        return add("Gemm", l.path, {x, weight(l.tensors[0]), weight(l.tensors[1])},
+                   attrs(onnx_attr("alpha", 1.0f), onnx_attr("beta", 1.0f), onnx_attr("transB", std::int64_t{1})));
+      case layer_kind::conv2d:
+        return in_float(l.path, add("Conv", l.path, {in_float(l.path, x), in_float(l.path, weight(l.tensors[0])),
+                                                     in_float(l.path, weight(l.tensors[1]))},
+                                    attrs(onnx_attr("dilations", std::vector<std::int64_t>{1, 1}),
+                                          onnx_attr("group", std::int64_t{1}),
+                                          onnx_attr("kernel_shape", std::vector<std::int64_t>{k, k}),
+                                          onnx_attr("pads", std::vector<std::int64_t>{p, p, p, p}),
+                                          onnx_attr("strides", std::vector<std::int64_t>{s, s}))),
+                        /*back=*/true);
+      case layer_kind::relu: return add("Relu", l.path, {x});
+      case layer_kind::leaky_relu:
+        // The slope as loom computes it: float(millis) / float(1000).
+        return add("LeakyRelu", l.path, {x}, attrs(onnx_attr("alpha", static_cast<float>(l.millis_or_percent) / 1000.0f)));
+      case layer_kind::tanh: return add("Tanh", l.path, {x});
+      case layer_kind::sigmoid: return add("Sigmoid", l.path, {x});
+      case layer_kind::gelu: {
+        // loom's exact GELU: 0.5 x (1 + erf(x * (1 / sqrt 2))), in that order of operations
+        // (opset 17 has no Gelu operator).
+        const std::string a = add("Mul", l.path, {x, constant(l.path, 0.70710678118654752440f)});
+        const std::string e = add("Erf", l.path, {a});
+        const std::string b = add("Add", l.path, {e, constant(l.path, 1.0f)});
+        const std::string m = add("Mul", l.path, {x, b});
+        return add("Mul", l.path, {m, constant(l.path, 0.5f)});
+      }
+      case layer_kind::max_pool2d:
+      case layer_kind::avg_pool2d:
+        return in_float(l.path,
+                        add(l.kind == layer_kind::max_pool2d ? "MaxPool" : "AveragePool", l.path, {in_float(l.path, x)},
+                            attrs(onnx_attr("kernel_shape", std::vector<std::int64_t>{k, k}),
+                                  onnx_attr("strides", std::vector<std::int64_t>{s, s}))),
+                        /*back=*/true);
+      case layer_kind::flatten: return add("Flatten", l.path, {x}, attrs(onnx_attr("axis", std::int64_t{1})));
+      case layer_kind::layer_norm:
+        // axis 1: over every dimension of a sample, as loom::layer_norm and nn.LayerNorm(sample shape).
+        return add("LayerNormalization", l.path, {x, weight(l.tensors[0]), weight(l.tensors[1])},
+                   attrs(onnx_attr("axis", std::int64_t{1}), onnx_attr("epsilon", 1e-5f)));
+      case layer_kind::dropout: return x;  // the identity at inference
+      case layer_kind::residual: {
+        const std::string f = layers(l.inner, x);
+        return add("Add", l.path, {x, f});
+      }
+    }
+    throw error("loom::export_onnx: layer " + l.path + " has a kind the exporter does not know");
+  }
+
+  /// Renames the value `from` (the output of the last node) to `to`.
+  void rename_output(const std::string& from, const std::string& to) {
+    for (auto& n : nodes_)
+      for (auto& o : n.outputs)
+        if (o == from) o = to;
+  }
+
+  std::vector<node>& nodes() noexcept { return nodes_; }
+  std::vector<initializer>& initializers() noexcept { return inits_; }
+
+ private:
+  std::span<const float> params_;
+  const onnx_options& o_;
+  std::vector<node> nodes_;
+  std::vector<initializer> inits_;
+  std::map<std::string, int> used_;
+};
+
+/// Whether weights of weight_bytes go to external data under `mode`.
+/// Throws: loom::invalid_argument for mode never and weights that do not fit inline.
+inline bool onnx_external(std::uint64_t weight_bytes, onnx_external_data mode, const std::filesystem::path& path) {
+  const bool too_large = weight_bytes > onnx_inline_limit;
+  if (mode == onnx_external_data::never && too_large)
+    throw invalid_argument("loom::export_onnx(" + path.string() + "): the weights take " + std::to_string(weight_bytes) +
+                           " bytes, more than one ONNX protobuf holds (2 GiB): use onnx_external_data::automatic or "
+                           "always");
+  return mode == onnx_external_data::always || too_large;
+}
+
+inline std::filesystem::path external_data_path(const std::filesystem::path& model) {
+  return model.parent_path() / (model.filename().string() + ".data");
+}
+
+/// The ONNX model of network d with parameters params. external: the initializers' data go to
+/// `data` (appended at aligned offsets, named by data_name) instead of inline.
+inline std::string onnx_model(const network_description& d, std::span<const float> params, const onnx_options& o,
+                              bool external, std::string* data, const std::string& data_name) {
+  onnx_graph_builder g(params, o);
+  const int type = onnx_type(o.precision);
+  std::string x = "input";
+  if (type != onnx_float) x = g.add("Cast", "", {x}, [&] {
+    std::vector<protobuf::message> v;
+    v.push_back(onnx_attr("to", std::int64_t{type}));
+    return v;
+  }());
+  x = g.layers(d.layers, x);
+  if (o.softmax) x = g.add("Softmax", "", {x}, [] {
+    std::vector<protobuf::message> v;
+    v.push_back(onnx_attr("axis", std::int64_t{1}));
+    return v;
+  }());
+  if (type != onnx_float) x = g.add("Cast", "", {x}, [] {
+    std::vector<protobuf::message> v;
+    v.push_back(onnx_attr("to", std::int64_t{onnx_float}));
+    return v;
+  }());
+  if (x == "input") x = g.add("Identity", "", {x});  // a network of dropout alone
+  g.rename_output(x, "output");
+
+  protobuf::message graph;
+  for (const auto& n : g.nodes()) {
+    protobuf::message m;
+    for (const auto& i : n.inputs) m.bytes(1, i);
+    for (const auto& out : n.outputs) m.bytes(2, out);
+    m.bytes(3, n.name).bytes(4, n.op);
+    for (const auto& a : n.attrs) m.nested(5, a);
+    graph.nested(1, m);
+  }
+  graph.bytes(2, "loom");
+  for (const auto& i : g.initializers()) {
+    if (!external) {
+      graph.nested(5, onnx_tensor(i.name, i.dims, type, i.raw));
+      continue;
+    }
+    data->append((onnx_external_alignment - data->size() % onnx_external_alignment) % onnx_external_alignment, '\0');
+    const std::size_t offset = data->size();
+    data->append(i.raw);
+    protobuf::message t;
+    for (auto dim : i.dims) t.varint(1, static_cast<std::int64_t>(dim));
+    t.varint(2, type).bytes(8, i.name);
+    auto entry = [](std::string_view k, std::string_view v) {
+      protobuf::message e;
+      e.bytes(1, k).bytes(2, v);
+      return e;
+    };
+    t.nested(13, entry("location", data_name));
+    t.nested(13, entry("offset", std::to_string(offset)));
+    t.nested(13, entry("length", std::to_string(i.raw.size())));
+    t.varint(14, 1);  // DataLocation EXTERNAL
+    graph.nested(5, t);
+  }
+  graph.nested(11, onnx_value_info("input", onnx_float, o.batch_name, d.input_shape));
+  graph.nested(12, onnx_value_info("output", onnx_float, o.batch_name, d.output_shape));
+
+  protobuf::message model;
+  model.varint(1, 8);  // IR version 8
+  model.bytes(2, "loom").bytes(3, "0.1.0");
+  model.nested(7, graph);
+  model.nested(8, protobuf::message{}.bytes(1, "").varint(2, 17));  // opset 17 of the default domain
+  auto prop = [&](std::string_view k, const std::string& v) { model.nested(14, protobuf::message{}.bytes(1, k).bytes(2, v)); };
+  prop("loom.network", d.text());
+  prop("loom.fingerprint", d.fingerprint());
+  return model.encoded();
+}
+
+}  // namespace detail
+
+/// Writes Network with parameters `params` (Network::parameter_count values, host memory, the
+/// flat layout) as the ONNX model `path`; with external data also `<path>.data` beside it.
+/// Crash-safe: each file is written whole or not at all (the data file first), and a failed
+/// export leaves no new file behind.
+/// Throws: loom::io_error when a file cannot be written (the message says why: a directory
+/// that does not exist or is not writable, a full disk); loom::invalid_argument for params of
+/// the wrong size, or external_data = never for weights over 2 GiB.
+template <class Network>
+void export_onnx(std::span<const float> params, const std::filesystem::path& path, const onnx_options& options = {}) {
+  if (params.size() != Network::parameter_count)
+    throw invalid_argument("loom::export_onnx(" + path.string() + "): the network has " +
+                           std::to_string(Network::parameter_count) + " parameters but " +
+                           std::to_string(params.size()) + " values were given");
+  const network_description d = describe<Network>();
+  const bool external = detail::onnx_external(
+      std::uint64_t{Network::parameter_count} * detail::onnx_type_bytes(options.precision), options.external_data, path);
+  const auto data_path = detail::external_data_path(path);
+  std::string data;
+  const std::string model = detail::onnx_model(d, params, options, external, &data, data_path.filename().string());
+  if (external) {
+    atomic_file out(data_path);
+    out.write(data);
+    out.commit();
+  }
+  atomic_file out(path);
+  out.write(model);
+  out.commit();
+  // The model is whole; a data file left by an earlier external export of it is now stale.
+  if (!external) {
+    std::error_code ec;
+    std::filesystem::remove(data_path, ec);
+  }
+}
+
+/// Writes a loom::model (any backend) as the ONNX model `path`; see export_onnx above.
+template <class Model>
+  requires requires(const Model& m) { m.copy_parameters_to_host(); typename Model::network_type; }
+void export_onnx(const Model& model, const std::filesystem::path& path, const onnx_options& options = {}) {
+  static_assert(std::is_same_v<typename Model::value_type, float>, "loom::export_onnx exports float models");
+  const std::vector<float> host = model.copy_parameters_to_host();
+  export_onnx<typename Model::network_type>(std::span<const float>(host), path, options);
+}
+
+}  // namespace loom::io
+
+namespace loom {
+using io::export_onnx;
+using io::onnx_external_data;
+using io::onnx_options;
+using io::onnx_precision;
+}  // namespace loom

@@ -1,0 +1,325 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// A network's weights as one safetensors file: an 8-byte little-endian header length, a JSON
+// header (each tensor's dtype, shape and data_offsets, and a __metadata__ object with loom's
+// network text and fingerprint), then the raw little-endian values. The names and shapes are
+// the ones torch.nn.Sequential of the same layers has ("3.weight", linear (out, in), conv2d
+// (out, in, kh, kw)), so PyTorch loads the file with load_state_dict(strict=True), and the data
+// section is the flat parameter buffer itself. Weights only: no optimizer or trainer state.
+
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "loom/core/error.hpp"
+#include "loom/io/file.hpp"
+#include "loom/io/json.hpp"
+#include "loom/io/layer_description.hpp"
+
+namespace loom::io {
+
+static_assert(std::endian::native == std::endian::little,
+              "loom::io writes and reads safetensors' little-endian values as they lie in memory: a little-endian "
+              "host is needed");
+
+/// One tensor to write: its name, shape and values (row-major).
+template <class T>
+struct named_tensor {
+  std::string name;
+  std::vector<std::size_t> shape;
+  std::span<const T> values;
+};
+
+namespace detail {
+template <class T>
+constexpr const char* safetensors_dtype() {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                "loom::io's safetensors files hold float (F32) or double (F64) values");
+  return std::is_same_v<T, float> ? "F32" : "F64";
+}
+
+inline std::size_t dtype_bytes(std::string_view d) {
+  if (d == "F64" || d == "I64" || d == "U64") return 8;
+  if (d == "F32" || d == "I32" || d == "U32") return 4;
+  if (d == "F16" || d == "BF16" || d == "I16" || d == "U16") return 2;
+  if (d == "I8" || d == "U8" || d == "BOOL" || d == "F8_E4M3" || d == "F8_E5M2") return 1;
+  return 0;
+}
+
+inline std::string shape_text(const std::vector<std::size_t>& s) { return "(" + join(s, ", ") + ")"; }
+
+/// The largest header the reader accepts (safetensors' own limit).
+inline constexpr std::uint64_t max_header_bytes = 100u << 20;
+}  // namespace detail
+
+/// Writes tensors as the safetensors file `path`, crash-safe (io/file.hpp's atomic_file): a
+/// failed write leaves no file, and an existing one as it was. metadata goes into
+/// __metadata__. The tensors are laid out in the order given.
+/// Throws: loom::io_error naming the file; loom::invalid_argument when a tensor's values do
+/// not match its shape or a name repeats.
+template <class T>
+void write_safetensors(const std::filesystem::path& path, std::span<const named_tensor<T>> tensors,
+                       const std::map<std::string, std::string>& metadata = {}) {
+  std::string header = "{";
+  if (!metadata.empty()) {
+    header += "\"__metadata__\":{";
+    bool first = true;
+    for (const auto& [k, v] : metadata) header += (first ? "" : ",") + json::quote(k) + ":" + json::quote(v), first = false;
+    header += "}";
+  }
+  std::uint64_t at = 0;
+  std::map<std::string_view, int> seen;
+  for (const auto& t : tensors) {
+    std::size_t n = 1;
+    for (auto e : t.shape) n *= e;
+    if (n != t.values.size())
+      throw invalid_argument("loom::io::write_safetensors(" + path.string() + "): tensor " + t.name + " has shape " +
+                             detail::shape_text(t.shape) + " (" + std::to_string(n) + " values) but " +
+                             std::to_string(t.values.size()) + " values were given");
+    if (t.name == "__metadata__" || seen[t.name]++)
+      throw invalid_argument("loom::io::write_safetensors(" + path.string() + "): the tensor name " + t.name +
+                             " is reserved or given twice");
+    const std::uint64_t end = at + n * sizeof(T);
+    header += std::string(header.size() > 1 ? "," : "") + json::quote(t.name) + ":{\"dtype\":\"" +
+              detail::safetensors_dtype<T>() + "\",\"shape\":[" + detail::join(t.shape) + "],\"data_offsets\":[" +
+              std::to_string(at) + "," + std::to_string(end) + "]}";
+    at = end;
+  }
+  header += "}";
+  header.append((8 - header.size() % 8) % 8, ' ');  // the data starts 8-byte aligned, as safetensors writes it
+  unsigned char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(static_cast<std::uint64_t>(header.size()) >> (8 * i));
+  atomic_file out(path);
+  out.write(len, 8);
+  out.write(header);
+  for (const auto& t : tensors) out.write(t.values.data(), t.values.size_bytes());
+  out.commit();
+}
+
+/// A safetensors file opened for reading, its header checked: valid JSON, every tensor with a
+/// known dtype, a shape and data_offsets that agree with each other, tensors that tile the
+/// data section exactly, and a file long enough for all of them.
+/// Throws (constructor): loom::io_error naming the file, the tensor or field, what was
+/// expected and what was found.
+class safetensors_file {
+ public:
+  struct entry {
+    std::string name, dtype;
+    std::vector<std::size_t> shape;
+    std::uint64_t begin = 0, end = 0;  // in the data section
+  };
+
+  explicit safetensors_file(std::filesystem::path path) : file_(std::move(path)) {
+    const std::string f = file_.path().string();
+    if (file_.size() < 8)
+      throw io_error(f + " is truncated: " + std::to_string(file_.size()) +
+                     " bytes, too short for safetensors' 8-byte header length");
+    unsigned char len[8];
+    file_.read_at(0, len, 8, "the header length");
+    std::uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | len[i];
+    if (n > detail::max_header_bytes)
+      throw io_error(f + " is not a safetensors file: its header length is " + std::to_string(n) + " bytes, over the " +
+                     std::to_string(detail::max_header_bytes) + " a header may have");
+    if (8 + n > file_.size())
+      throw io_error(f + " is truncated: its header length " + std::to_string(n) + " runs past the end of the file (" +
+                     std::to_string(file_.size()) + " bytes)");
+    std::string text(n, '\0');
+    file_.read_at(8, text.data(), n, "the header");
+    data_at_ = 8 + n;
+    const std::uint64_t data_bytes = file_.size() - data_at_;
+    json::value h;
+    try {
+      h = json::parse(text);
+    } catch (const json::parse_error& e) {
+      throw io_error(f + ": the safetensors header is not valid JSON (" + e.what() + ")");
+    }
+    if (!h.is_object()) throw io_error(f + ": the safetensors header is not a JSON object");
+    for (const auto& [name, v] : h.members) {
+      if (name == "__metadata__") {
+        if (!v.is_object()) throw io_error(f + ": __metadata__ is not an object of strings");
+        for (const auto& [k, s] : v.members) {
+          if (!s.is_string()) throw io_error(f + ": __metadata__ entry " + k + " is not a string");
+          metadata_[k] = s.text;
+        }
+        continue;
+      }
+      const std::string where = f + ": tensor " + name;
+      if (find(name)) throw io_error(where + " appears twice in the header");
+      if (!v.is_object()) throw io_error(where + " is not described by an object");
+      entry e;
+      e.name = name;
+      const json::value* dtype = v.find("dtype");
+      if (!dtype || !dtype->is_string()) throw io_error(where + " has no dtype string");
+      e.dtype = dtype->text;
+      const std::size_t elem = detail::dtype_bytes(e.dtype);
+      if (!elem) throw io_error(where + " has an unknown dtype \"" + e.dtype + "\"");
+      const json::value* shape = v.find("shape");
+      if (!shape || !shape->is_array()) throw io_error(where + " has no shape array");
+      std::uint64_t count = 1;
+      for (const auto& d : shape->items) {
+        std::uint64_t x;
+        if (!d.to_u64(x)) throw io_error(where + " has a shape entry that is not a non-negative integer");
+        if (x && count > ~std::uint64_t{0} / x / elem) throw io_error(where + " has a shape too large to hold");
+        e.shape.push_back(static_cast<std::size_t>(x));
+        count *= x;
+      }
+      const json::value* off = v.find("data_offsets");
+      if (!off || !off->is_array() || off->items.size() != 2 || !off->items[0].to_u64(e.begin) ||
+          !off->items[1].to_u64(e.end) || e.begin > e.end)
+        throw io_error(where + " needs data_offsets [begin, end] with begin <= end");
+      if (e.end - e.begin != count * elem)
+        throw io_error(where + " is " + e.dtype + " of shape " + detail::shape_text(e.shape) + ", " +
+                       std::to_string(count * elem) + " bytes, but its data_offsets span " +
+                       std::to_string(e.end - e.begin));
+      if (e.end > data_bytes)
+        throw io_error(f + " is truncated: tensor " + name + " ends at byte " + std::to_string(e.end) +
+                       " of the data, which has " + std::to_string(data_bytes) + " bytes");
+      entries_.push_back(std::move(e));
+    }
+    // The tensors tile the data section: no gaps, no overlaps, nothing after the last.
+    std::vector<const entry*> order;
+    for (const auto& e : entries_) order.push_back(&e);
+    std::sort(order.begin(), order.end(), [](const entry* a, const entry* b) {
+      return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+    });
+    std::uint64_t at = 0;
+    for (const entry* e : order) {
+      if (e->begin != at)
+        throw io_error(f + ": tensor " + e->name + " starts at byte " + std::to_string(e->begin) + " of the data, but " +
+                       (e->begin < at ? "the tensor before it ends at byte " : "the data before it ends at byte ") +
+                       std::to_string(at) + (e->begin < at ? " (they overlap)" : " (a gap)"));
+      at = e->end;
+    }
+    if (at != data_bytes)
+      throw io_error(f + " has " + std::to_string(data_bytes - at) + " bytes after its last tensor (data section of " +
+                     std::to_string(data_bytes) + " bytes, tensors cover " + std::to_string(at) + ")");
+  }
+
+  const std::filesystem::path& path() const noexcept { return file_.path(); }
+  const std::vector<entry>& tensors() const noexcept { return entries_; }
+  const std::map<std::string, std::string>& metadata() const noexcept { return metadata_; }
+  /// The tensor named name, or null.
+  const entry* find(std::string_view name) const noexcept {
+    for (const auto& e : entries_)
+      if (e.name == name) return &e;
+    return nullptr;
+  }
+  /// Reads e's raw bytes (e.end - e.begin of them) into dst.
+  void read(const entry& e, void* dst) const {
+    file_.read_at(data_at_ + e.begin, dst, e.end - e.begin, "tensor " + e.name);
+  }
+
+ private:
+  input_file file_;
+  std::uint64_t data_at_ = 0;
+  std::vector<entry> entries_;
+  std::map<std::string, std::string> metadata_;
+};
+
+/// The __metadata__ loom writes: the network as text, its fingerprint and parameter count, and
+/// "format": "pt" (what Hugging Face's loaders look for).
+inline std::map<std::string, std::string> weights_metadata(const network_description& d) {
+  return {{"format", "pt"},
+          {"loom.network", d.text()},
+          {"loom.fingerprint", d.fingerprint()},
+          {"loom.parameters", std::to_string(d.parameter_count)}};
+}
+
+/// Writes the whole flat parameter buffer of Network (Network::parameter_count values in
+/// Network's layout, host memory) as the safetensors file `path`, crash-safe.
+/// Throws: loom::invalid_argument when params has the wrong size; loom::io_error.
+template <class Network, class T>
+void save_weights(std::span<const T> params, const std::filesystem::path& path) {
+  if (params.size() != Network::parameter_count)
+    throw invalid_argument("loom::save_weights(" + path.string() + "): the network has " +
+                           std::to_string(Network::parameter_count) + " parameters but " +
+                           std::to_string(params.size()) + " values were given");
+  const network_description d = describe<Network>();
+  std::vector<named_tensor<T>> tensors;
+  for (const auto& t : d.tensors()) tensors.push_back({t.name, t.shape, params.subspan(t.offset, t.count)});
+  write_safetensors<T>(path, tensors, weights_metadata(d));
+}
+
+/// Reads the safetensors file `path` as Network's flat parameter buffer (host memory). The file
+/// must hold exactly Network's tensors, with their names, shapes and dtype (F32 for float); a
+/// file that says it was saved from another loom network is refused.
+/// Throws: loom::io_error naming the file, the tensor, what was expected and what was found.
+template <class Network, class T = float>
+std::vector<T> load_weights(const std::filesystem::path& path) {
+  const network_description d = describe<Network>();
+  const safetensors_file file(path);
+  const std::string f = path.string();
+  if (auto it = file.metadata().find("loom.network"); it != file.metadata().end() && it->second != d.text())
+    throw io_error(f + " holds the weights of " + it->second + ", not of this model's " + d.text());
+  const auto expected = d.tensors();
+  std::vector<std::string> missing, unexpected, prefixed;
+  for (const auto& t : expected)
+    if (!file.find(t.name)) missing.push_back(t.name + " " + detail::shape_text(t.shape));
+  for (const auto& e : file.tensors()) {
+    bool known = false;
+    for (const auto& t : expected) known = known || t.name == e.name;
+    if (known) continue;
+    unexpected.push_back(e.name + " " + detail::shape_text(e.shape));
+    if (e.name.starts_with("module.")) prefixed.push_back(e.name);
+  }
+  if (!missing.empty() || !unexpected.empty()) {
+    auto list = [](const std::vector<std::string>& v) {
+      std::string s;
+      for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + v[i];
+      return s;
+    };
+    std::string msg = f + " does not hold this model's tensors:";
+    if (!missing.empty()) msg += " missing " + list(missing) + ";";
+    if (!unexpected.empty()) msg += " unexpected " + list(unexpected) + ";";
+    if (!prefixed.empty() && prefixed.size() == unexpected.size())
+      msg += " its names carry a stray \"module.\" prefix (saved from a DistributedDataParallel or DataParallel "
+             "wrapper): save model.module.state_dict() instead, or strip the prefix;";
+    msg += " expected " + std::to_string(expected.size()) + " tensors of " + d.text();
+    throw io_error(msg);
+  }
+  std::vector<T> params(Network::parameter_count);
+  for (const auto& t : expected) {
+    const auto& e = *file.find(t.name);
+    if (e.dtype != detail::safetensors_dtype<T>())
+      throw io_error(f + ": tensor " + t.name + " is " + e.dtype + " but this model reads " +
+                     detail::safetensors_dtype<T>() + " (convert it, e.g. tensor.float(), before saving)");
+    if (e.shape != t.shape)
+      throw io_error(f + ": tensor " + t.name + " has shape " + detail::shape_text(e.shape) + " but this model expects " +
+                     detail::shape_text(t.shape));
+    file.read(e, params.data() + t.offset);
+  }
+  return params;
+}
+
+/// Writes model's parameters (a loom::model, any backend) as the safetensors file `path`.
+template <class Model>
+void save_weights(const Model& model, const std::filesystem::path& path) {
+  using T = typename Model::value_type;
+  const std::vector<T> host = model.copy_parameters_to_host();
+  save_weights<typename Model::network_type, T>(std::span<const T>(host), path);
+}
+
+/// Sets model's parameters from the safetensors file `path`; on any error the model is left as
+/// it was.
+template <class Model>
+void load_weights(Model& model, const std::filesystem::path& path) {
+  using T = typename Model::value_type;
+  const std::vector<T> host = load_weights<typename Model::network_type, T>(path);
+  model.copy_parameters_from_host(host);
+}
+
+}  // namespace loom::io
+
+namespace loom {
+using io::load_weights;
+using io::save_weights;
+}  // namespace loom
