@@ -23,6 +23,7 @@
 #include "loom/layers/tensor_parallel.hpp"
 #include "loom/nn/model.hpp"
 #include "loom/parallel/tensor_parallel_engine.hpp"
+#include "loom/parallel/tensor_parallel_plan.hpp"
 
 using namespace loom;
 

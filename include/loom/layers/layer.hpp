@@ -154,6 +154,24 @@ struct layer_norm_at_layer_has_nothing_to_normalise;
 }  // namespace diagnostic
 
 namespace detail {
+/// A layer (or a network's layers) already reported as wrong: accepts nothing and says nothing,
+/// so that code using it adds no errors to the report.
+struct already_reported {
+  static constexpr bool is_loom_layer = true;
+  template <class In>
+  static constexpr bool accepts = false;
+  template <std::size_t Index, class In>
+  static constexpr bool check() {
+    return false;
+  }
+  template <class In>
+  using output_shape = In;
+  template <class In>
+  static constexpr std::size_t parameter_count = 0;
+  template <class In>
+  static constexpr double flops = 0;
+};
+
 /// Calling this fails with the marker's name (and values) in the message. consteval: the call
 /// is evaluated (so the error is reported) where it is written, even in a run-time function.
 /// The error is a declaration, not the returned value, so the call still gives a constant

@@ -23,13 +23,6 @@ struct no_backward_hook {
   void operator()(std::size_t) const noexcept {}
 };
 
-namespace detail {
-/// A layer implementation that can write the ReLU of the layer after it (conv2d). A concept of
-/// its own rather than a requires-expression in place: nvcc 13 fails to evaluate the latter there.
-template <class Impl>
-concept can_fuse_relu = requires(Impl& i) { i.fuse_relu(); };
-}  // namespace detail
-
 template <class T, class Backend, shape_type In, class... Layers>
 class sequence {
  public:
@@ -51,14 +44,14 @@ class sequence {
   using impls = typename decltype(impls_type(std::index_sequence_for<Layers...>{}))::type;
   using space = typename Backend::memory_space;
 
-  /// Layer K is a loom::relu fused into the layer before it (which then writes the ReLU's
-  /// output itself): decided at compile time from the layer list.
+  /// Layer K runs inside the layer before it (detail::fuses_into_previous: a loom::relu after
+  /// a layer that writes the ReLU's output itself): decided at compile time from the layer list.
   template <std::size_t K>
   static constexpr bool relu_fused() {
     if constexpr (K == 0 || !chain::ok) {
       return false;
     } else {
-      return std::is_same_v<at<K, type_list<Layers...>>, relu> && detail::can_fuse_relu<impl_at<K - 1>>;
+      return detail::fuses_into_previous<impl_at<K - 1>, at<K, type_list<Layers...>>>;
     }
   }
 

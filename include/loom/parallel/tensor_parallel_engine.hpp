@@ -21,10 +21,10 @@
 
 #include "loom/comm/communicator.hpp"
 #include "loom/core/error.hpp"
-#include "loom/layers/tensor_parallel.hpp"
 #include "loom/parallel/data_parallel.hpp"
 #include "loom/parallel/figures.hpp"
 #include "loom/parallel/tensor_parallel.hpp"
+#include "loom/parallel/tensor_parallel_plan.hpp"
 
 namespace loom {
 
