@@ -151,6 +151,16 @@ template <class NetworkInputShape, class SampleShape>
 struct network_input_does_not_match_samples;
 template <std::size_t LayerIndex, class InputShape>
 struct layer_norm_at_layer_has_nothing_to_normalise;
+template <std::size_t LayerIndex>
+struct linear_at_layer_has_zero_outputs;
+template <std::size_t LayerIndex, std::size_t OutChannels, std::size_t Kernel, std::size_t Stride>
+struct conv2d_at_layer_needs_positive_channels_kernel_and_stride;
+template <std::size_t LayerIndex, std::size_t Kernel, std::size_t Stride>
+struct pool2d_at_layer_needs_positive_kernel_and_stride;
+template <std::size_t LayerIndex, unsigned Percent>
+struct dropout_at_layer_needs_a_rate_below_100_percent;
+template <std::size_t LayerIndex>
+struct residual_at_layer_has_no_inner_layers;
 }  // namespace diagnostic
 
 namespace detail {

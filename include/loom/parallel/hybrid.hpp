@@ -19,6 +19,19 @@
 
 namespace loom {
 
+namespace detail {
+/// The communicator of a data_parallel<Comm, ...> (void for anything else, which hybrid has
+/// already refused, so that no error follows its message).
+template <class DataParallel>
+struct data_parallel_comm {
+  using type = void;
+};
+template <class Comm, class... Options>
+struct data_parallel_comm<data_parallel<Comm, Options...>> {
+  using type = Comm;
+};
+}  // namespace detail
+
 template <class DataParallel, class Parallelism>
 struct hybrid {
   static_assert(is_data_parallel_v<DataParallel>,
@@ -27,9 +40,13 @@ struct hybrid {
                 "loom::hybrid<DataParallel, Parallelism>: Parallelism must be loom::pipeline<Stages, ...> or "
                 "loom::tensor_parallel<Width>");
   using data_parallel_type = DataParallel;
-  using comm_type = typename DataParallel::comm_type;
-  /// The same split of one replica as model_parallel<Parallelism, Comm> gives.
-  using model_parallel_type = model_parallel<Parallelism, comm_type>;
+  using comm_type = typename detail::data_parallel_comm<DataParallel>::type;
+  /// The same split of one replica as model_parallel<Parallelism, Comm> gives (a stand-in
+  /// pipeline when Parallelism is neither, which hybrid has already refused).
+  using model_parallel_type =
+      model_parallel<std::conditional_t<is_pipeline_v<Parallelism> || is_tensor_parallel_v<Parallelism>, Parallelism,
+                                        pipeline<1>>,
+                     comm_type>;
   using parallelism = Parallelism;
   /// Ranks per model replica (P).
   static constexpr std::size_t group_size = model_parallel_type::group_size;
