@@ -20,16 +20,13 @@
 namespace loom {
 
 namespace detail {
-/// The communicator of a data_parallel<Comm, ...> (void for anything else, which hybrid has
-/// already refused, so that no error follows its message).
+/// DataParallel's communicator; void for a type that is not a data_parallel, which hybrid has
+/// refused by then, so that no error follows its message.
 template <class DataParallel>
-struct data_parallel_comm {
-  using type = void;
-};
-template <class Comm, class... Options>
-struct data_parallel_comm<data_parallel<Comm, Options...>> {
-  using type = Comm;
-};
+constexpr auto comm_of_data_parallel() {
+  if constexpr (is_data_parallel_v<DataParallel>) return std::type_identity<typename DataParallel::comm_type>{};
+  else return std::type_identity<void>{};
+}
 }  // namespace detail
 
 template <class DataParallel, class Parallelism>
@@ -40,7 +37,7 @@ struct hybrid {
                 "loom::hybrid<DataParallel, Parallelism>: Parallelism must be loom::pipeline<Stages, ...> or "
                 "loom::tensor_parallel<Width>");
   using data_parallel_type = DataParallel;
-  using comm_type = typename detail::data_parallel_comm<DataParallel>::type;
+  using comm_type = typename decltype(detail::comm_of_data_parallel<DataParallel>())::type;
   /// The same split of one replica as model_parallel<Parallelism, Comm> gives (a stand-in
   /// pipeline when Parallelism is neither, which hybrid has already refused).
   using model_parallel_type =
