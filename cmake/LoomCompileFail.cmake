@@ -9,7 +9,8 @@
 # A case is one .cpp. Its expectations are comment lines at the start of a line:
 #   // expect: REGEX        the compiler output must match REGEX (every such line must match,
 #                           and the first one must match the first compiler error, so the loom
-#                           message is what the user reads first). No ';' in REGEX.
+#                           message is what the user reads first). No ';', '[' or ']' in REGEX
+#                           (CMake's lists split at ';' and not inside brackets): write '.'.
 #   // max-errors: N        at most N compiler errors (guards against cascades of errors)
 # Each case is an OBJECT library, excluded from `all`, linked to loom::loom (so it compiles
 # with the flags and include directories of loom and its dependencies); its test builds it.

@@ -10,7 +10,7 @@
 #include "loom/layers/layer_norm.hpp"
 #include "loom/layers/linear.hpp"
 #include "loom/layers/pool2d.hpp"
-#include "loom/layers/residual.hpp"
+#include "loom/nn/residual.hpp"
 #include "loom/nn/model.hpp"
 
 using mlp = loom::network<loom::input<784>, loom::linear<32>, loom::relu, loom::layer_norm, loom::linear<10>>;

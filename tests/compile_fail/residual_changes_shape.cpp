@@ -5,7 +5,7 @@
 // max-errors: 2
 #include "loom/layers/activation.hpp"
 #include "loom/layers/linear.hpp"
-#include "loom/layers/residual.hpp"
+#include "loom/nn/residual.hpp"
 #include "loom/nn/model.hpp"
 
 using net = loom::network<loom::input<32>, loom::linear<16>, loom::residual<loom::linear<8>, loom::relu>, loom::linear<10>>;

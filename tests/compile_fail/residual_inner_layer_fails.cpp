@@ -7,7 +7,7 @@
 #include "loom/layers/activation.hpp"
 #include "loom/layers/conv2d.hpp"
 #include "loom/layers/linear.hpp"
-#include "loom/layers/residual.hpp"
+#include "loom/nn/residual.hpp"
 #include "loom/nn/model.hpp"
 
 using net = loom::network<loom::input<2, 8, 8>, loom::residual<loom::linear<128>, loom::relu>, loom::conv2d<4, 3>>;

@@ -21,7 +21,7 @@
 #include "loom/layers/layer_norm.hpp"
 #include "loom/layers/linear.hpp"
 #include "loom/layers/pool2d.hpp"
-#include "loom/layers/residual.hpp"
+#include "loom/nn/residual.hpp"
 #include "loom/nn/network.hpp"
 
 namespace loom {

@@ -259,3 +259,10 @@ TEMPLATE_TEST_CASE("mse is the mean squared distance to the one-hot label", "[la
 // fuses that ReLU.
 static_assert(!loom::detail::has_linear_forward<loom::cpu>);
 static_assert(!loom::detail::can_fuse_relu<loom::linear<4>::impl<loom::shape<8>, float, loom::cpu>>);
+
+// The fusion rule, detail::fuses_into_previous: a relu after a layer whose implementation writes
+// the ReLU itself (conv2d on loom::cpu, oneDNN's post-op); nothing else, and not after linear here.
+using conv_impl = loom::conv2d<4, 3>::impl<loom::shape<1, 8, 8>, float, loom::cpu>;
+static_assert(loom::detail::fuses_into_previous<conv_impl, loom::relu>);
+static_assert(!loom::detail::fuses_into_previous<conv_impl, loom::tanh>);
+static_assert(!loom::detail::fuses_into_previous<loom::linear<4>::impl<loom::shape<8>, float, loom::cpu>, loom::relu>);

@@ -19,7 +19,7 @@
 #include "loom/layers/layer_norm.hpp"
 #include "loom/layers/linear.hpp"
 #include "loom/layers/pool2d.hpp"
-#include "loom/layers/residual.hpp"
+#include "loom/nn/residual.hpp"
 #include "loom/nn/loss.hpp"
 #include "loom/nn/model.hpp"
 #include "loom/nn/network.hpp"

@@ -4,6 +4,7 @@
 // the same shape, no parameters. They work on the activation's physical layout as it is.
 
 #include <cstddef>
+#include <type_traits>
 
 #include "loom/backend/kernels/activation.hpp"
 #include "loom/layers/layer.hpp"
@@ -62,5 +63,24 @@ struct tanh : detail::pointwise_layer<kernels::tanh_op, detail::tanh_name> {};
 struct sigmoid : detail::pointwise_layer<kernels::sigmoid_op, detail::sigmoid_name> {};
 /// GELU, exact: x Phi(x).
 struct gelu : detail::pointwise_layer<kernels::gelu_op, detail::gelu_name> {};
+
+// ---- ReLU fusion: the one rule ------------------------------------------------------------
+
+namespace detail {
+/// A layer implementation that can write the ReLU of the layer after it itself (conv2d, and
+/// linear on backends with a fused epilogue): it has fuse_relu(). A concept of its own rather
+/// than a requires-expression in place: nvcc 13 fails to evaluate the latter there.
+template <class Impl>
+concept can_fuse_relu = requires(Impl& i) { i.fuse_relu(); };
+
+/// Whether layer Next, right after a layer whose implementation is PrevImpl, runs inside that
+/// layer: Next is loom::relu and PrevImpl writes relu(.) of its output itself, so Next keeps no
+/// output buffer of its own (its output is the previous layer's) and its forward does nothing;
+/// its backward is unchanged, as relu'(x) = relu'(relu(x)). loom::sequence fuses by this rule
+/// (it calls PrevImpl::fuse_relu()), and what a pipeline stage keeps per sample is counted by
+/// it.
+template <class PrevImpl, class Next>
+inline constexpr bool fuses_into_previous = std::is_same_v<Next, relu> && can_fuse_relu<PrevImpl>;
+}  // namespace detail
 
 }  // namespace loom

@@ -17,7 +17,6 @@ namespace loom {
 /// OH = (H + 2 Pad - Kernel) / Stride + 1 (likewise OW). Init: He normal weights, zero biases.
 template <std::size_t OutChannels, std::size_t Kernel, std::size_t Stride = 1, std::size_t Pad = 0, class Init = init::he>
 struct conv2d {
-  static_assert(OutChannels > 0 && Kernel > 0 && Stride > 0, "loom::conv2d needs OutChannels, Kernel and Stride > 0");
   static constexpr bool is_loom_layer = true;
   static constexpr const char* name = "conv2d";
 
@@ -31,6 +30,17 @@ struct conv2d {
 
   template <std::size_t Index, class In>
   static constexpr bool check() {
+    static_assert(OutChannels > 0 && Kernel > 0 && Stride > 0,
+                  "loom::conv2d needs OutChannels, Kernel and Stride > 0 (the layer index and the three values are "
+                  "in the loom::diagnostic:: name the compiler prints)");
+    if constexpr (OutChannels == 0 || Kernel == 0 || Stride == 0)
+      return detail::fail_with<
+          diagnostic::conv2d_at_layer_needs_positive_channels_kernel_and_stride<Index, OutChannels, Kernel, Stride>>();
+    else return check_input<Index, In>();
+  }
+  /// The checks of the input shape, once the layer's own values are sound.
+  template <std::size_t Index, class In>
+  static constexpr bool check_input() {
     static_assert(In::rank == 3,
                   "loom::conv2d needs a 3-D input (channels, height, width): give loom::input<C, H, W> "
                   "(the layer index and the input shape are in the loom::diagnostic:: name the compiler prints)");

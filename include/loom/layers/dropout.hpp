@@ -15,14 +15,19 @@ namespace loom {
 /// rest by 1 / (1 - Percent / 100). Any shape; no parameters.
 template <unsigned Percent>
 struct dropout_rate {
-  static_assert(Percent < 100, "loom::dropout_rate<Percent> needs Percent in [0, 100)");
   static constexpr bool is_loom_layer = true;
   static constexpr const char* name = "dropout";
   static constexpr double rate = Percent / 100.0;
   template <class In>
   static constexpr bool accepts = true;
   template <std::size_t Index, class In>
-  static constexpr bool check() { return true; }
+  static constexpr bool check() {
+    static_assert(Percent < 100,
+                  "loom::dropout_rate<Percent> needs Percent in [0, 100) (the layer index and Percent are in the "
+                  "loom::diagnostic:: name the compiler prints)");
+    if constexpr (Percent >= 100) return detail::fail_with<diagnostic::dropout_at_layer_needs_a_rate_below_100_percent<Index, Percent>>();
+    return true;
+  }
   template <class In>
   using output_shape = In;
   template <class In>

@@ -151,9 +151,37 @@ template <class NetworkInputShape, class SampleShape>
 struct network_input_does_not_match_samples;
 template <std::size_t LayerIndex, class InputShape>
 struct layer_norm_at_layer_has_nothing_to_normalise;
+template <std::size_t LayerIndex>
+struct linear_at_layer_has_zero_outputs;
+template <std::size_t LayerIndex, std::size_t OutChannels, std::size_t Kernel, std::size_t Stride>
+struct conv2d_at_layer_needs_positive_channels_kernel_and_stride;
+template <std::size_t LayerIndex, std::size_t Kernel, std::size_t Stride>
+struct pool2d_at_layer_needs_positive_kernel_and_stride;
+template <std::size_t LayerIndex, unsigned Percent>
+struct dropout_at_layer_needs_a_rate_below_100_percent;
+template <std::size_t LayerIndex>
+struct residual_at_layer_has_no_inner_layers;
 }  // namespace diagnostic
 
 namespace detail {
+/// A layer (or a network's layers) already reported as wrong: accepts nothing and says nothing,
+/// so that code using it adds no errors to the report.
+struct already_reported {
+  static constexpr bool is_loom_layer = true;
+  template <class In>
+  static constexpr bool accepts = false;
+  template <std::size_t Index, class In>
+  static constexpr bool check() {
+    return false;
+  }
+  template <class In>
+  using output_shape = In;
+  template <class In>
+  static constexpr std::size_t parameter_count = 0;
+  template <class In>
+  static constexpr double flops = 0;
+};
+
 /// Calling this fails with the marker's name (and values) in the message. consteval: the call
 /// is evaluated (so the error is reported) where it is written, even in a run-time function.
 /// The error is a declaration, not the returned value, so the call still gives a constant

@@ -26,7 +26,6 @@ concept has_linear_forward = Backend::has_linear_forward;
 /// weights, zero biases.
 template <std::size_t Out, class Init = init::he>
 struct linear {
-  static_assert(Out > 0, "loom::linear<Out> needs Out > 0");
   static constexpr bool is_loom_layer = true;
   static constexpr const char* name = "linear";
 
@@ -35,11 +34,19 @@ struct linear {
 
   template <std::size_t Index, class In>
   static constexpr bool check() {
-    static_assert(In::rank == 1,
-                  "loom::linear needs a 1-D input but gets a multi-dimensional one: add loom::flatten before it "
-                  "(the layer index and the input shape are in the loom::diagnostic:: name the compiler prints)");
-    if constexpr (In::rank != 1) return detail::fail_with<diagnostic::linear_at_layer_needs_a_1d_input_but_got<Index, In>>();
-    return In::rank == 1;
+    static_assert(Out > 0,
+                  "loom::linear<Out> needs Out > 0 (the layer index is in the loom::diagnostic:: name the compiler "
+                  "prints)");
+    if constexpr (Out == 0) {
+      return detail::fail_with<diagnostic::linear_at_layer_has_zero_outputs<Index>>();
+    } else {
+      static_assert(In::rank == 1,
+                    "loom::linear needs a 1-D input but gets a multi-dimensional one: add loom::flatten before it "
+                    "(the layer index and the input shape are in the loom::diagnostic:: name the compiler prints)");
+      if constexpr (In::rank != 1)
+        return detail::fail_with<diagnostic::linear_at_layer_needs_a_1d_input_but_got<Index, In>>();
+      return In::rank == 1;
+    }
   }
 
   template <class In>

@@ -13,7 +13,6 @@ namespace loom {
 namespace detail {
 template <pool_kind Kind, std::size_t Kernel, std::size_t Stride>
 struct pool2d_layer {
-  static_assert(Kernel > 0 && Stride > 0, "loom pooling needs Kernel and Stride > 0");
   static constexpr bool is_loom_layer = true;
   static constexpr const char* name = Kind == pool_kind::max ? "max_pool2d" : "avg_pool2d";
 
@@ -27,6 +26,16 @@ struct pool2d_layer {
 
   template <std::size_t Index, class In>
   static constexpr bool check() {
+    static_assert(Kernel > 0 && Stride > 0,
+                  "loom pooling needs Kernel and Stride > 0 (the layer index, kernel and stride are in the "
+                  "loom::diagnostic:: name the compiler prints)");
+    if constexpr (Kernel == 0 || Stride == 0)
+      return fail_with<diagnostic::pool2d_at_layer_needs_positive_kernel_and_stride<Index, Kernel, Stride>>();
+    else return check_input<Index, In>();
+  }
+  /// The checks of the input shape, once the layer's own values are sound.
+  template <std::size_t Index, class In>
+  static constexpr bool check_input() {
     static_assert(In::rank == 3,
                   "loom pooling (max_pool2d / avg_pool2d) needs a 3-D input (channels, height, width) "
                   "(the layer index and the input shape are in the loom::diagnostic:: name the compiler prints)");

@@ -23,26 +23,6 @@ inline constexpr bool is_input_v = false;
 template <std::size_t... D>
 inline constexpr bool is_input_v<input<D...>> = true;
 
-namespace detail {
-/// The layers of a network already reported as wrong: accepts nothing and says nothing, so that
-/// code using that network adds no errors to the report.
-struct already_reported {
-  static constexpr bool is_loom_layer = true;
-  template <class In>
-  static constexpr bool accepts = false;
-  template <std::size_t Index, class In>
-  static constexpr bool check() {
-    return false;
-  }
-  template <class In>
-  using output_shape = In;
-  template <class In>
-  static constexpr std::size_t parameter_count = 0;
-  template <class In>
-  static constexpr double flops = 0;
-};
-}  // namespace detail
-
 /// A network: loom::input<D...> followed by layers. A composition whose shapes do not fit does
 /// not compile; the message names the layer's index and the shapes.
 template <class Input, class... Layers>

@@ -7,7 +7,6 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -24,10 +23,27 @@ struct no_backward_hook {
 };
 
 namespace detail {
-/// A layer implementation that can write the ReLU of the layer after it (conv2d). A concept of
-/// its own rather than a requires-expression in place: nvcc 13 fails to evaluate the latter there.
-template <class Impl>
-concept can_fuse_relu = requires(Impl& i) { i.fuse_relu(); };
+/// Layer I's implementation object, one base of layer_impls.
+template <std::size_t I, class Impl>
+struct impl_slot {
+  Impl impl;
+};
+/// The layers' implementation objects side by side: one flat class whatever the layer count
+/// (std::tuple nests one level per element, and its get<I> and constraints cost O(N) each, so
+/// O(N^2) for a whole network). Layer I's is impl_of<I>(impls).
+template <class Indices, class... Impls>
+struct layer_impls;
+template <std::size_t... I, class... Impls>
+struct layer_impls<std::index_sequence<I...>, Impls...> : impl_slot<I, Impls>... {
+  /// Builds layer i's implementation in place from site(i), its layer_site.
+  template <class Site>
+    requires std::is_invocable_v<Site&, std::size_t>
+  explicit layer_impls(Site&& site) : impl_slot<I, Impls>{Impls(site(I))}... {}
+};
+template <std::size_t I, class Impl>
+Impl& impl_of(impl_slot<I, Impl>& s) noexcept {
+  return s.impl;
+}
 }  // namespace detail
 
 template <class T, class Backend, shape_type In, class... Layers>
@@ -41,24 +57,28 @@ class sequence {
  private:
   template <std::size_t I>
   using impl_at = typename at<I, type_list<Layers...>>::template impl<typename chain::template input_of<I>, T, Backend>;
-  // A chain that fails its checks has already said why in a static_assert; it gets no layer
-  // implementations (and its passes do nothing), so the compiler adds no errors of its own.
-  template <std::size_t... I>
-  static auto impls_type(std::index_sequence<I...>) {
-    if constexpr (chain::ok) return std::type_identity<std::tuple<impl_at<I>...>>{};
-    else return std::type_identity<std::tuple<>>{};
+  // Each layer's implementation for its input shape: the layers and their inputs expanded side
+  // by side. A chain that fails its checks has already said why in a static_assert; it gets no
+  // layer implementations (and its passes do nothing), so the compiler adds no errors of its own.
+  template <class... Inputs>
+  static auto impls_type(type_list<Inputs...>) {
+    if constexpr (chain::ok)
+      return std::type_identity<detail::layer_impls<std::index_sequence_for<Layers...>,
+                                                    typename Layers::template impl<Inputs, T, Backend>...>>{};
+    else
+      return std::type_identity<detail::layer_impls<std::index_sequence<>>>{};
   }
-  using impls = typename decltype(impls_type(std::index_sequence_for<Layers...>{}))::type;
+  using impls = typename decltype(impls_type(typename chain::inputs{}))::type;
   using space = typename Backend::memory_space;
 
-  /// Layer K is a loom::relu fused into the layer before it (which then writes the ReLU's
-  /// output itself): decided at compile time from the layer list.
+  /// Layer K runs inside the layer before it (detail::fuses_into_previous: a loom::relu after
+  /// a layer that writes the ReLU's output itself): decided at compile time from the layer list.
   template <std::size_t K>
   static constexpr bool relu_fused() {
     if constexpr (K == 0 || !chain::ok) {
       return false;
     } else {
-      return std::is_same_v<at<K, type_list<Layers...>>, relu> && detail::can_fuse_relu<impl_at<K - 1>>;
+      return detail::fuses_into_previous<impl_at<K - 1>, at<K, type_list<Layers...>>>;
     }
   }
 
@@ -68,16 +88,19 @@ class sequence {
   /// stage starts at its first layer's index, so it initialises as that part of the whole
   /// model). shard: the slice of tensor-parallel layers this rank holds.
   explicit sequence(std::uint64_t stream = 0, std::size_t first_index = 0, tensor_shard shard = {})
-      : impls_(make(stream, first_index, shard, std::index_sequence_for<Layers...>{})) {
+      : impls_([&](std::size_t i) {
+          const std::size_t index = first_index + i;
+          return layer_site{index, counter_hash(0x6c6f6f6dULL, stream, index), shard.rank, shard.count};
+        }) {
     if constexpr (chain::ok) each([&](auto i) {
       constexpr std::size_t k = i;
-      if constexpr (sequence::template relu_fused<(k + 1 < layer_count ? k + 1 : 0)>()) std::get<k>(impls_).fuse_relu();
+      if constexpr (sequence::template relu_fused<(k + 1 < layer_count ? k + 1 : 0)>()) detail::impl_of<k>(impls_).fuse_relu();
     });
   }
 
   /// Initialises the parameters params[0, parameter_count) from seed.
   void initialize(T* params, std::uint64_t seed) const {
-    if constexpr (chain::ok) each([&](auto i) { std::get<i>(impls_).initialize(params + chain::parameter_offsets[i], seed); });
+    if constexpr (chain::ok) each([&](auto i) { detail::impl_of<i>(impls_).initialize(params + chain::parameter_offsets[i], seed); });
   }
 
   /// Runs every layer on x (batch samples) and returns the last output (kept until the next
@@ -92,7 +115,7 @@ class sequence {
       } else {
         outputs_[k].reserve_discard(batch * chain::template output_of<k>::size);
         activation<T, Backend> y{outputs_[k].data(), {}};
-        std::get<k>(impls_).forward(ctx, params + chain::parameter_offsets[k], input(k, x), y, batch);
+        detail::impl_of<k>(impls_).forward(ctx, params + chain::parameter_offsets[k], input(k, x), y, batch);
         out_[k] = outputs_[k].data();
         formats_[k] = y.format;
       }
@@ -125,7 +148,7 @@ class sequence {
       // A fused relu's input is the fused output itself; relu'(x) = relu'(relu(x)), so its
       // backward is unchanged.
       activation<const T, Backend> y{out_[k], formats_[k]};
-      std::get<k>(impls_).backward(ctx, params + chain::parameter_offsets[k], input(k, x), y, grad, out,
+      detail::impl_of<k>(impls_).backward(ctx, params + chain::parameter_offsets[k], input(k, x), y, grad, out,
                                    dparams + chain::parameter_offsets[k], batch);
       hook(k);
       grad = out;
@@ -133,13 +156,6 @@ class sequence {
   }
 
  private:
-  template <std::size_t... I>
-  static impls make(std::uint64_t stream, std::size_t first, tensor_shard shard, std::index_sequence<I...>) {
-    if constexpr (!chain::ok) return impls{};
-    else
-      return impls{impl_at<I>(
-          layer_site{first + I, counter_hash(0x6c6f6f6dULL, stream, first + I), shard.rank, shard.count})...};
-  }
   template <class F>
   void each(F&& f) const {
     [&]<std::size_t... I>(std::index_sequence<I...>) { (f(std::integral_constant<std::size_t, I>{}), ...); }

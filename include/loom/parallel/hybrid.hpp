@@ -19,6 +19,16 @@
 
 namespace loom {
 
+namespace detail {
+/// DataParallel's communicator; void for a type that is not a data_parallel, which hybrid has
+/// refused by then, so that no error follows its message.
+template <class DataParallel>
+constexpr auto comm_of_data_parallel() {
+  if constexpr (is_data_parallel_v<DataParallel>) return std::type_identity<typename DataParallel::comm_type>{};
+  else return std::type_identity<void>{};
+}
+}  // namespace detail
+
 template <class DataParallel, class Parallelism>
 struct hybrid {
   static_assert(is_data_parallel_v<DataParallel>,
@@ -27,9 +37,13 @@ struct hybrid {
                 "loom::hybrid<DataParallel, Parallelism>: Parallelism must be loom::pipeline<Stages, ...> or "
                 "loom::tensor_parallel<Width>");
   using data_parallel_type = DataParallel;
-  using comm_type = typename DataParallel::comm_type;
-  /// The same split of one replica as model_parallel<Parallelism, Comm> gives.
-  using model_parallel_type = model_parallel<Parallelism, comm_type>;
+  using comm_type = typename decltype(detail::comm_of_data_parallel<DataParallel>())::type;
+  /// The same split of one replica as model_parallel<Parallelism, Comm> gives (a stand-in
+  /// pipeline when Parallelism is neither, which hybrid has already refused).
+  using model_parallel_type =
+      model_parallel<std::conditional_t<is_pipeline_v<Parallelism> || is_tensor_parallel_v<Parallelism>, Parallelism,
+                                        pipeline<1>>,
+                     comm_type>;
   using parallelism = Parallelism;
   /// Ranks per model replica (P).
   static constexpr std::size_t group_size = model_parallel_type::group_size;

@@ -49,16 +49,16 @@ struct no_data_parallel {};
 /// n m / M .. n (m + 1) / M differ by at most one (some are empty when n < M).
 constexpr std::size_t micro_batch_begin(std::size_t n, std::size_t m, std::size_t M) { return n * m / M; }
 
-/// Whether layer K of a chain is a loom::relu that the layer before writes itself (no buffer of
-/// its own): the rule of loom::sequence.
+/// Whether layer K of a chain runs inside the layer before it (no buffer of its own): the rule
+/// loom::sequence fuses by, detail::fuses_into_previous.
 template <class Chain, class T, class Backend, std::size_t K>
 constexpr bool relu_fused_in() {
   if constexpr (K == 0) {
     return false;
   } else {
     using prev = at<K - 1, typename Chain::layers>;
-    return std::is_same_v<at<K, typename Chain::layers>, relu> &&
-           can_fuse_relu<typename prev::template impl<typename Chain::template input_of<K - 1>, T, Backend>>;
+    return fuses_into_previous<typename prev::template impl<typename Chain::template input_of<K - 1>, T, Backend>,
+                               at<K, typename Chain::layers>>;
   }
 }
 

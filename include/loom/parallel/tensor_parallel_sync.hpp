@@ -22,12 +22,12 @@
 
 #include "loom/comm/communicator.hpp"
 #include "loom/core/error.hpp"
-#include "loom/layers/tensor_parallel.hpp"
 #include "loom/parallel/data_parallel.hpp"
 #include "loom/monitor/figures.hpp"
 #include "loom/monitor/timeline.hpp"
 #include "loom/parallel/shard_map.hpp"
 #include "loom/parallel/tensor_parallel.hpp"
+#include "loom/parallel/tensor_parallel_plan.hpp"
 
 namespace loom {
 
@@ -183,7 +183,7 @@ class tensor_parallel_sync {
   /// memory, rank_network's layout). Collective over the tensor group.
   std::vector<T> gather_parameters(std::vector<T> mine) {
     if (mine.size() != rank_network::parameter_count)
-      throw invalid_argument("loom::tensor_parallel_engine::gather_parameters: expected " +
+      throw invalid_argument("loom::tensor_parallel_sync::gather_parameters: expected " +
                              std::to_string(rank_network::parameter_count) + " values, got " +
                              std::to_string(mine.size()));
     std::vector<T> slices(Width * rank_network::parameter_count), whole(Network::parameter_count);

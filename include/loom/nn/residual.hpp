@@ -16,7 +16,6 @@ namespace loom {
 /// output shape must equal its input shape (a compile error names both otherwise).
 template <class... Layers>
 struct residual {
-  static_assert(sizeof...(Layers) > 0, "loom::residual<...> needs at least one layer inside");
   static constexpr bool is_loom_layer = true;
   static constexpr const char* name = "residual";
 
@@ -28,7 +27,12 @@ struct residual {
 
   template <std::size_t Index, class In>
   static constexpr bool check() {
-    if constexpr (!inner<In>::ok) {
+    static_assert(sizeof...(Layers) > 0,
+                  "loom::residual<...> needs at least one layer inside (the residual's index is in the "
+                  "loom::diagnostic:: name the compiler prints)");
+    if constexpr (sizeof...(Layers) == 0) {
+      return detail::fail_with<diagnostic::residual_at_layer_has_no_inner_layers<Index>>();
+    } else if constexpr (!inner<In>::ok) {
       return false;  // the inner layer has already said why
     } else {
       using out = typename inner<In>::output_shape;

@@ -1,0 +1,10 @@
+// SPDX-License-Identifier: Apache-2.0
+// An option data_parallel does not have (int).
+// expect: an option is not one of data_parallel's \(bucket_bytes<N>\)
+// max-errors: 1
+#include "loom/comm/local.hpp"
+#include "loom/parallel/data_parallel.hpp"
+
+using policy = loom::data_parallel<loom::local_comm, int>;
+
+int main() { return static_cast<int>(sizeof(policy)); }

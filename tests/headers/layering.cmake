@@ -1,0 +1,50 @@
+# SPDX-License-Identifier: Apache-2.0
+# No upward includes: each folder of include/loom includes only the folders ARCHITECTURE.md's
+# table lets it know (train/ and io/ know everything; the top-level headers, loom.hpp and kin,
+# gather the parts). Run by CTest as `header.layering`: cmake -DLOOM_INCLUDE_DIR=<include> -P.
+cmake_minimum_required(VERSION 3.25)
+if(NOT DEFINED LOOM_INCLUDE_DIR)
+  message(FATAL_ERROR "layering.cmake -P needs -DLOOM_INCLUDE_DIR=...")
+endif()
+
+# folder -> the folders its headers may include (besides itself).
+set(knows_core "")
+set(knows_backend core)
+set(knows_layers core backend)
+set(knows_nn core backend layers)
+set(knows_optim core backend)
+# comm/nccl.hpp runs on CUDA streams: the one header of comm/ that knows backend/cuda.
+set(knows_comm core)
+set(knows_parallel core backend layers nn comm)
+set(knows_data core)
+set(knows_monitor core)
+set(exceptions "loom/comm/nccl.hpp -> loom/backend/cuda/runtime.hpp")
+
+file(GLOB_RECURSE headers RELATIVE ${LOOM_INCLUDE_DIR} ${LOOM_INCLUDE_DIR}/loom/*/*.hpp)
+set(problems "")
+foreach(header IN LISTS headers)
+  string(REGEX MATCH "^loom/([a-z_]+)/" _ ${header})
+  set(folder ${CMAKE_MATCH_1})
+  if(NOT DEFINED knows_${folder})
+    continue()  # train/, io/: may include everything
+  endif()
+  file(STRINGS ${LOOM_INCLUDE_DIR}/${header} includes REGEX "^#include \"loom/")
+  foreach(line IN LISTS includes)
+    string(REGEX MATCH "\"(loom/([a-z_]+)[/.][^\"]*)\"" _ "${line}")
+    set(target ${CMAKE_MATCH_1})
+    set(target_folder ${CMAKE_MATCH_2})
+    if(target_folder STREQUAL folder OR target_folder IN_LIST knows_${folder})
+      continue()
+    endif()
+    if("${header} -> ${target}" IN_LIST exceptions)
+      continue()
+    endif()
+    list(JOIN knows_${folder} "/, " known)
+    string(APPEND problems "\n  ${header} includes ${target}: ${folder}/ knows only ${folder}/, ${known}/")
+  endforeach()
+endforeach()
+if(problems)
+  message(FATAL_ERROR "upward includes (see the folder table in ARCHITECTURE.md):${problems}")
+endif()
+list(LENGTH headers n)
+message("${n} headers below include/loom/*/ include only the folders they may know")
