@@ -15,7 +15,9 @@ set(knows_nn core backend layers)
 set(knows_optim core backend)
 # comm/nccl.hpp runs on CUDA streams: the one header of comm/ that knows backend/cuda.
 set(knows_comm core)
-set(knows_parallel core backend layers nn comm)
+# parallel/'s engines own the optimizer step (optim/: clipping) and time their phases (monitor/),
+# as docs/trainer.md says; monitor/ knows only core/.
+set(knows_parallel core backend layers nn comm optim monitor)
 set(knows_data core)
 set(knows_monitor core)
 set(exceptions "loom/comm/nccl.hpp -> loom/backend/cuda/runtime.hpp")
