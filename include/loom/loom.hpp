@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// Everything a CPU-only user needs: shapes and tensors, the CPU backend, every layer, networks,
-// losses, optimizers, data sets, the trainer, and the weights and ONNX files (loom/io.hpp). MPI
-// and NCCL parts have their own headers.
+// Everything a CPU-only user needs to train: shapes and tensors, the CPU backend, every layer,
+// networks, losses, optimizers, data sets and the trainer. The weights and ONNX files are in
+// loom/io.hpp (about 1.5 s of compile time that only programs writing them should pay); MPI and
+// NCCL parts have their own headers.
 // Compiled by nvcc with the loom::cuda component, it brings the CUDA backend (loom::cuda)
 // instead of the CPU one (nvcc cannot parse oneDNN's header; see backend/default_backend.hpp).
 
@@ -15,7 +16,6 @@
 #include "loom/core/shape.hpp"
 #include "loom/core/tensor.hpp"
 #include "loom/data.hpp"
-#include "loom/io.hpp"
 #include "loom/layers/activation.hpp"
 #include "loom/layers/conv2d.hpp"
 #include "loom/layers/dropout.hpp"

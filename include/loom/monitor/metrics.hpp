@@ -90,7 +90,8 @@ inline std::string rank_path(const std::string& path, int rank, int world) {
 /// file when one cannot be written; a failed Prometheus write leaves the previous file whole.
 class metrics_writer {
  public:
-  metrics_writer(const metrics_options& o, int rank, int world)
+  // Out of line (here and in tick): every fit of every trainer type constructs one.
+  [[gnu::noinline]] metrics_writer(const metrics_options& o, int rank, int world)
       : every_s_(o.every_s), rank_(rank), prom_(o.prometheus_file.empty() ? "" : rank_path(o.prometheus_file, rank, world)),
         jsonl_(o.jsonl_file.empty() ? "" : rank_path(o.jsonl_file, rank, world)) {
     if (!(every_s_ >= 0))
@@ -107,7 +108,11 @@ class metrics_writer {
 
   /// Writes when every_s has passed since the last write (or force); one clock read otherwise.
   void tick(const rank_figures& f, const training_point& p, bool force = false) {
-    if (!enabled()) return;
+    if (enabled()) write_if_due(f, p, force);
+  }
+
+ private:
+  [[gnu::noinline]] void write_if_due(const rank_figures& f, const training_point& p, bool force) {
     const auto now = clock::now();
     if (!force && written_ && seconds_between(last_, now) < every_s_) return;
     last_ = now;
@@ -117,7 +122,6 @@ class metrics_writer {
     if (!jsonl_.empty()) write_jsonl(f, p, s);
   }
 
- private:
   static std::string num(double v) {
     char b[64];
     std::snprintf(b, sizeof b, "%.17g", v);

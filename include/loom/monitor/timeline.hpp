@@ -47,7 +47,9 @@ class timeline {
   void set_zero(clock::time_point zero) noexcept { zero_ = zero; }
   void set_step(std::uint32_t step) noexcept { step_ = step; }
 
-  void add(std::uint32_t kind, clock::time_point a, clock::time_point b) {
+  // Out of line: every timed scope of every engine calls it, and a vector's growth inlined
+  // into each would cost compile time and code size for nothing.
+  [[gnu::noinline]] void add(std::uint32_t kind, clock::time_point a, clock::time_point b) {
     if (events_.size() >= capacity_) {
       ++dropped_;
       return;
