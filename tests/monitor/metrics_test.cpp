@@ -70,6 +70,23 @@ const loom::data::fashion_mnist_set& small_set() {
   return s;
 }
 
+/// One epoch of 64-sample batches without progress output.
+loom::fit_options one_epoch() {
+  loom::fit_options o;
+  o.epochs = 1;
+  o.batch = 64;
+  o.progress = nullptr;
+  return o;
+}
+
+loom::metrics_options metrics(std::string prometheus, std::string jsonl, double every_s) {
+  loom::metrics_options m;
+  m.prometheus_file = std::move(prometheus);
+  m.jsonl_file = std::move(jsonl);
+  m.every_s = every_s;
+  return m;
+}
+
 }  // namespace
 
 TEST_CASE("The process sampler reads resident, peak and CPU figures", "[monitor][metrics]") {
@@ -95,8 +112,8 @@ TEST_CASE("fit writes a JSON line per step and the Prometheus file holds the las
   temp_dir d;
   loom::trainer<example::mlp, loom::softmax_cross_entropy, loom::sgd> t{{.lr = 0.02f, .momentum = 0.9f},
                                                                         {.seed = 1, .threads = 1}};
-  loom::fit_options o{.epochs = 1, .batch = 64, .progress = nullptr};
-  o.metrics = {.prometheus_file = (d.path / "m.prom").string(), .jsonl_file = (d.path / "m.jsonl").string(), .every_s = 0};
+  loom::fit_options o = one_epoch();
+  o.metrics = metrics((d.path / "m.prom").string(), (d.path / "m.jsonl").string(), 0);
   const auto r = t.fit(small_set(), o);
   REQUIRE(r.steps == 10);
   const auto lines = lines_of(d.path / "m.jsonl");
@@ -127,8 +144,8 @@ TEST_CASE("fit writes a JSON line per step and the Prometheus file holds the las
 TEST_CASE("With every_s large, only the final state is written", "[monitor][metrics]") {
   temp_dir d;
   loom::trainer<example::mlp, loom::softmax_cross_entropy, loom::sgd> t{{.lr = 0.02f}, {.seed = 1, .threads = 1}};
-  loom::fit_options o{.epochs = 1, .batch = 64, .progress = nullptr};
-  o.metrics = {.jsonl_file = (d.path / "m.jsonl").string(), .every_s = 3600};
+  loom::fit_options o = one_epoch();
+  o.metrics = metrics("", (d.path / "m.jsonl").string(), 3600);
   t.fit(small_set(), o);
   const auto lines = lines_of(d.path / "m.jsonl");
   REQUIRE(lines.size() == 2);  // the first step (nothing written before it) and the end
@@ -142,8 +159,8 @@ TEST_CASE("Each rank writes its own files, without waiting for the others", "[mo
   loom::local_world(2).run([&](loom::local_comm& c) {
     loom::trainer<example::mlp, loom::softmax_cross_entropy, loom::sgd, loom::data_parallel<loom::local_comm>> t{
         c, {.lr = 0.02f}, {.seed = 1, .threads = 1}};
-    loom::fit_options o{.epochs = 1, .batch = 64, .progress = nullptr};
-    o.metrics = {.prometheus_file = prom, .every_s = 0};
+    loom::fit_options o = one_epoch();
+    o.metrics = metrics(prom, "", 0);
     t.fit(small_set(), o);
   });
   for (int r = 0; r < 2; ++r) {
@@ -157,11 +174,12 @@ TEST_CASE("Each rank writes its own files, without waiting for the others", "[mo
 
 TEST_CASE("A metrics file that cannot be written stops fit with the path", "[monitor][metrics]") {
   loom::trainer<example::mlp, loom::softmax_cross_entropy, loom::sgd> t{{.lr = 0.02f}, {.seed = 1, .threads = 1}};
-  loom::fit_options o{.epochs = 1, .batch = 64, .max_steps = 1, .progress = nullptr};
-  o.metrics = {.jsonl_file = "/nonexistent-dir/m.jsonl", .every_s = 0};
+  loom::fit_options o = one_epoch();
+  o.max_steps = 1;
+  o.metrics = metrics("", "/nonexistent-dir/m.jsonl", 0);
   CHECK_THROWS_WITH(t.fit(small_set(), o), Catch::Contains("/nonexistent-dir/m.jsonl"));
-  o.metrics = {.prometheus_file = "/nonexistent-dir/m.prom", .every_s = 0};
+  o.metrics = metrics("/nonexistent-dir/m.prom", "", 0);
   CHECK_THROWS_WITH(t.fit(small_set(), o), Catch::Contains("/nonexistent-dir/m.prom"));
-  o.metrics = {.jsonl_file = "x.jsonl", .every_s = -1};
+  o.metrics = metrics("", "x.jsonl", -1);
   CHECK_THROWS_AS(t.fit(small_set(), o), loom::invalid_argument);
 }

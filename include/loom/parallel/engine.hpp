@@ -17,6 +17,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "loom/core/error.hpp"
 #include "loom/core/math_mode.hpp"
 #include "loom/monitor/figures.hpp"
 #include "loom/monitor/timeline.hpp"
@@ -53,6 +54,17 @@ template <class Comm, class Backend>
 constexpr bool comm_reaches_memory_of() {
   if constexpr (std::is_void_v<Comm> || Backend::memory_space::host_accessible) return true;
   else return requires { requires Comm::moves_device_memory; };
+}
+
+/// math, when Backend can run it; otherwise throws loom::invalid_argument saying what to use.
+/// Every engine checks it after the job check, so ranks that disagree hear of that first.
+template <class Backend>
+math_mode checked_math(math_mode math) {
+  if (!Backend::supports(math))
+    throw invalid_argument(std::string("loom::trainer: trainer_options::math = loom::math_mode::") + to_string(math) +
+                           " is not available on loom::" + Backend::name + " here (see loom::" + Backend::name +
+                           "::supports): use math_mode::fp32");
+  return math;
 }
 }  // namespace detail
 

@@ -70,9 +70,11 @@ constexpr std::size_t saved_elements(std::index_sequence<K...>) {
 }
 }  // namespace detail
 
-/// Runs one rank's stage of Network cut by Pipeline (a loom::pipeline<S, ...>) with Loss and
-/// Optimizer on Backend, over communicator Comm; DataParallel is a loom::data_parallel<Comm, ...>
-/// under loom::hybrid (detail::no_data_parallel otherwise). Satisfies loom::engine.
+/// Runs one rank's stage of Network cut by Pipeline (a loom::pipeline<S, ...>) with Loss on
+/// Backend, over communicator Comm; DataParallel is a loom::data_parallel<Comm, ...> under
+/// loom::hybrid (detail::no_data_parallel otherwise): everything of pipeline_engine but the
+/// optimizer, so that trainers of one pipeline with different optimizers share its code (the
+/// examples build both SGD and Adam: this halves what they compile).
 ///
 /// Ranks: with no data parallelism the world has exactly S ranks and rank s runs stage s; under
 /// hybrid, world rank r runs stage r % S of replica r / S (see loom/parallel/hybrid.hpp). The
@@ -101,14 +103,12 @@ constexpr std::size_t saved_elements(std::index_sequence<K...>) {
 /// same order on both ends, which NCCL, carrying no tags, needs). Messages of no samples go
 /// through host memory on both ends. Scalars (loss sums, norms, job checks) and
 /// gather_parameters go through host copies.
-template <class Network, class Loss, class Optimizer, class Backend, class Pipeline, class Comm,
+template <class Network, class Loss, class Backend, class Pipeline, class Comm,
           class DataParallel = detail::no_data_parallel>
-class pipeline_engine {
+class pipeline_stages {
  public:
   using value_type = float;
   using T = value_type;
-  using optimizer_state = typename Optimizer::template state<T, Backend>;
-  using optimizer_options = typename Optimizer::options;
 
   static_assert(is_pipeline_v<Pipeline>, "loom::pipeline_engine: Pipeline must be a loom::pipeline<Stages, ...>");
   static_assert(communicator<Comm>,
@@ -204,20 +204,21 @@ class pipeline_engine {
   }
 
  public:
-  /// Checks that every rank of `world` describes its job as setup.job plus the pipeline's
-  /// fields (key=value; see detail::check_same_job), joins the ranks into pipelines (and, under
-  /// hybrid, data-parallel groups) and builds this rank's stage, initialised from setup.seed as
-  /// that part of the whole model would be, with its optimizer state; its passes run in
-  /// precision setup.math. Under hybrid, every replica of a stage starts from replica 0's
-  /// parameters. Collective over world.
+  /// Checks that every rank of `world` describes its job as `job` plus the pipeline's fields
+  /// (key=value; see detail::check_same_job), joins the ranks into pipelines (and, under
+  /// hybrid, data-parallel groups) and builds this rank's stage, initialised from seed as that
+  /// part of the whole model would be; its passes run in precision `math`. Under hybrid, every
+  /// replica of a stage starts from replica 0's parameters. Collective over world.
   /// Throws loom::communication_error when the ranks' jobs differ, loom::invalid_argument when
-  /// the world does not have S ranks (hybrid: a multiple of S) or Backend cannot run
-  /// setup.math; on every rank alike.
-  pipeline_engine(Comm world, const engine_setup<optimizer_options>& setup)
-      : world_(std::move(world)), stage_(checked_stage(world_, setup.job)), math_(checked_math(setup.math)),
+  /// the world does not have S ranks (hybrid: a multiple of S) or Backend cannot run math; on
+  /// every rank alike.
+  pipeline_stages(Comm world, std::uint64_t seed, math_mode math, const std::string& job)
+      : world_(std::move(world)),
+        stage_(checked_stage(world_, job)),
+        math_(detail::checked_math<Backend>(math)),
         replica_(world_.rank() / static_cast<int>(stages)), replicas_(world_.size() / static_cast<int>(stages)),
-        pipe_(world_.split(replica_, world_.rank())), models_(make_model(static_cast<std::size_t>(stage_), setup.seed)),
-        states_(make_state_from_world()), state_(setup.optimizer, parameter_count()) {
+        pipe_(world_.split(replica_, world_.rank())), models_(make_model(static_cast<std::size_t>(stage_), seed)),
+        states_(make_state_from_world()) {
     if (pipe_.size() != static_cast<int>(stages) || pipe_.rank() != stage_)
       throw communication_error("loom::pipeline: internal error: rank " + std::to_string(world_.rank()) +
                                 " expected stage " + std::to_string(stage_) + " of " + std::to_string(stages) +
@@ -266,7 +267,6 @@ class pipeline_engine {
   const models_type& models() const noexcept { return models_; }
   models_type& model() noexcept { return models_; }
   const models_type& model() const noexcept { return models_; }
-  optimizer_state& optimizer() noexcept { return state_; }
 
   /// Calls f(state, model) with this rank's stage (state's type knows the stage at compile time).
   template <class F>
@@ -335,14 +335,10 @@ class pipeline_engine {
     with_stage([&](auto& st, auto&) { complete_sends(st); });
   }
 
-  /// Clips the gradient norm of the whole model (the squares summed over the stages;
-  /// collective over the pipeline group) and steps this stage's optimizer on its own buffers.
-  void optimizer_step(float lr, double clip) {
-    T* grads = gradients();
-    const std::size_t n = parameter_count();
-    if (clip > 0) scale_to_norm<Backend>(grads, n, std::sqrt(gradient_squared_norm()), clip);
-    monitor::timed compute(figures_, &rank_figures::compute_s);
-    state_.step(parameters(), grads, n, lr);
+  /// Clips the gradient norm of the whole model to clip (0: no clipping; the squares summed
+  /// over the stages, collective over the pipeline group).
+  void clip_gradients(double clip) {
+    if (clip > 0) scale_to_norm<Backend>(gradients(), parameter_count(), std::sqrt(gradient_squared_norm()), clip);
   }
 
   /// The squared L2 norm of the gradients of the whole model (one replica), summed over the
@@ -430,13 +426,6 @@ class pipeline_engine {
     return m;
   }
 
-  static math_mode checked_math(math_mode math) {
-    if (!Backend::supports(math))
-      throw invalid_argument(std::string("loom::trainer: trainer_options::math = loom::math_mode::") + to_string(math) +
-                             " is not available on loom::" + Backend::name + " here (see loom::" + Backend::name +
-                             "::supports): use math_mode::fp32");
-    return math;
-  }
 
   static int checked_stage(Comm& world, const std::string& job) {
     // The job first: ranks that disagree on the pipeline hear so before any of them splits.
@@ -691,12 +680,43 @@ class pipeline_engine {
   Comm pipe_;
   models_type models_;
   states_type states_;
-  optimizer_state state_;
   loss_workspace<Backend> ws_;
   rank_figures figures_;
   bool grads_written_ = false;
   std::size_t held_bytes_ = 0, peak_bytes_ = 0;
   T empty_{};
+};
+
+/// Runs one rank's stage of Network cut by Pipeline (a loom::pipeline<S, ...>) with Loss and
+/// Optimizer on Backend, over communicator Comm; DataParallel is a loom::data_parallel<Comm, ...>
+/// under loom::hybrid (detail::no_data_parallel otherwise). Satisfies loom::engine: the stage
+/// (pipeline_stages) and its optimizer state.
+template <class Network, class Loss, class Optimizer, class Backend, class Pipeline, class Comm,
+          class DataParallel = detail::no_data_parallel>
+class pipeline_engine : public pipeline_stages<Network, Loss, Backend, Pipeline, Comm, DataParallel> {
+  using base = pipeline_stages<Network, Loss, Backend, Pipeline, Comm, DataParallel>;
+
+ public:
+  using typename base::T;
+  using optimizer_state = typename Optimizer::template state<T, Backend>;
+  using optimizer_options = typename Optimizer::options;
+
+  /// See pipeline_stages' constructor; also the stage's optimizer state, from setup.optimizer.
+  pipeline_engine(Comm world, const engine_setup<optimizer_options>& setup)
+      : base(std::move(world), setup.seed, setup.math, setup.job), state_(setup.optimizer, base::parameter_count()) {}
+
+  optimizer_state& optimizer() noexcept { return state_; }
+
+  /// Clips the gradient norm of the whole model and steps this stage's optimizer on its own
+  /// buffers.
+  void optimizer_step(float lr, double clip) {
+    base::clip_gradients(clip);
+    monitor::timed compute(base::figures(), &rank_figures::compute_s);
+    state_.step(base::parameters(), base::gradients(), base::parameter_count(), lr);
+  }
+
+ private:
+  optimizer_state state_;
 };
 
 }  // namespace loom

@@ -43,18 +43,17 @@ template <class Sync>
 concept replica_comm_sync = requires(Sync& s) { s.comm(); } && !tensor_sync<Sync>;
 }  // namespace detail
 
-/// Runs one rank of Network's training with Loss and Optimizer on Backend; Sync (see above)
-/// communicates. Satisfies loom::engine.
-template <class Network, class Loss, class Optimizer, class Backend, class Sync>
-class replica_engine {
+/// Runs one rank of Network's training with Loss on Backend; Sync (see above) communicates.
+/// Everything of replica_engine but the optimizer, so that trainers of one network and policy
+/// with different optimizers share its code.
+template <class Network, class Loss, class Backend, class Sync>
+class replica_passes {
  public:
   using value_type = float;
   using T = value_type;
   /// The network this rank runs: Network, or its tensor-parallel slice.
   using rank_network = typename Sync::rank_network;
   using model_type = ::loom::model<rank_network, T, Backend>;
-  using optimizer_state = typename Optimizer::template state<T, Backend>;
-  using optimizer_options = typename Optimizer::options;
   using sync_type = Sync;
   /// The blocks of the whole layout that slice I holds (I = 0 unless tensor parallel), at
   /// compile time (see loom::shards).
@@ -63,17 +62,16 @@ class replica_engine {
   static constexpr bool tensor_split = detail::tensor_sync<Sync>;
   static constexpr bool deterministic_capable = !tensor_split;
 
-  /// Takes the communication `sync`, checks that every rank runs setup.job (collective), then
-  /// that Backend runs setup.math, initialises the model from setup.seed, and makes every replica start from replica 0's
-  /// parameters. Throws loom::invalid_argument when Backend cannot run setup.math, and what the
-  /// optimizer's state throws for bad options; loom::communication_error when the ranks' jobs
-  /// differ.
-  replica_engine(Sync sync, const engine_setup<optimizer_options>& setup)
+  /// Takes the communication `sync`, checks that every rank runs `job` (collective), then that
+  /// Backend runs `math`, initialises the model from `seed`, and makes every replica start from
+  /// replica 0's parameters. Throws loom::invalid_argument when Backend cannot run math;
+  /// loom::communication_error when the ranks' jobs differ.
+  replica_passes(Sync sync, std::uint64_t seed, math_mode math, const std::string& job)
       : sync_(std::move(sync)),
         // The job first, on every rank alike: ranks asking for different math modes hear of
         // the difference rather than one of them stopping alone.
-        math_((sync_.check_same_job(setup.job), checked_math(setup.math))), model_(setup.seed, 0, model_shard(sync_)),
-        state_(setup.optimizer, model_type::parameter_count) {
+        math_((sync_.check_same_job(job), detail::checked_math<Backend>(math))),
+        model_(seed, 0, model_shard(sync_)) {
     sync_.broadcast_parameters(model_.parameters().data(), model_type::parameter_count);
   }
 
@@ -87,7 +85,6 @@ class replica_engine {
 
   model_type& model() noexcept { return model_; }
   const model_type& model() const noexcept { return model_; }
-  optimizer_state& optimizer() noexcept { return state_; }
   Sync& sync() noexcept { return sync_; }
   /// The communicator of data_parallel (for programs that also communicate themselves).
   decltype(auto) comm()
@@ -140,12 +137,11 @@ class replica_engine {
     return v;
   }
 
-  /// Clips the whole model's gradient norm (over the tensor group when split) and steps.
-  void optimizer_step(float lr, double clip) {
+  /// Clips the whole model's gradient norm to clip (0: no clipping; over the tensor group when
+  /// split), and starts a new optimizer step: the next micro-step writes the gradients afresh.
+  void clip_and_close_step(double clip) {
     auto grads = model_.gradients();
     if (clip > 0) scale_to_norm<Backend>(grads.data(), grads.size(), gradient_norm(), clip);
-    monitor::timed compute(sync_.figures(), &rank_figures::compute_s);
-    state_.step(model_.parameters().data(), grads.data(), grads.size(), lr);
     had_samples_ = false;
   }
 
@@ -185,13 +181,6 @@ class replica_engine {
   static constexpr std::size_t in_width = Network::input_shape::size;
   static constexpr std::size_t out_width = Network::output_shape::size;
 
-  static math_mode checked_math(math_mode math) {
-    if (!Backend::supports(math))
-      throw invalid_argument(std::string("loom::trainer: trainer_options::math = loom::math_mode::") + to_string(math) +
-                             " is not available on loom::" + Backend::name + " here (see loom::" + Backend::name +
-                             "::supports): use math_mode::fp32");
-    return math;
-  }
   static tensor_shard model_shard(const Sync& s) {
     if constexpr (tensor_split) return s.model_shard();
     else return {};
@@ -260,7 +249,6 @@ class replica_engine {
   Sync sync_;
   math_mode math_;
   model_type model_;
-  optimizer_state state_;
   buffer<T, typename Backend::memory_space> dy_;  // (batch, output): the loss gradient
   loss_workspace<Backend> ws_;
   bool had_samples_ = false;  // gradients of the current optimizer step have been written
@@ -270,6 +258,37 @@ class replica_engine {
   buffer<T, typename Backend::memory_space> x_chunk_, tree_scratch_;
   buffer<std::int32_t, typename Backend::memory_space> labels_chunk_;
   gradient_tree<T, Backend> chunk_tree_, step_tree_;
+};
+
+/// Runs one rank of Network's training with Loss and Optimizer on Backend; Sync (see above)
+/// communicates. Satisfies loom::engine: the passes (replica_passes) and the optimizer state.
+template <class Network, class Loss, class Optimizer, class Backend, class Sync>
+class replica_engine : public replica_passes<Network, Loss, Backend, Sync> {
+  using base = replica_passes<Network, Loss, Backend, Sync>;
+
+ public:
+  using typename base::T;
+  using typename base::model_type;
+  using optimizer_state = typename Optimizer::template state<T, Backend>;
+  using optimizer_options = typename Optimizer::options;
+
+  /// See replica_passes' constructor; also the optimizer state, from setup.optimizer (which
+  /// throws for bad options).
+  replica_engine(Sync sync, const engine_setup<optimizer_options>& setup)
+      : base(std::move(sync), setup.seed, setup.math, setup.job), state_(setup.optimizer, model_type::parameter_count) {}
+
+  optimizer_state& optimizer() noexcept { return state_; }
+
+  /// Clips the whole model's gradient norm (over the tensor group when split) and steps.
+  void optimizer_step(float lr, double clip) {
+    base::clip_and_close_step(clip);
+    monitor::timed compute(base::figures(), &rank_figures::compute_s);
+    auto& m = base::model();
+    state_.step(m.parameters().data(), m.gradients().data(), model_type::parameter_count, lr);
+  }
+
+ private:
+  optimizer_state state_;
 };
 
 }  // namespace loom
