@@ -17,6 +17,7 @@
 #include "../../examples/common/networks.hpp"
 #include "loom/comm/local.hpp"
 #include "loom/loom.hpp"
+#include "monitor_common.hpp"
 
 namespace {
 
@@ -70,14 +71,6 @@ const loom::data::fashion_mnist_set& small_set() {
   return s;
 }
 
-/// One epoch of 64-sample batches without progress output.
-loom::fit_options one_epoch() {
-  loom::fit_options o;
-  o.epochs = 1;
-  o.batch = 64;
-  o.progress = nullptr;
-  return o;
-}
 
 loom::metrics_options metrics(std::string prometheus, std::string jsonl, double every_s) {
   loom::metrics_options m;
@@ -112,7 +105,7 @@ TEST_CASE("fit writes a JSON line per step and the Prometheus file holds the las
   temp_dir d;
   loom::trainer<example::mlp, loom::softmax_cross_entropy, loom::sgd> t{{.lr = 0.02f, .momentum = 0.9f},
                                                                         {.seed = 1, .threads = 1}};
-  loom::fit_options o = one_epoch();
+  loom::fit_options o = loom_test::one_epoch();
   o.metrics = metrics((d.path / "m.prom").string(), (d.path / "m.jsonl").string(), 0);
   const auto r = t.fit(small_set(), o);
   REQUIRE(r.steps == 10);
@@ -144,7 +137,7 @@ TEST_CASE("fit writes a JSON line per step and the Prometheus file holds the las
 TEST_CASE("With every_s large, only the final state is written", "[monitor][metrics]") {
   temp_dir d;
   loom::trainer<example::mlp, loom::softmax_cross_entropy, loom::sgd> t{{.lr = 0.02f}, {.seed = 1, .threads = 1}};
-  loom::fit_options o = one_epoch();
+  loom::fit_options o = loom_test::one_epoch();
   o.metrics = metrics("", (d.path / "m.jsonl").string(), 3600);
   t.fit(small_set(), o);
   const auto lines = lines_of(d.path / "m.jsonl");
@@ -159,7 +152,7 @@ TEST_CASE("Each rank writes its own files, without waiting for the others", "[mo
   loom::local_world(2).run([&](loom::local_comm& c) {
     loom::trainer<example::mlp, loom::softmax_cross_entropy, loom::sgd, loom::data_parallel<loom::local_comm>> t{
         c, {.lr = 0.02f}, {.seed = 1, .threads = 1}};
-    loom::fit_options o = one_epoch();
+    loom::fit_options o = loom_test::one_epoch();
     o.metrics = metrics(prom, "", 0);
     t.fit(small_set(), o);
   });
@@ -174,7 +167,7 @@ TEST_CASE("Each rank writes its own files, without waiting for the others", "[mo
 
 TEST_CASE("A metrics file that cannot be written stops fit with the path", "[monitor][metrics]") {
   loom::trainer<example::mlp, loom::softmax_cross_entropy, loom::sgd> t{{.lr = 0.02f}, {.seed = 1, .threads = 1}};
-  loom::fit_options o = one_epoch();
+  loom::fit_options o = loom_test::one_epoch();
   o.max_steps = 1;
   o.metrics = metrics("", "/nonexistent-dir/m.jsonl", 0);
   CHECK_THROWS_WITH(t.fit(small_set(), o), Catch::Contains("/nonexistent-dir/m.jsonl"));

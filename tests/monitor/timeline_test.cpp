@@ -17,6 +17,7 @@
 #include "../../examples/common/networks.hpp"
 #include "loom/comm/local.hpp"
 #include "loom/loom.hpp"
+#include "monitor_common.hpp"
 
 namespace {
 
@@ -59,14 +60,6 @@ bool nested(std::vector<span_event> ev) {
   return true;
 }
 
-/// One epoch of 64-sample batches without progress output.
-loom::fit_options one_epoch() {
-  loom::fit_options o;
-  o.epochs = 1;
-  o.batch = 64;
-  o.progress = nullptr;
-  return o;
-}
 
 }  // namespace
 
@@ -101,7 +94,7 @@ TEST_CASE("A timeline keeps at most its capacity of spans and counts the rest", 
 TEST_CASE("fit writes one step span per step, holding its phases", "[monitor][timeline]") {
   const fs::path trace = temp_path("one.json");
   loom::trainer<example::mlp, loom::softmax_cross_entropy, loom::sgd> t{{.lr = 0.02f}, {.seed = 1, .threads = 1}};
-  loom::fit_options o = one_epoch();
+  loom::fit_options o = loom_test::one_epoch();
   o.trace = trace.string();
   const auto r = t.fit(small_set(), o);
   const std::string json = text_of(trace);
@@ -123,7 +116,7 @@ TEST_CASE("Several ranks write their own timelines and rank 0 the merged one, ne
   loom::local_world(2).run([&](loom::local_comm& c) {
     loom::trainer<example::mlp, loom::softmax_cross_entropy, loom::sgd, loom::data_parallel<loom::local_comm>> t{
         c, {.lr = 0.02f}, {.seed = 1, .threads = 1}};
-    loom::fit_options o = one_epoch();
+    loom::fit_options o = loom_test::one_epoch();
     o.trace = trace.string();
     t.fit(small_set(), o);
     // The same spans again, kept in memory to check their nesting.
