@@ -42,6 +42,12 @@ struct flags {
   // Weights in and out (examples/common/weights.hpp), for the examples whose parser takes them
   // (parser::with_weights_flags); empty: not asked for.
   std::string save_weights, load_weights, export_onnx;
+  // Checkpoints (docs/checkpoints.md).
+  std::string checkpoint_dir;
+  std::size_t checkpoint_every = 0;
+  double checkpoint_every_s = 0;
+  std::size_t checkpoint_keep = 3;
+  bool resume = false;
 };
 
 inline constexpr const char* common_usage = R"(  --model mlp|cnn        network to train (default mlp: 784-256-128-10 with ReLU;
@@ -66,12 +72,21 @@ inline constexpr const char* common_usage = R"(  --model mlp|cnn        network 
   --monitor-every S      seconds between metrics writes (default 5; 0: every step)
   --trace FILE           Chrome trace JSON timeline of training (Perfetto, chrome://tracing): every
                          rank in FILE, and each rank's own with .rank<r> before the extension
+  --checkpoint-dir DIR   write checkpoints in DIR (step-<n>/ directories; shared storage under
+                         several hosts); one when training ends, and on SIGUSR1 or SIGTERM, after
+                         which the program exits with status 0 (resume it with --resume)
+  --checkpoint-every N   also a checkpoint every N steps
+  --checkpoint-every-s S also a checkpoint every S seconds
+  --checkpoint-keep K    committed checkpoints kept (default 3; 0: all)
+  --resume               continue from the newest valid checkpoint in --checkpoint-dir (none: start
+                         afresh); --epochs and --max-steps count the whole run, so a resumed run
+                         ends where an uninterrupted one would
+  --load-weights FILE    start from the weights in FILE (safetensors, PyTorch's names)
+  --save-weights FILE    after training, write the weights to FILE (one safetensors file)
   --quiet                no progress output
 )";
 
-inline constexpr const char* weights_usage = R"(  --load-weights FILE    start from the weights in FILE (safetensors, PyTorch's names)
-  --save-weights FILE    after training, write the weights to FILE (safetensors)
-  --export-onnx FILE     after training, write the model to FILE as ONNX (opset 17); with
+inline constexpr const char* weights_usage = R"(  --export-onnx FILE     after training, write the model to FILE as ONNX (opset 17); with
                          --load-weights FILE --epochs 0: convert FILE without training
 )";
 
@@ -107,6 +122,10 @@ class parser {
         f.quiet = true;
         continue;
       }
+      if (a == "--resume") {
+        f.resume = true;
+        continue;
+      }
       if (a.substr(0, 2) != "--") fail("unexpected argument '" + std::string(a) + "'");
       std::string_view name = a.substr(2), value;
       if (auto eq = name.find('='); eq != std::string_view::npos) {
@@ -133,9 +152,13 @@ class parser {
       else if (name == "metrics-jsonl") f.metrics_jsonl = value;
       else if (name == "monitor-every") f.monitor_every = number<double>(name, value);
       else if (name == "trace") f.trace = value;
-      else if (weights_ && name == "load-weights") f.load_weights = value;
-      else if (weights_ && name == "save-weights") f.save_weights = value;
+      else if (name == "load-weights") f.load_weights = value;
+      else if (name == "save-weights") f.save_weights = value;
       else if (weights_ && name == "export-onnx") f.export_onnx = value;
+      else if (name == "checkpoint-dir") f.checkpoint_dir = value;
+      else if (name == "checkpoint-every") f.checkpoint_every = number<std::size_t>(name, value);
+      else if (name == "checkpoint-every-s") f.checkpoint_every_s = number<double>(name, value);
+      else if (name == "checkpoint-keep") f.checkpoint_keep = number<std::size_t>(name, value);
       else if (!extra || !extra(name, value)) fail("unknown flag --" + std::string(name));
     }
     if (f.model != "mlp" && f.model != "cnn") fail("--model must be mlp or cnn, got '" + f.model + "'");
@@ -143,6 +166,9 @@ class parser {
     if (f.batch == 0) fail("--batch must be at least 1");
     if (f.epochs == 0 && f.load_weights.empty()) fail("--epochs must be at least 1 (0 only with --load-weights)");
     if (!(f.monitor_every >= 0)) fail("--monitor-every must be >= 0 seconds");
+    if (!(f.checkpoint_every_s >= 0)) fail("--checkpoint-every-s must be >= 0 seconds");
+    if (f.checkpoint_dir.empty() && (f.resume || f.checkpoint_every || f.checkpoint_every_s > 0))
+      fail("--resume and --checkpoint-every need --checkpoint-dir DIR");
     return f;
   }
 
@@ -183,6 +209,8 @@ inline loom::fit_options fit_options_of(const flags& f) {
   fo.deterministic_chunk = f.deterministic_chunk;
   fo.metrics = {.prometheus_file = f.metrics_file, .jsonl_file = f.metrics_jsonl, .every_s = f.monitor_every};
   fo.trace = f.trace;
+  fo.checkpoint = {.directory = f.checkpoint_dir, .every_steps = f.checkpoint_every, .every_s = f.checkpoint_every_s,
+                   .keep = f.checkpoint_keep, .resume = f.resume};
   fo.progress = f.quiet ? nullptr : &std::cerr;
   return fo;
 }
@@ -195,6 +223,32 @@ inline void print_result(const flags& f, const loom::fit_result& fit, const loom
               "params_l2=%.6f ranks=%d comm_exposed_s=%.3f%s\n",
               f.model.c_str(), fit.epochs, f.batch, eval.accuracy, fit.train_loss, fit.samples_per_s(), params_l2,
               fit.ranks, fit.figures.empty() ? 0.0 : fit.figures[0].comm_exposed_s, extra.c_str());
+}
+
+/// The weights of --load-weights, if given, into t (any policy; collective).
+template <class Trainer>
+void load_weights(const flags& f, Trainer& t) {
+  if (f.load_weights.empty()) return;
+  t.load_weights(f.load_weights);
+  if (!f.quiet && t.rank() == 0) std::cerr << "loaded the weights of " << f.load_weights << "\n";
+}
+
+/// After fit: the --save-weights file (collective), or — when a signal stopped fit — the line
+/// saying where its checkpoint is. Returns true when the program should end now (preempted).
+template <class Trainer>
+bool after_fit(const char* program, const flags& f, Trainer& t, const loom::fit_result& fit) {
+  if (fit.preempted) {
+    if (t.rank() == 0)
+      std::printf("%s: stopped by signal %d at step %zu; checkpoint committed: %s (continue with --resume)\n", program,
+                  fit.signal, t.steps(), fit.checkpoint.c_str());
+    std::fflush(stdout);
+    return true;
+  }
+  if (!f.save_weights.empty()) {
+    t.save_weights(f.save_weights);
+    if (!f.quiet && t.rank() == 0) std::cerr << "wrote the weights to " << f.save_weights << "\n";
+  }
+  return false;
 }
 
 /// Runs body; a loom::error ends the whole job (peers may be waiting in a collective for this

@@ -27,7 +27,7 @@ int train(const example::flags& f, typename Optimizer::options opt) {
     std::cerr << program << ": " << f.model << " (" << Net::parameter_count << " parameters), " << train_set.size()
               << " training and " << test_set.size() << " test images, " << t.ranks() << " rank(s) x "
               << loom::threads() << " thread(s)\n";
-  example::load_weights(f, t.model());
+  example::load_weights(f, t);
   // --epochs 0 (with --load-weights): no training, only evaluation and the files asked for.
   const auto fit = [&] {
     if (f.epochs) return t.fit(train_set, example::fit_options_of(f));
@@ -35,11 +35,12 @@ int train(const example::flags& f, typename Optimizer::options opt) {
     none.ranks = t.ranks();
     return none;
   }();
+  if (example::after_fit(program, f, t, fit)) return 0;
   const auto eval = t.evaluate(test_set);
   if (!lead) return 0;
   if (!f.quiet && fit.ranks > 1) std::cerr << loom::figures_table(fit.figures);
   example::print_result(f, fit, eval, t.model().parameters_l2());
-  example::write_weights(f, t.model());
+  example::write_onnx(f, t.model());
   return 0;
 }
 

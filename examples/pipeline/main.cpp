@@ -42,7 +42,9 @@ int train(const example::flags& f, const pipeline_flags& p, typename Optimizer::
     std::cerr << "), " << p.micro_batches << " micro-batches, " << p.schedule << ", " << train_set.size()
               << " training images, " << loom::threads() << " thread(s) per rank\n";
   }
+  example::load_weights(f, t);
   const auto fit = t.fit(train_set, example::fit_options_of(f));
+  if (example::after_fit(program, f, t, fit)) return 0;
   const auto eval = t.evaluate(test_set);
   const double l2 = t.parameters_l2();  // collective
   if (!lead) return 0;

@@ -32,7 +32,9 @@ int train(const example::flags& f, typename Optimizer::options opt) {
     std::cerr << program << ": mlp (" << tp_mlp::parameter_count << " parameters, 256- and 128-wide layers split over 2 "
               << "ranks), " << t.ranks() << " rank(s), " << train_set.size() << " training images, " << loom::threads()
               << " thread(s) per rank\n";
+  example::load_weights(f, t);
   const auto fit = t.fit(train_set, example::fit_options_of(f));
+  if (example::after_fit(program, f, t, fit)) return 0;
   const auto eval = t.evaluate(test_set);
   const double l2 = t.parameters_l2();  // collective
   if (!lead) return 0;

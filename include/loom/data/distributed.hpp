@@ -110,6 +110,13 @@ class distributed_loader {
     last_ = {};
   }
 
+  /// Skips the next `batches` global batches of the epoch (a run resumed in the middle of an
+  /// epoch continues where it stopped); at most to the end of the epoch.
+  void skip(std::size_t batches) noexcept {
+    pos_ = std::min(order_.size(), pos_ + std::min(batches, order_.size()) * batch_);
+    last_ = {};
+  }
+
   /// The number of global batches (steps) in one epoch, the same on every rank, the short last
   /// one included: ceil(size / global_batch).
   std::size_t batches_per_epoch() const noexcept { return (order_.size() + batch_ - 1) / batch_; }

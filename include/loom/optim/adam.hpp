@@ -92,6 +92,9 @@ struct adam {
     float weight_decay = 0.0f;  ///< L2 penalty added to the gradient (torch.optim.Adam), >= 0
   };
   static constexpr const char* name = "adam";
+  /// Names of the state buffers (each laid out as the parameters), as torch.optim.Adam's state
+  /// calls them. Checkpoints use them.
+  static constexpr const char* buffer_names[] = {"exp_avg", "exp_avg_sq"};
   static constexpr const char* qualified_name = "loom::adam";
   static constexpr bool decoupled = false;
 
@@ -121,6 +124,7 @@ struct adamw {
     float weight_decay = 1e-2f;  ///< decoupled decay (torch.optim.AdamW), >= 0
   };
   static constexpr const char* name = "adamw";
+  static constexpr const char* buffer_names[] = {"exp_avg", "exp_avg_sq"};
   static constexpr const char* qualified_name = "loom::adamw";
   static constexpr bool decoupled = true;
 

@@ -25,6 +25,9 @@ struct sgd {
     float weight_decay = 0.0f;   ///< L2 penalty added to the gradient, >= 0
   };
   static constexpr const char* name = "sgd";
+  /// Names of the state buffers (each laid out as the parameters), as torch.optim.SGD's state
+  /// calls them: the momentum buffer, present when momentum > 0. Checkpoints use them.
+  static constexpr const char* buffer_names[] = {"momentum_buffer"};
 
   /// The optimizer state for n parameters of type T whose memory lives in Backend's space.
   template <class T, class Backend>

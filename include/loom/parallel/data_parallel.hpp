@@ -151,6 +151,8 @@ class gradient_allreduce {
   int replica() const { return comm_.rank(); }
   int replicas() const { return comm_.size(); }
   comm_t& comm() { return comm_; }
+  /// The communicator over every rank (loom::comm_collectives wraps it).
+  comm_t& world_comm() { return comm_; }
   /// Every rank holds the whole model, as replica rank(); its blocks at compile time.
   template <std::size_t = 0>
   static constexpr auto pieces_of = shards::whole<Network>;

@@ -279,6 +279,10 @@ class pipeline_stages {
         states_);
   }
 
+  /// This rank's flat parameters (the stage's), in the backend's memory, and their count.
+  T* local_parameters() { return parameters(); }
+  std::size_t local_count() const { return parameter_count(); }
+
   /// This stage's parameter count, and its flat parameter and gradient buffers.
   std::size_t parameter_count() const { return partition::parameter_counts[static_cast<std::size_t>(stage_)]; }
   T* parameters() {

@@ -86,6 +86,16 @@ class replica_passes {
   model_type& model() noexcept { return model_; }
   const model_type& model() const noexcept { return model_; }
   Sync& sync() noexcept { return sync_; }
+  /// The communicator over every rank (loom::comm_collectives wraps it); none training alone.
+  decltype(auto) world_comm()
+    requires requires(Sync& s) { s.world_comm(); }
+  {
+    return sync_.world_comm();
+  }
+  /// This rank's flat parameters (the whole model's or its slice's), in the backend's memory,
+  /// and their count.
+  T* local_parameters() noexcept { return model_.parameters().data(); }
+  std::size_t local_count() const noexcept { return model_type::parameter_count; }
   /// The communicator of data_parallel (for programs that also communicate themselves).
   decltype(auto) comm()
     requires detail::replica_comm_sync<Sync>

@@ -112,6 +112,8 @@ class tensor_parallel_sync {
   int replicas() const { return world_.size() / static_cast<int>(Width); }
   int rank() const { return world_.rank(); }
   int world() const { return world_.size(); }
+  /// The communicator over every rank (loom::comm_collectives wraps it).
+  Comm& world_comm() { return world_; }
   /// This rank's slice of the tensor-parallel layers, for the model's construction.
   tensor_shard model_shard() const { return {slice(), Width}; }
   /// What this rank holds: slice rank() % Width of the whole network's layout, as replica

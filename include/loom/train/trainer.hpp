@@ -11,10 +11,14 @@
 
 #include <unistd.h>
 
+#include <csignal>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <filesystem>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -25,6 +29,7 @@
 #include "loom/core/type_name.hpp"
 #include "loom/data/distributed.hpp"
 #include "loom/data/loader.hpp"
+#include "loom/io/checkpoint.hpp"
 #include "loom/monitor/figures.hpp"
 #include "loom/monitor/timeline.hpp"
 #include "loom/monitor/metrics.hpp"
@@ -32,6 +37,7 @@
 #include "loom/nn/loss.hpp"
 #include "loom/nn/model.hpp"
 #include "loom/optim/schedule.hpp"
+#include "loom/parallel/collectives.hpp"
 #include "loom/parallel/data_parallel.hpp"
 #include "loom/parallel/engine.hpp"
 #include "loom/parallel/hybrid.hpp"
@@ -108,6 +114,37 @@ struct engine_for<Network, Loss, Optimizer, hybrid<data_parallel<Comm, DO...>, p
   using type = pipeline_engine<Network, Loss, Optimizer, Backend, pipeline<S, O...>, Comm, data_parallel<Comm, DO...>>;
   using comm = Comm;
   static type make(Comm c, const engine_setup<typename Optimizer::options>& s) { return type(std::move(c), s); }
+};
+
+/// The signal that asked fit to stop (SIGUSR1 or SIGTERM while checkpoint_options::on_signal),
+/// 0 when none did. Set by the handler fit installs for its duration.
+inline volatile std::sig_atomic_t preemption_signal = 0;
+extern "C" inline void loom_preemption_handler(int sig) { preemption_signal = sig; }
+
+/// SIGUSR1 and SIGTERM set preemption_signal while this lives; the previous handlers come back
+/// after.
+class preemption_guard {
+ public:
+  explicit preemption_guard(bool on) : on_(on) {
+    preemption_signal = 0;
+    if (!on_) return;
+    struct sigaction sa {};
+    sa.sa_handler = loom_preemption_handler;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGUSR1, &sa, &old_usr1_);
+    ::sigaction(SIGTERM, &sa, &old_term_);
+  }
+  preemption_guard(const preemption_guard&) = delete;
+  preemption_guard& operator=(const preemption_guard&) = delete;
+  ~preemption_guard() {
+    if (!on_) return;
+    ::sigaction(SIGUSR1, &old_usr1_, nullptr);
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+  }
+
+ private:
+  bool on_;
+  struct sigaction old_usr1_ {}, old_term_ {};
 };
 
 template <class Engine>
@@ -194,6 +231,10 @@ struct fit_options {
   /// extension. Opens in Perfetto (ui.perfetto.dev) and chrome://tracing. Every rank must ask
   /// alike (checked).
   std::string trace;
+  /// Checkpoints: where, how often, how many kept, resuming, preemption by signal
+  /// (loom/io/checkpoint.hpp, docs/checkpoints.md); none by default. Every rank must ask alike
+  /// (checked).
+  checkpoint_options checkpoint{};
 };
 
 /// What fit() measured.
@@ -211,6 +252,14 @@ struct fit_result {
   /// training alone).
   int ranks = 1;
   std::vector<rank_figures> figures;
+  /// The optimizer step this fit started from (non-zero when it resumed from a checkpoint).
+  std::size_t resumed_from_step = 0;
+  /// fit stopped early because of SIGUSR1 or SIGTERM (checkpoint_options::on_signal), after
+  /// committing a checkpoint: `checkpoint` says where; resuming from it continues exactly.
+  bool preempted = false;
+  int signal = 0;
+  /// The last checkpoint this fit committed (empty: none).
+  std::string checkpoint;
 };
 
 /// What evaluate() measured.
@@ -278,12 +327,26 @@ class trainer {
   fit_result fit(const Dataset& data, const fit_options& opts = {}) {
     detail::check_dataset_for<Network, Dataset>();
     check(opts, data.size());
+    const checkpoint_options& co = opts.checkpoint;
     engine_.check_same_job("fit: epochs=" + std::to_string(opts.epochs) + ";batch=" + std::to_string(opts.batch) +
                            ";accumulation=" + std::to_string(opts.accumulation) + ";max_steps=" +
                            std::to_string(opts.max_steps) + ";samples=" + std::to_string(data.size()) +
                            ";clip_grad_norm=" + std::to_string(opts.clip_grad_norm) +
                            ";deterministic_chunk=" + std::to_string(opts.deterministic_chunk) +
-                           ";trace=" + (opts.trace.empty() ? "off" : "on"));
+                           ";trace=" + (opts.trace.empty() ? "off" : "on") + ";checkpoint=" + co.directory +
+                           ";checkpoint_every=" + std::to_string(co.every_steps) + "," + std::to_string(co.every_s) +
+                           ";resume=" + (co.resume ? "yes" : "no") + ";on_signal=" + (co.on_signal ? "yes" : "no"));
+    const bool checkpoints = !co.directory.empty();
+    const std::unique_ptr<collectives> coll = make_collectives();
+    fit_result r;
+    r.ranks = engine_.world();
+    if (checkpoints && co.resume) load_checkpoint(*coll, co.directory, /*none_ok=*/true, opts.progress, &opts, data.size());
+    // Where this fit starts: where a loaded checkpoint stopped, or at the beginning.
+    const position start_at = std::exchange(resume_, position{});
+    cur_ = start_at;
+    last_fit_ = {opts.batch, opts.accumulation, opts.epochs, opts.max_steps, opts.deterministic_chunk,
+                 opts.clip_grad_norm, data.size()};
+    r.resumed_from_step = start_at.valid ? step_ : 0;
     // Every rank leaves that collective at about the same time: the timeline's common zero.
     std::optional<monitor::timeline> timeline;
     if (!opts.trace.empty()) timeline.emplace().set_zero(monitor::clock::now());
@@ -297,19 +360,25 @@ class trainer {
     rank_figures& fig = engine_.figures();
     monitor::metrics_writer metrics(opts.metrics, engine_.rank(), engine_.world());
     monitor::training_point point;
-    fit_result r;
-    r.ranks = engine_.world();
+    // Preemption by signal and checkpoints by time: the ranks agree each step (one allreduce).
+    detail::preemption_guard signals(checkpoints && co.on_signal);
+    const bool agree_each_step = checkpoints && (co.on_signal || co.every_s > 0) && engine_.world() > 1;
+    auto last_checkpoint_time = monitor::clock::now();
+    std::size_t saved_step = start_at.valid ? step_ : static_cast<std::size_t>(-1);
     const auto start = monitor::clock::now();
     bool stop = false;
-    for (std::size_t epoch = 0; epoch < opts.epochs && !stop; ++epoch) {
+    for (std::size_t epoch = start_at.valid ? start_at.epoch : 0; epoch < opts.epochs && !stop; ++epoch) {
       loader.start_epoch(epoch);
+      const bool resumed_epoch = start_at.valid && epoch == start_at.epoch;
+      if (resumed_epoch) loader.skip(start_at.batch);
       const std::size_t batches = loader.batches_per_epoch();
       // Loss sum, correct and samples of this rank's replica, summed over the replicas at the
       // end of the epoch — or after every step where rank 0 holds no loss (a pipeline's first
       // stage), so that its progress shows the whole batch's.
       double sums[3] = {0, 0, 0};
+      if (resumed_epoch) restore_sums(start_at, sums);
       std::size_t steps = 0, global_samples = 0;
-      for (std::size_t k = 0; k < batches;) {
+      for (std::size_t k = resumed_epoch ? start_at.batch : 0; k < batches;) {
         if (opts.max_steps && step_ >= opts.max_steps) {
           stop = true;
           break;
@@ -335,6 +404,7 @@ class trainer {
         engine_.optimizer_step(lr, opts.clip_grad_norm);
         ++step_;
         ++steps;
+        last_lr_ = lr;
         if constexpr (!per_epoch_sums) engine_.sum(step_sums, 3);
         monitor::record_span(monitor::step_span, step_start, monitor::clock::now());
         for (int i = 0; i < 3; ++i) sums[i] += step_sums[i];
@@ -344,6 +414,27 @@ class trainer {
         point.samples_per_s = (r.samples + global_samples) / std::max(1e-9, point.elapsed_s);
         progress.update(epoch + 1, opts.epochs, k, batches, point.loss, point.accuracy, point.samples_per_s);
         metrics.tick(fig, point);
+        cur_ = {.valid = true, .epoch = epoch, .batch = k, .batches = batches, .sums = {sums[0], sums[1], sums[2]}};
+        if (checkpoints) {
+          // The step boundary: a checkpoint when due, and a stop when a signal asked for one.
+          bool due = co.every_steps && step_ % co.every_steps == 0;
+          std::uint64_t flags[2] = {static_cast<std::uint64_t>(detail::preemption_signal), 0};
+          if (co.every_s > 0 && engine_.rank() == 0)
+            flags[1] = monitor::seconds_between(last_checkpoint_time, monitor::clock::now()) >= co.every_s;
+          if (agree_each_step) coll->max(flags, 2);
+          due = due || flags[1] || flags[0];
+          if (due) {
+            save_current(*coll, opts, data.size(), /*async=*/co.async && !flags[0]);
+            saved_step = step_;
+            last_checkpoint_time = monitor::clock::now();
+          }
+          if (flags[0]) {
+            r.preempted = true;
+            r.signal = static_cast<int>(flags[0]);
+            stop = true;
+            break;
+          }
+        }
       }
       if (steps == 0) break;
       if constexpr (per_epoch_sums) engine_.sum(sums, 3);
@@ -353,6 +444,15 @@ class trainer {
       r.train_loss = sums[2] ? sums[0] / sums[2] : 0;
       r.train_accuracy = sums[2] ? sums[1] / sums[2] : 0;
     }
+    if (checkpoints) {
+      if (co.at_end && saved_step != step_) {
+        // The run's end: the next epoch's start (or where max_steps stopped it, mid-epoch).
+        save_current(*coll, opts, data.size(), co.async);
+        saved_step = step_;
+      }
+      ckpt().wait(*coll);
+      if (saved_step == step_) r.checkpoint = (std::filesystem::path(co.directory) / ("step-" + std::to_string(step_))).string();
+    }
     r.seconds = monitor::seconds_between(start, monitor::clock::now());
     fig.seconds = r.seconds;
     point.elapsed_s = r.seconds;
@@ -360,6 +460,62 @@ class trainer {
     r.figures = engine_.gather_figures();
     if (timeline) write_trace(opts.trace, *timeline);
     return r;
+  }
+
+  /// Saves a checkpoint of the current state as `dir`/step-<steps()> (see loom/io/checkpoint.hpp),
+  /// and waits until it is committed. Collective. Returns its path. After fit, the position saved
+  /// is the end of fit's last epoch. Throws loom::io_error on every rank when any rank's part
+  /// cannot be written; nothing is left in its place.
+  std::filesystem::path save(const std::filesystem::path& dir) {
+    const std::unique_ptr<collectives> coll = make_collectives();
+    ckpt().start(*coll, dir, tensors(), snapshot(), record_now(), buffer_names(), /*async=*/false, /*keep=*/0, 600);
+    return dir / ("step-" + std::to_string(step_));
+  }
+
+  /// Loads the checkpoint `where` (a step-<n> directory, or the newest valid one in a run's
+  /// directory), saved under any policy and world size for this network and optimizer: the
+  /// parameters, the optimizer state, the step count, and the position in the data, so that the
+  /// next fit continues where the saved run stopped. Collective. Throws loom::io_error on every
+  /// rank (naming the file, tensor or field, what was expected and what was found) when no
+  /// valid checkpoint is there; nothing is changed then.
+  std::filesystem::path load(const std::filesystem::path& where) {
+    const std::unique_ptr<collectives> coll = make_collectives();
+    return load_checkpoint(*coll, where, /*none_ok=*/false, nullptr, nullptr, 0);
+  }
+
+  /// Writes the whole model's weights as one safetensors file (loom::save_weights' format, for
+  /// torch.nn.Sequential): rank 0 writes, from the parameters every rank contributes. Collective.
+  void save_weights(const std::filesystem::path& path) {
+    const std::vector<value_type> whole = gather_parameters();
+    std::string err;
+    if (rank() == 0) {
+      try {
+        io::save_weights<Network, value_type>(std::span<const value_type>(whole), path);
+      } catch (const std::exception& e) {
+        err = e.what();
+      }
+    }
+    const std::unique_ptr<collectives> coll = make_collectives();
+    if (const std::string all = coll->agree_on_errors(err); !all.empty()) throw io_error(all);
+  }
+
+  /// Sets the parameters from a whole-model safetensors file (loom::load_weights' checks): every
+  /// rank reads the file and takes the part it holds. Collective; on any rank's error every rank
+  /// throws and no parameter changes.
+  void load_weights(const std::filesystem::path& path) {
+    std::vector<value_type> whole;
+    std::string err;
+    try {
+      whole = io::load_weights<Network, value_type>(path);
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+    const std::unique_ptr<collectives> coll = make_collectives();
+    if (const std::string all = coll->agree_on_errors(err); !all.empty()) throw io_error(all);
+    const shard_map m = engine_.shard();
+    std::vector<value_type> mine(m.local_count);
+    copy_from_whole(m, whole.data(), mine.data());
+    from_host(mine.data(), mine.size(), engine_.local_parameters());
   }
 
   /// Mean loss and accuracy of the current parameters on `data`, in evaluation mode: each
@@ -438,6 +594,158 @@ class trainer {
 
  private:
   static constexpr bool per_epoch_sums = detail::every_rank_holds_loss<engine_type>();
+
+  /// A place in the run: the epoch in progress, the global batches of it taken, and its sums so
+  /// far (this rank's, as the fit loop keeps them).
+  struct position {
+    bool valid = false;
+    std::size_t epoch = 0, batch = 0, batches = 0;
+    double sums[3] = {0, 0, 0};
+  };
+  /// The options of the last fit (what a checkpoint records of them).
+  struct fit_record {
+    std::size_t batch = 0, accumulation = 1, epochs = 0, max_steps = 0, deterministic_chunk = 0;
+    double clip_grad_norm = 0;
+    std::size_t samples = 0;
+  };
+
+  std::unique_ptr<collectives> make_collectives() {
+    if constexpr (requires { engine_.world_comm(); })
+      return std::make_unique<comm_collectives<std::remove_cvref_t<decltype(engine_.world_comm())>>>(engine_.world_comm());
+    else
+      return std::make_unique<solo_collectives>();
+  }
+  io::checkpointer& ckpt() {
+    if (!ckpt_) ckpt_ = std::make_unique<io::checkpointer>();
+    return *ckpt_;
+  }
+  static const std::vector<io::tensor_description>& tensors() {
+    static const std::vector<io::tensor_description> t = io::describe<Network>().tensors();
+    return t;
+  }
+  static void to_host(const value_type* src, std::size_t n, value_type* dst) {
+    if constexpr (space::host_accessible) {
+      if (n) std::memcpy(dst, src, n * sizeof(value_type));
+    } else {
+      space::copy_to_host(dst, src, n * sizeof(value_type));
+    }
+  }
+  static void from_host(const value_type* src, std::size_t n, value_type* dst) {
+    if constexpr (space::host_accessible) {
+      if (n) std::memcpy(dst, src, n * sizeof(value_type));
+    } else {
+      space::copy_from_host(dst, src, n * sizeof(value_type));
+    }
+  }
+  /// The optimizer's state buffers here: as many of Optimizer::buffer_names as it keeps.
+  std::vector<std::string> buffer_names() {
+    const std::size_t n = engine_.local_count();
+    const std::size_t k = n ? engine_.optimizer().buffers().size() / n : 0;
+    std::vector<std::string> out;
+    for (std::size_t i = 0; i < k; ++i) out.emplace_back(Optimizer::buffer_names[i]);
+    return out;
+  }
+  /// This rank's parameters and optimizer buffers, copied to host memory.
+  io::rank_snapshot snapshot() {
+    io::rank_snapshot s;
+    s.map = engine_.shard();
+    const std::size_t n = engine_.local_count();
+    s.params.resize(n);
+    to_host(engine_.local_parameters(), n, s.params.data());
+    const auto bufs = engine_.optimizer().buffers();
+    for (std::size_t i = 0; n && i < bufs.size() / n; ++i) {
+      s.buffers.emplace_back(n);
+      to_host(bufs.data() + i * n, n, s.buffers.back().data());
+    }
+    return s;
+  }
+  /// The record of the current state (collective where the epoch's sums are summed over replicas).
+  io::trainer_record record_now() {
+    io::trainer_record r;
+    position p = cur_;
+    if (p.valid && p.batch >= p.batches) p = {.valid = true, .epoch = p.epoch + 1};  // an epoch just ended
+    if constexpr (per_epoch_sums) engine_.sum(p.sums, 3);
+    r.step = step_;
+    r.epoch = p.epoch;
+    r.batch_in_epoch = p.batch;
+    for (int i = 0; i < 3; ++i) r.epoch_sums[i] = p.sums[i];
+    r.seed = options_.seed;
+    r.batch = last_fit_.batch;
+    r.accumulation = last_fit_.accumulation;
+    r.epochs = last_fit_.epochs;
+    r.max_steps = last_fit_.max_steps;
+    r.deterministic_chunk = last_fit_.deterministic_chunk;
+    r.clip_grad_norm = last_fit_.clip_grad_norm;
+    r.samples = last_fit_.samples;
+    r.lr = last_lr_;
+    r.math = to_string(options_.math);
+    r.loss = Loss::name;
+    r.optimizer = Optimizer::name;
+    r.optimizer_options = "lr=" + std::to_string(opt_.lr);
+    r.optimizer_steps = engine_.optimizer().steps();
+    r.optimizer_buffers = buffer_names();
+    r.policy = type_name<Policy>();
+    const shard_map m = engine_.shard();
+    r.ranks = engine_.world();
+    r.replicas = m.replicas;
+    r.stages = m.stages;
+    r.slices = m.slices;
+    static const io::network_description d = io::describe<Network>();
+    r.network = d.text();
+    r.fingerprint = d.fingerprint();
+    r.parameter_count = Network::parameter_count;
+    return r;
+  }
+  void save_current(collectives& c, const fit_options& opts, std::size_t, bool async) {
+    const checkpoint_options& co = opts.checkpoint;
+    io::trainer_record rec = record_now();
+    ckpt().start(c, co.directory, tensors(), snapshot(), rec, buffer_names(), async, co.keep, co.commit_timeout_s);
+  }
+  /// The sums of a resumed epoch: the whole epoch's on the ranks that count them once.
+  void restore_sums(const position& p, double* sums) const {
+    const bool counts = !per_epoch_sums || engine_.replica() == 0;
+    for (int i = 0; i < 3; ++i) sums[i] = counts ? p.sums[i] : 0;
+  }
+  /// Reads a checkpoint (see load) and applies it; with fit's options, first checks that the
+  /// run can continue from it exactly. Returns its path (empty when none_ok and none is there).
+  std::filesystem::path load_checkpoint(collectives& c, const std::filesystem::path& where, bool none_ok, std::ostream* log,
+                                        const fit_options* opts, std::size_t samples) {
+    const io::load_expectation want{.network = io::describe<Network>().text(), .optimizer = Optimizer::name,
+                                    .parameter_count = Network::parameter_count, .buffer_names = buffer_names()};
+    const shard_map m = engine_.shard();
+    std::optional<io::loaded_checkpoint> got = io::read_checkpoint(c, where, tensors(), m, want, none_ok, c.rank() == 0 ? log : nullptr);
+    if (!got) {
+      if (log && c.rank() == 0) *log << "loom: no checkpoint in " << where.string() << " yet: starting from step 0\n";
+      return {};
+    }
+    const io::trainer_record& rec = got->record;
+    if (opts) {
+      std::string why;
+      if (rec.seed != options_.seed)
+        why = "it was saved with seed " + std::to_string(rec.seed) + ", this trainer has seed " + std::to_string(options_.seed);
+      else if (rec.batch_in_epoch != 0 && rec.batch != opts->batch)
+        why = "it stopped in the middle of an epoch with batch " + std::to_string(rec.batch) + ", and this fit asks for batch " +
+              std::to_string(opts->batch) + " (a different batch can resume only at an epoch's start)";
+      else if (rec.batch_in_epoch != 0 && rec.samples != samples)
+        why = "it stopped in the middle of an epoch of " + std::to_string(rec.samples) + " samples, and this training set has " +
+              std::to_string(samples);
+      if (!why.empty())
+        throw invalid_argument("loom::trainer::fit: cannot resume exactly from " + got->path.string() + ": " + why);
+    }
+    from_host(got->params.data(), got->params.size(), engine_.local_parameters());
+    auto bufs = engine_.optimizer().buffers();
+    const std::size_t n = engine_.local_count();
+    for (std::size_t i = 0; i < got->buffers.size(); ++i) from_host(got->buffers[i].data(), n, bufs.data() + i * n);
+    engine_.optimizer().set_steps(rec.optimizer_steps);
+    step_ = rec.step;
+    last_lr_ = static_cast<float>(rec.lr);
+    resume_ = {.valid = true, .epoch = rec.epoch, .batch = rec.batch_in_epoch, .batches = 0,
+               .sums = {rec.epoch_sums[0], rec.epoch_sums[1], rec.epoch_sums[2]}};
+    if (log && c.rank() == 0)
+      *log << "loom: resumed from " << got->path.string() << " (step " << rec.step << ", epoch " << rec.epoch + 1
+           << ", batch " << rec.batch_in_epoch << " of it)\n";
+    return got->path;
+  }
   static constexpr bool staged = !Backend::memory_space::host_accessible;
   using space = typename Backend::memory_space;
   using staging_space = typename detail::staging_space_of<Backend>::type;
@@ -521,6 +829,10 @@ class trainer {
   buffer<value_type, staging_space> x_stage_;  // (batch, input) on the host; empty unless staged
   buffer<std::int32_t, staging_space> labels_stage_;
   std::size_t step_ = 0;
+  float last_lr_ = 0;
+  position resume_{}, cur_{};
+  fit_record last_fit_{};
+  std::unique_ptr<io::checkpointer> ckpt_;
 };
 
 }  // namespace loom
