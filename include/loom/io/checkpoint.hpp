@@ -338,13 +338,27 @@ inline written_file write_tensor_file(const std::filesystem::path& dir, const st
   metadata["loom.crc32c"] = crcs;
   std::string header = "{\"__metadata__\":{";
   bool first = true;
-  for (const auto& [k, v] : metadata) header += (first ? "" : ",") + json::quote(k) + ":" + json::quote(v), first = false;
+  // (Appended piece by piece: g++ 12 warns falsely (-Wrestrict) on "literal" + std::string&&.)
+  for (const auto& [k, v] : metadata) {
+    if (!first) header += ',';
+    header += json::quote(k);
+    header += ':';
+    header += json::quote(v);
+    first = false;
+  }
   header += "}";
   std::uint64_t at = 0;
   for (const auto& t : tensors) {
     const std::uint64_t end = at + t.values.size_bytes();
-    header += "," + json::quote(t.name) + ":{\"dtype\":\"F32\",\"shape\":[" + io::detail::join(t.shape) +
-              "],\"data_offsets\":[" + std::to_string(at) + "," + std::to_string(end) + "]}";
+    header += ',';
+    header += json::quote(t.name);
+    header += ":{\"dtype\":\"F32\",\"shape\":[";
+    header += io::detail::join(t.shape);
+    header += "],\"data_offsets\":[";
+    header += std::to_string(at);
+    header += ',';
+    header += std::to_string(end);
+    header += "]}";
     at = end;
   }
   header += "}";
@@ -480,8 +494,23 @@ inline std::string record_json(const trainer_record& r, const std::vector<writte
   for (std::size_t i = 0; i < files.size(); ++i)
     s += std::string(i ? "," : "") + "\n    {\"name\": " + quote(files[i].name) + ", \"bytes\": " +
          std::to_string(files[i].bytes) + ", \"crc32c\": " + quote(crc32c_hex(files[i].crc).data()) + "}";
-  s += "\n  ]\n}\n";
+  s += "\n  ],\n  ";
+  // The manifest's own checksum, over every byte before this field.
+  const auto crc = crc32c_hex(crc32c(s.data(), s.size()));
+  s += "\"manifest_crc32c\": \"" + std::string(crc.data()) + "\"\n}\n";
   return s;
+}
+
+/// Checks checkpoint.json's own checksum (its last field covers every byte before it).
+inline void check_manifest_crc(const std::string& text, const std::string& file) {
+  const std::size_t at = text.rfind("\"manifest_crc32c\"");
+  if (at == std::string::npos) throw io_error(file + " has no manifest_crc32c field (not a loom checkpoint, or cut short)");
+  const std::size_t q = text.find('"', at + 18);
+  if (q == std::string::npos || q + 9 > text.size()) throw io_error(file + ": its manifest_crc32c field is malformed");
+  const std::string want = text.substr(q + 1, 8);
+  const auto got = crc32c_hex(crc32c(text.data(), at));
+  if (want != got.data())
+    throw io_error(file + " has CRC-32C " + got.data() + " but says " + want + " (the file is damaged)");
 }
 
 inline trainer_record parse_record(const json::value& v, const std::string& file) {
@@ -837,8 +866,15 @@ inline loaded_checkpoint read_part(const std::filesystem::path& path, const std:
   loaded_checkpoint out;
   out.path = path;
   const auto manifest_path = path / "checkpoint.json";
-  const json::value v = parse_json_file(manifest_path);
   const std::string mf = manifest_path.string();
+  const std::string manifest = read_text_file(manifest_path);
+  check_manifest_crc(manifest, mf);
+  json::value v;
+  try {
+    v = json::parse(manifest);
+  } catch (const json::parse_error& e) {
+    throw io_error(mf + " is not valid JSON (" + e.what() + ")");
+  }
   if (!v.is_object()) throw io_error(mf + " is not a JSON object");
   const json_fields f{v, mf};
   if (f.str("format") != "loom-checkpoint") throw io_error(mf + ": field \"format\" is \"" + f.str("format") + "\", expected \"loom-checkpoint\"");
@@ -862,12 +898,15 @@ inline loaded_checkpoint read_part(const std::filesystem::path& path, const std:
   if (r.optimizer_buffers != want.buffer_names)
     throw io_error(mf + " holds the optimizer state " + names(r.optimizer_buffers) + " but this " + want.optimizer +
                    " keeps " + names(want.buffer_names) + " (e.g. SGD saved without momentum, loaded with it)");
-  // Every file listed: present, of its size; this rank checks its share of the files' CRCs.
+  // Every file listed: present, of its size (its CRC is checked after the tensors, which name
+  // what is damaged more precisely).
   const json::value& files = f.need("files");
   if (!files.is_array() || files.items.empty()) throw io_error(mf + ": field \"files\" lists no files");
   for (std::size_t i = 0; i < files.items.size(); ++i) {
     const json_fields ff{files.items[i], mf};
     const std::string name = ff.str("name");
+    if (name.find('/') != std::string::npos || name.starts_with("."))
+      throw io_error(mf + ": field \"files\" names " + name + ", not a file of the checkpoint");
     const auto p = path / name;
     std::error_code ec;
     const auto size = std::filesystem::file_size(p, ec);
@@ -875,13 +914,6 @@ inline loaded_checkpoint read_part(const std::filesystem::path& path, const std:
     if (size != ff.u64("bytes"))
       throw io_error(p.string() + " is " + std::to_string(size) + " bytes; checkpoint.json says " +
                      std::to_string(ff.u64("bytes")) + " (truncated or overwritten)");
-    if (static_cast<int>(i % static_cast<std::size_t>(world)) == rank) {
-      const auto [bytes, crc] = file_crc(p);
-      const std::string want_crc = ff.str("crc32c");
-      if (crc32c_hex(crc).data() != want_crc)
-        throw io_error(p.string() + " has CRC-32C " + crc32c_hex(crc).data() + "; checkpoint.json says " + want_crc +
-                       " (the file is damaged)");
-    }
   }
   // The tensors this rank holds, from the files the indexes name.
   std::map<std::string, std::unique_ptr<safetensors_file>> open;
@@ -955,6 +987,17 @@ inline loaded_checkpoint read_part(const std::filesystem::path& path, const std:
     read_into(model_map, d.name, d, out.params);
     for (std::size_t b = 0; b < want.buffer_names.size(); ++b)
       read_into(opt_map, d.name + "." + want.buffer_names[b], d, out.buffers[b]);
+  }
+  // This rank's share of the whole-file checksums (headers and padding included).
+  for (std::size_t i = 0; i < files.items.size(); ++i) {
+    if (static_cast<int>(i % static_cast<std::size_t>(world)) != rank) continue;
+    const json_fields ff{files.items[i], mf};
+    const auto p = path / ff.str("name");
+    const auto [bytes, crc] = file_crc(p);
+    const std::string want_crc = ff.str("crc32c");
+    if (crc32c_hex(crc).data() != want_crc)
+      throw io_error(p.string() + " has CRC-32C " + crc32c_hex(crc).data() + "; checkpoint.json says " + want_crc +
+                     " (the file is damaged)");
   }
   return out;
 }

@@ -54,7 +54,12 @@ inline std::size_t dtype_bytes(std::string_view d) {
   return 0;
 }
 
-inline std::string shape_text(const std::vector<std::size_t>& s) { return "(" + join(s, ", ") + ")"; }
+inline std::string shape_text(const std::vector<std::size_t>& s) {
+  std::string t = "(";  // appended: g++ 12 warns falsely (-Wrestrict) on "(" + std::string&&
+  t += join(s, ", ");
+  t += ')';
+  return t;
+}
 
 /// The largest header the reader accepts (safetensors' own limit).
 inline constexpr std::uint64_t max_header_bytes = 100u << 20;

@@ -640,7 +640,9 @@ class trainer {
   /// The optimizer's state buffers here: as many of Optimizer::buffer_names as it keeps.
   std::vector<std::string> buffer_names() {
     const std::size_t n = engine_.local_count();
-    const std::size_t k = n ? engine_.optimizer().buffers().size() / n : 0;
+    // A rank holding no parameters (a pipeline stage of activations only) asks a one-value state.
+    const std::size_t k = n ? engine_.optimizer().buffers().size() / n
+                            : typename Optimizer::template state<value_type, Backend>(opt_, 1).buffers().size();
     std::vector<std::string> out;
     for (std::size_t i = 0; i < k; ++i) out.emplace_back(Optimizer::buffer_names[i]);
     return out;
@@ -653,7 +655,8 @@ class trainer {
     s.params.resize(n);
     to_host(engine_.local_parameters(), n, s.params.data());
     const auto bufs = engine_.optimizer().buffers();
-    for (std::size_t i = 0; n && i < bufs.size() / n; ++i) {
+    const std::size_t k = buffer_names().size();
+    for (std::size_t i = 0; i < k; ++i) {
       s.buffers.emplace_back(n);
       to_host(bufs.data() + i * n, n, s.buffers.back().data());
     }
