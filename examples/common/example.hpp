@@ -35,7 +35,7 @@ struct flags {
   std::size_t train_samples = 0;
   std::size_t test_samples = 0;
   std::size_t deterministic_chunk = 0;
-  std::string metrics_file, metrics_jsonl, trace;
+  std::string metrics_file, metrics_jsonl, trace, tensorboard;
   double monitor_every = 5;
   std::string data = loom::data::default_fashion_mnist_dir;
   bool quiet = false;
@@ -83,6 +83,9 @@ inline constexpr const char* common_usage = R"(  --model mlp|cnn        network 
                          ends where an uninterrupted one would
   --load-weights FILE    start from the weights in FILE (safetensors, PyTorch's names)
   --save-weights FILE    after training, write the weights to FILE (one safetensors file)
+  --tensorboard DIR      TensorBoard event files, each rank's under DIR/rank<r>/ (tensorboard
+                         --logdir DIR): scalars at each metrics write, then the end-of-run
+                         figures and the hparams (these flags)
   --quiet                no progress output
 )";
 
@@ -154,6 +157,7 @@ class parser {
       else if (name == "trace") f.trace = value;
       else if (name == "load-weights") f.load_weights = value;
       else if (name == "save-weights") f.save_weights = value;
+      else if (name == "tensorboard") f.tensorboard = value;
       else if (weights_ && name == "export-onnx") f.export_onnx = value;
       else if (name == "checkpoint-dir") f.checkpoint_dir = value;
       else if (name == "checkpoint-every") f.checkpoint_every = number<std::size_t>(name, value);
@@ -207,7 +211,22 @@ inline loom::fit_options fit_options_of(const flags& f) {
   fo.batch = f.batch;
   fo.max_steps = f.max_steps;
   fo.deterministic_chunk = f.deterministic_chunk;
-  fo.metrics = {.prometheus_file = f.metrics_file, .jsonl_file = f.metrics_jsonl, .every_s = f.monitor_every};
+  fo.metrics.prometheus_file = f.metrics_file;
+  fo.metrics.jsonl_file = f.metrics_jsonl;
+  fo.metrics.every_s = f.monitor_every;
+  fo.metrics.tensorboard_dir = f.tensorboard;
+  if (!f.tensorboard.empty()) {
+    // A float flag as it was typed (0.02, not 0.0199999996): its shortest decimal, read as a double.
+    auto number = [](auto v) {
+      char text[32];
+      return std::strtod(std::string(text, std::to_chars(text, text + sizeof text, v).ptr).c_str(), nullptr);
+    };
+    fo.metrics.hparams = {{"model", f.model}, {"optimizer", f.optimizer}, {"lr", number(f.lr)},
+                          {"momentum", number(f.momentum)}, {"epochs", number(f.epochs)}, {"batch", number(f.batch)},
+                          {"seed", number(f.seed)}, {"threads", number(f.threads)}, {"max_steps", number(f.max_steps)},
+                          {"train_samples", number(f.train_samples)},
+                          {"deterministic_chunk", number(f.deterministic_chunk)}};
+  }
   fo.trace = f.trace;
   fo.checkpoint = {.directory = f.checkpoint_dir, .every_steps = f.checkpoint_every, .every_s = f.checkpoint_every_s,
                    .keep = f.checkpoint_keep, .resume = f.resume};

@@ -22,33 +22,15 @@
 namespace {
 
 namespace fs = std::filesystem;
-
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    path = fs::temp_directory_path() / ("loom_metrics_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~temp_dir() { fs::remove_all(path); }
-  static int& counter() {
-    static int n = 0;
-    return n;
-  }
-};
+using loom_test::small_set;
+using loom_test::temp_dir;
+using loom_test::text_of;
 
 std::vector<std::string> lines_of(const fs::path& p) {
   std::ifstream in(p);
   std::vector<std::string> out;
   for (std::string l; std::getline(in, l);) out.push_back(l);
   return out;
-}
-
-std::string text_of(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
 }
 
 /// The number after "key": in a JSON line of numbers.
@@ -65,12 +47,6 @@ double sample(const std::string& text, const std::string& name, int rank) {
   REQUIRE(at != std::string::npos);
   return std::stod(text.substr(at + key.size()));
 }
-
-const loom::data::fashion_mnist_set& small_set() {
-  static const auto s = loom::data::fashion_mnist(loom::data::split::train).first(640);
-  return s;
-}
-
 
 loom::metrics_options metrics(std::string prometheus, std::string jsonl, double every_s) {
   loom::metrics_options m;

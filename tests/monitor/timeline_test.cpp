@@ -23,23 +23,13 @@ namespace {
 
 namespace fs = std::filesystem;
 using loom::monitor::span_event;
-
-std::string text_of(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using loom_test::small_set;
+using loom_test::text_of;
 
 std::size_t count(const std::string& text, const std::string& what) {
   std::size_t n = 0;
   for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
   return n;
-}
-
-const loom::data::fashion_mnist_set& small_set() {
-  static const auto s = loom::data::fashion_mnist(loom::data::split::train).first(640);
-  return s;
 }
 
 fs::path temp_path(const std::string& name) {

@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Live metrics of one rank while it trains, in the formats tools read: a Prometheus text
-// exposition file (a node_exporter textfile, rewritten atomically) and JSON lines for scripts.
-// Each rank writes its own files every few seconds from its own figures — no communication, so
-// a slow or stuck rank still reports, and nothing waits for it. Also the process sampler (RSS,
-// peak RSS, CPU time) the files carry. Not here: the live view across ranks, timelines and
-// TensorBoard events.
+// exposition file (a node_exporter textfile, rewritten atomically), JSON lines for scripts and
+// TensorBoard event files (their encoding is in tensorboard.hpp). Each rank writes its own files
+// every few seconds from its own figures — no communication, so a slow or stuck rank still
+// reports, and nothing waits for it. Also the process sampler (RSS, peak RSS, CPU time) the
+// files carry. Not here: the live view across ranks and timelines.
 
 #include <sys/resource.h>
 #include <unistd.h>
@@ -18,9 +18,11 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "loom/core/error.hpp"
 #include "loom/monitor/figures.hpp"
+#include "loom/monitor/tensorboard.hpp"
 #include "loom/monitor/timeline.hpp"
 
 namespace loom {
@@ -36,6 +38,15 @@ struct metrics_options {
   /// Seconds between writes (0: after every optimizer step); the last state is always written
   /// when fit ends.
   double every_s = 5;
+  /// TensorBoard event files: each rank's under `DIR/rank<r>/` (one TensorBoard run per rank),
+  /// with the scalars of every write, and at the end of fit the figures of every rank as a
+  /// Markdown table and the hparams (empty: none).
+  std::string tensorboard_dir;
+  /// Only rank 0 writes TensorBoard events (`DIR/rank0/`).
+  bool tensorboard_rank0_only = false;
+  /// The run's hyperparameters, for TensorBoard's hparams dashboard and a text summary (the
+  /// writer adds `ranks` when it is not among them).
+  std::vector<hparam> hparams;
 };
 
 namespace monitor {
@@ -86,29 +97,96 @@ inline std::string rank_path(const std::string& path, int rank, int world) {
   return has_ext ? path.substr(0, dot) + tag + path.substr(dot) : path + tag;
 }
 
+/// Every rank's figures as a Markdown table (a row per rank, a column per figure, then
+/// samples/s), as the end-of-run TensorBoard text shows them.
+inline std::string figures_markdown(const std::vector<rank_figures>& ranks) {
+  std::string head = "| rank |", rule = "| ---: |", rows;
+  for (const auto& field : figure_fields) {
+    head += ' ';
+    head += field.name;
+    head += " |";
+    rule += " ---: |";
+  }
+  head += " samples_per_s |\n";
+  rule += " ---: |\n";
+  char cell[64];
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    rows += "| " + std::to_string(r) + " |";
+    for (const auto& field : figure_fields) {
+      std::snprintf(cell, sizeof cell, " %.6g |", ranks[r].*field.member);
+      rows += cell;
+    }
+    std::snprintf(cell, sizeof cell, " %.6g |\n", ranks[r].samples_per_s());
+    rows += cell;
+  }
+  return head + rule + rows;
+}
+
+/// The hyperparameters as a two-column Markdown table.
+inline std::string hparams_markdown(const std::vector<hparam>& hparams) {
+  std::string out = "| hparam | value |\n| --- | --- |\n";
+  char cell[64];
+  for (const hparam& h : hparams) {
+    out += "| " + h.name + " | ";
+    if (const double* d = std::get_if<double>(&h.value)) {
+      std::snprintf(cell, sizeof cell, "%.17g", *d);
+      out += cell;
+    } else {
+      out += std::get<std::string>(h.value);
+    }
+    out += " |\n";
+  }
+  return out;
+}
+
 /// Writes one rank's metrics files (see metrics_options). Throws loom::io_error naming the
-/// file when one cannot be written; a failed Prometheus write leaves the previous file whole.
+/// file (or TensorBoard's directory) when one cannot be written; a failed Prometheus write
+/// leaves the previous file whole.
 class metrics_writer {
  public:
   // Out of line (here and in tick): every fit of every trainer type constructs one.
   [[gnu::noinline]] metrics_writer(const metrics_options& o, int rank, int world)
       : every_s_(o.every_s), rank_(rank), prom_(o.prometheus_file.empty() ? "" : rank_path(o.prometheus_file, rank, world)),
-        jsonl_(o.jsonl_file.empty() ? "" : rank_path(o.jsonl_file, rank, world)) {
+        jsonl_(o.jsonl_file.empty() ? "" : rank_path(o.jsonl_file, rank, world)), hparams_(o.hparams) {
     if (!(every_s_ >= 0))
       throw invalid_argument("loom::metrics_options: every_s must be >= 0 (0: every step), got " + std::to_string(every_s_));
     if (!jsonl_.empty()) {
       jsonl_out_.open(jsonl_, std::ios::app);
       if (!jsonl_out_) throw io_error("loom::metrics: cannot open " + jsonl_ + " for appending: " + std::strerror(errno));
     }
+    if (!o.tensorboard_dir.empty() && (rank == 0 || !o.tensorboard_rank0_only)) {
+      tb_.emplace(o.tensorboard_dir + "/rank" + std::to_string(rank));
+      bool has_ranks = false;
+      for (const hparam& h : hparams_) has_ranks = has_ranks || h.name == "ranks";
+      if (!has_ranks) hparams_.push_back({"ranks", static_cast<double>(world)});
+      // The session starts now: the hparams dashboard lists the run while it trains.
+      tb_summary_.clear();
+      tb_->write(0, tb_summary_.hparams_start(hparams_, wall_time_now()));
+      tb_->flush();
+    }
   }
 
-  bool enabled() const noexcept { return !prom_.empty() || !jsonl_.empty(); }
+  bool enabled() const noexcept { return !prom_.empty() || !jsonl_.empty() || tb_; }
   const std::string& prometheus_path() const noexcept { return prom_; }
   const std::string& jsonl_path() const noexcept { return jsonl_; }
+  /// This rank's TensorBoard event file (empty: none).
+  std::string tensorboard_path() const { return tb_ ? tb_->path() : std::string(); }
 
   /// Writes when every_s has passed since the last write (or force); one clock read otherwise.
   void tick(const rank_figures& f, const training_point& p, bool force = false) {
     if (enabled()) write_if_due(f, p, force);
+  }
+
+  /// At the end of fit, after the last tick: the TensorBoard text summaries (`run/figures`:
+  /// every rank's figures as a Markdown table; `run/hparams`) and the hparams session's end.
+  /// `ranks`: every rank's figures (loom::gather_figures); no collective here.
+  [[gnu::noinline]] void end_of_fit(const std::vector<rank_figures>& ranks) {
+    if (!tb_) return;
+    tb_summary_.clear();
+    tb_summary_.text("run/figures", figures_markdown(ranks)).text("run/hparams", hparams_markdown(hparams_));
+    tb_summary_.hparams_end(true, wall_time_now());
+    tb_->write(static_cast<std::int64_t>(tb_step_), tb_summary_);
+    tb_->flush();
   }
 
  private:
@@ -120,6 +198,7 @@ class metrics_writer {
     const process_sample s = sample_process();
     if (!prom_.empty()) write_prometheus(f, p, s);
     if (!jsonl_.empty()) write_jsonl(f, p, s);
+    if (tb_) write_tensorboard(f, p, s);
   }
 
   static std::string num(double v) {
@@ -184,10 +263,47 @@ class metrics_writer {
     if (!jsonl_out_) throw io_error("loom::metrics: cannot append to " + jsonl_ + ": " + std::strerror(errno));
   }
 
+  // One event of scalars per write, flushed. train/step_time_s is the mean over the steps since
+  // the previous write (the first write follows the fit's first step; a write without a new
+  // step repeats the last value); percent/* are shares of the fit's wall time so far.
+  void write_tensorboard(const rank_figures& f, const training_point& p, const process_sample& s) {
+    if (!tb_written_) tb_step_time_s_ = p.elapsed_s;
+    else if (p.step > tb_step_)
+      tb_step_time_s_ = (p.elapsed_s - tb_elapsed_s_) / static_cast<double>(p.step - tb_step_);
+    tb_written_ = true;
+    tb_step_ = p.step;
+    tb_elapsed_s_ = p.elapsed_s;
+    auto percent = [&](double x) { return p.elapsed_s > 0 ? 100.0 * x / p.elapsed_s : 0.0; };
+    summary& t = tb_summary_;
+    t.clear();
+    t.scalar("train/loss", p.loss).scalar("train/accuracy", p.accuracy).scalar("train/lr", p.lr);
+    t.scalar("train/samples_per_s", p.samples_per_s).scalar("train/step_time_s", tb_step_time_s_);
+    t.scalar("train/epoch", static_cast<double>(p.epoch));
+    for (const auto& field : figure_fields) {
+      tb_tag_ = "figures/";
+      tb_tag_ += field.name;
+      t.scalar(tb_tag_, f.*field.member);
+    }
+    t.scalar("percent/compute", percent(f.compute_s)).scalar("percent/comm_exposed", percent(f.comm_exposed_s));
+    t.scalar("percent/wait", percent(f.wait_s)).scalar("percent/data", percent(f.data_s));
+    t.scalar("percent/bubble", percent(f.bubble_s));
+    t.scalar("process/rss_bytes", s.rss_bytes).scalar("process/peak_rss_bytes", s.peak_rss_bytes);
+    t.scalar("process/cpu_s", s.cpu_s);
+    tb_->write(static_cast<std::int64_t>(p.step), t);
+    tb_->flush();
+  }
+
   double every_s_;
   int rank_;
   std::string prom_, jsonl_;
   std::ofstream jsonl_out_;
+  std::vector<hparam> hparams_;
+  std::optional<event_file> tb_;
+  summary tb_summary_;
+  std::string tb_tag_;
+  std::size_t tb_step_ = 0;
+  double tb_elapsed_s_ = 0, tb_step_time_s_ = 0;
+  bool tb_written_ = false;
   clock::time_point last_{};
   bool written_ = false;
 };

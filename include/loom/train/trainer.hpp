@@ -222,7 +222,7 @@ struct fit_options {
   /// Where progress goes (null: nowhere) and how.
   std::ostream* progress = &std::cerr;
   progress_mode progress_style = progress_mode::automatic;
-  /// Each rank's live metrics files (Prometheus textfile, JSON lines) and how often they are
+  /// Each rank's live metrics files (Prometheus textfile, JSON lines, TensorBoard events) and how often they are
   /// rewritten (loom/monitor/metrics.hpp); none by default.
   metrics_options metrics{};
   /// A Chrome trace JSON timeline of this fit (empty: none; loom/monitor/timeline.hpp): rank 0
@@ -458,6 +458,7 @@ class trainer {
     point.elapsed_s = r.seconds;
     metrics.tick(fig, point, /*force=*/true);
     r.figures = engine_.gather_figures();
+    metrics.end_of_fit(r.figures);
     if (timeline) write_trace(opts.trace, *timeline);
     return r;
   }
