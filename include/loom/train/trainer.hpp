@@ -26,6 +26,7 @@
 #include "loom/data/distributed.hpp"
 #include "loom/data/loader.hpp"
 #include "loom/monitor/figures.hpp"
+#include "loom/monitor/live.hpp"
 #include "loom/monitor/timeline.hpp"
 #include "loom/monitor/metrics.hpp"
 #include "loom/monitor/progress.hpp"
@@ -188,6 +189,11 @@ struct fit_options {
   /// Each rank's live metrics files (Prometheus textfile, JSON lines) and how often they are
   /// rewritten (loom/monitor/metrics.hpp); none by default.
   metrics_options metrics{};
+  /// Seconds between refreshes of the live view on rank 0's progress stream (0: none;
+  /// loom/monitor/live.hpp): a row per rank (past 16, min / median / max), the straggler when
+  /// there is one. The ranks exchange their figures at step counts derived from rank 0's step
+  /// time, about this often. Every rank must ask alike (checked).
+  double live_every_s = 0;
   /// A Chrome trace JSON timeline of this fit (empty: none; loom/monitor/timeline.hpp): rank 0
   /// writes this file with every rank as a process, clocks aligned on the collective that
   /// starts fit; under several ranks each rank also writes its own, `.rank<r>` before the
@@ -283,7 +289,8 @@ class trainer {
                            std::to_string(opts.max_steps) + ";samples=" + std::to_string(data.size()) +
                            ";clip_grad_norm=" + std::to_string(opts.clip_grad_norm) +
                            ";deterministic_chunk=" + std::to_string(opts.deterministic_chunk) +
-                           ";trace=" + (opts.trace.empty() ? "off" : "on"));
+                           ";trace=" + (opts.trace.empty() ? "off" : "on") +
+                           ";live_every_s=" + std::to_string(opts.live_every_s));
     // Every rank leaves that collective at about the same time: the timeline's common zero.
     std::optional<monitor::timeline> timeline;
     if (!opts.trace.empty()) timeline.emplace().set_zero(monitor::clock::now());
@@ -297,6 +304,7 @@ class trainer {
     rank_figures& fig = engine_.figures();
     monitor::metrics_writer metrics(opts.metrics, engine_.rank(), engine_.world());
     monitor::training_point point;
+    monitor::live_view live(opts.live_every_s, fig, engine_.rank() == 0 ? opts.progress : nullptr, opts.progress_style);
     fit_result r;
     r.ranks = engine_.world();
     const auto start = monitor::clock::now();
@@ -344,6 +352,7 @@ class trainer {
         point.samples_per_s = (r.samples + global_samples) / std::max(1e-9, point.elapsed_s);
         progress.update(epoch + 1, opts.epochs, k, batches, point.loss, point.accuracy, point.samples_per_s);
         metrics.tick(fig, point);
+        live.step(epoch, [&] { return engine_.gather_figures(); });
       }
       if (steps == 0) break;
       if constexpr (per_epoch_sums) engine_.sum(sums, 3);
@@ -356,6 +365,7 @@ class trainer {
     r.seconds = monitor::seconds_between(start, monitor::clock::now());
     fig.seconds = r.seconds;
     point.elapsed_s = r.seconds;
+    live.finish();
     metrics.tick(fig, point, /*force=*/true);
     r.figures = engine_.gather_figures();
     if (timeline) write_trace(opts.trace, *timeline);
