@@ -37,6 +37,7 @@ struct flags {
   std::size_t deterministic_chunk = 0;
   std::string metrics_file, metrics_jsonl, trace;
   double monitor_every = 5;
+  double live_every = 5;
   std::string data = loom::data::default_fashion_mnist_dir;
   bool quiet = false;
   // Weights in and out (examples/common/weights.hpp), for the examples whose parser takes them
@@ -64,6 +65,8 @@ inline constexpr const char* common_usage = R"(  --model mlp|cnn        network 
                          (several ranks: FILE with .rank<r> before its extension)
   --metrics-jsonl FILE   each rank's metrics appended as JSON lines (likewise per rank)
   --monitor-every S      seconds between metrics writes (default 5; 0: every step)
+  --live-every S         seconds between refreshes of the live view of every rank on rank 0
+                         (default 5; 0: none; none with --quiet)
   --trace FILE           Chrome trace JSON timeline of training (Perfetto, chrome://tracing): every
                          rank in FILE, and each rank's own with .rank<r> before the extension
   --quiet                no progress output
@@ -132,6 +135,7 @@ class parser {
       else if (name == "metrics-file") f.metrics_file = value;
       else if (name == "metrics-jsonl") f.metrics_jsonl = value;
       else if (name == "monitor-every") f.monitor_every = number<double>(name, value);
+      else if (name == "live-every") f.live_every = number<double>(name, value);
       else if (name == "trace") f.trace = value;
       else if (weights_ && name == "load-weights") f.load_weights = value;
       else if (weights_ && name == "save-weights") f.save_weights = value;
@@ -143,6 +147,7 @@ class parser {
     if (f.batch == 0) fail("--batch must be at least 1");
     if (f.epochs == 0 && f.load_weights.empty()) fail("--epochs must be at least 1 (0 only with --load-weights)");
     if (!(f.monitor_every >= 0)) fail("--monitor-every must be >= 0 seconds");
+    if (!(f.live_every >= 0)) fail("--live-every must be >= 0 seconds");
     return f;
   }
 
@@ -184,6 +189,7 @@ inline loom::fit_options fit_options_of(const flags& f) {
   fo.metrics = {.prometheus_file = f.metrics_file, .jsonl_file = f.metrics_jsonl, .every_s = f.monitor_every};
   fo.trace = f.trace;
   fo.progress = f.quiet ? nullptr : &std::cerr;
+  fo.live_every_s = f.quiet ? 0 : f.live_every;  // nothing to draw on: no exchanges
   return fo;
 }
 
