@@ -224,13 +224,16 @@ class live_view {
     if (every_s_ <= 0 || ++steps_ != next_) return;
     const clock::time_point start = clock::now();
     const double seconds = fig_->seconds;
+    clock::time_point gathered;
     {
       timed wait(*fig_, &rank_figures::wait_s);
       before_gather(start);
       std::vector<rank_figures> all = gather();
       fig_->seconds = seconds;
+      gathered = clock::now();
       after_gather(std::move(all), epoch);
     }
+    gather_s_ += seconds_between(start, gathered);
     exchange_s_ += seconds_between(start, clock::now());
   }
 
@@ -240,9 +243,11 @@ class live_view {
     fig_->resident_bytes = sample_process().rss_bytes;
   }
 
-  /// Exchanges so far, seconds spent in them on this rank, the current interval in steps.
+  /// Exchanges so far, seconds spent in them on this rank (all of it, and in the gather alone:
+  /// the rest is the drawing), the current interval in steps.
   std::size_t exchanges() const { return exchanges_; }
   double exchange_seconds() const { return exchange_s_; }
+  double gather_seconds() const { return gather_s_; }
   std::size_t interval() const { return interval_; }
   /// The last window's figures (rank order; on every rank) and its table as drawn.
   const std::vector<rank_figures>& last_window() const { return window_; }
@@ -274,11 +279,13 @@ class live_view {
   }
 
   void draw(std::size_t epoch) {
+    // The cost of the exchanges before this one (this one is not over).
     char head[200];
-    const double each_us = exchanges_ > 1 ? 1e6 * exchange_s_ / static_cast<double>(exchanges_ - 1) : 0.0;
+    const double done = static_cast<double>(std::max<std::size_t>(exchanges_ - 1, 1));
     std::snprintf(head, sizeof head,
-                  "live: step %zu, %.1f s, %zu rank(s); exchange every %zu steps, %.0f us each on rank 0\n", steps_,
-                  before_[0].seconds, window_.size(), interval_, each_us);
+                  "live: step %zu, %.1f s, %zu rank(s); exchange every %zu steps, %.0f us (gather %.0f us) each\n",
+                  steps_, before_[0].seconds, window_.size(), interval_, 1e6 * exchange_s_ / done,
+                  1e6 * gather_s_ / done);
     const std::string table = live_table(window_);
     if (!redraw_) {  // lines, each marked as the live view's among the progress lines
       std::string text = head;
@@ -310,7 +317,7 @@ class live_view {
   clock::time_point start_ = clock::now();
   std::size_t steps_ = 0, last_step_ = 0, next_ = first_exchange, interval_ = first_exchange;
   std::size_t exchanges_ = 0;
-  double exchange_s_ = 0;
+  double exchange_s_ = 0, gather_s_ = 0;
   std::vector<rank_figures> before_, window_;
   std::size_t drawn_lines_ = 0, drawn_epoch_ = 0;
 };
