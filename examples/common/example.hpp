@@ -38,6 +38,7 @@ struct flags {
   std::string metrics_file, metrics_jsonl, trace;
   double monitor_every = 5;
   double live_every = 5;
+  loom::progress_mode progress = loom::progress_mode::automatic;
   std::string data = loom::data::default_fashion_mnist_dir;
   bool quiet = false;
   // Weights in and out (examples/common/weights.hpp), for the examples whose parser takes them
@@ -67,6 +68,8 @@ inline constexpr const char* common_usage = R"(  --model mlp|cnn        network 
   --monitor-every S      seconds between metrics writes (default 5; 0: every step)
   --live-every S         seconds between refreshes of the live view of every rank on rank 0
                          (default 5; 0: none; none with --quiet)
+  --progress auto|bar|lines  how progress and the live view are drawn: redrawn in place (bar) or
+                         as lines; auto: bar on a terminal (under mpirun stderr is a pipe: use bar)
   --trace FILE           Chrome trace JSON timeline of training (Perfetto, chrome://tracing): every
                          rank in FILE, and each rank's own with .rank<r> before the extension
   --quiet                no progress output
@@ -137,6 +140,12 @@ class parser {
       else if (name == "monitor-every") f.monitor_every = number<double>(name, value);
       else if (name == "live-every") f.live_every = number<double>(name, value);
       else if (name == "trace") f.trace = value;
+      else if (name == "progress") {
+        if (value == "auto") f.progress = loom::progress_mode::automatic;
+        else if (value == "bar") f.progress = loom::progress_mode::bar;
+        else if (value == "lines") f.progress = loom::progress_mode::lines;
+        else fail("--progress must be auto, bar or lines, got '" + std::string(value) + "'");
+      }
       else if (weights_ && name == "load-weights") f.load_weights = value;
       else if (weights_ && name == "save-weights") f.save_weights = value;
       else if (weights_ && name == "export-onnx") f.export_onnx = value;
@@ -189,6 +198,7 @@ inline loom::fit_options fit_options_of(const flags& f) {
   fo.metrics = {.prometheus_file = f.metrics_file, .jsonl_file = f.metrics_jsonl, .every_s = f.monitor_every};
   fo.trace = f.trace;
   fo.progress = f.quiet ? nullptr : &std::cerr;
+  fo.progress_style = f.progress;
   fo.live_every_s = f.quiet ? 0 : f.live_every;  // nothing to draw on: no exchanges
   return fo;
 }

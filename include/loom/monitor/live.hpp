@@ -13,9 +13,12 @@
 // computed on every rank from the same gathered numbers — rank 0's seconds over the last window
 // — so rank 0's timing reaches every rank inside the exchange itself, with nothing added.
 
+#include <fcntl.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <array>
 #include <cmath>
 #include <cstddef>
@@ -190,6 +193,22 @@ inline bool is_terminal(const std::ostream* out) {
   return out == &std::cerr ? ::isatty(2) : out == &std::cout ? ::isatty(1) : false;
 }
 
+/// Columns of the terminal the process writes to: stderr's, stdout's, stdin's or the
+/// controlling terminal's (a program under mpirun writes to a pipe, but mpirun to the
+/// terminal), else $COLUMNS, else 80.
+inline int terminal_columns() {
+  winsize w{};
+  for (int fd : {2, 1, 0})
+    if (::ioctl(fd, TIOCGWINSZ, &w) == 0 && w.ws_col > 0) return w.ws_col;
+  if (const int tty = ::open("/dev/tty", O_RDONLY | O_CLOEXEC); tty >= 0) {
+    const bool ok = ::ioctl(tty, TIOCGWINSZ, &w) == 0 && w.ws_col > 0;
+    ::close(tty);
+    if (ok) return w.ws_col;
+  }
+  if (const char* c = std::getenv("COLUMNS"); c && std::atoi(c) > 0) return std::atoi(c);
+  return 80;
+}
+
 /// One fit's live view (see the top of this file) and its step recorder. Every rank makes one
 /// with the same every_s and calls step() after every optimizer step and finish() before the
 /// figures are gathered at the end; rank 0 passes the stream to draw on (the others null).
@@ -299,13 +318,20 @@ class live_view {
     }
     // On a terminal: back over the previous drawing (unless an epoch's progress bar ended
     // since, leaving its line below it) and clear to the end of the screen; the progress bar
-    // redraws itself on the line below.
+    // redraws itself on the line below. Lines are cut to the terminal's width, so that none
+    // wraps and the count of lines to go back over holds.
     std::string text = "\r";
     if (drawn_lines_ && epoch == drawn_epoch_) text += "\033[" + std::to_string(drawn_lines_) + "A";
     text += "\033[J";
-    text += head + table;
+    const std::size_t width = static_cast<std::size_t>(std::max(terminal_columns() - 1, 20));
+    const std::string all = head + table;
+    drawn_lines_ = 0;
+    for (std::size_t at = 0; at < all.size(); ++drawn_lines_) {
+      const std::size_t nl = all.find('\n', at);
+      text += all.substr(at, std::min(nl - at, width)) + "\n";
+      at = nl + 1;
+    }
     *out_ << text << std::flush;
-    drawn_lines_ = 1 + static_cast<std::size_t>(std::count(table.begin(), table.end(), '\n'));
     drawn_epoch_ = epoch;
   }
 
