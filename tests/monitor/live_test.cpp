@@ -74,7 +74,7 @@ TEST_CASE("A straggler whose data per step exceeds the fastest rank's more than 
   CHECK_THAT(loom::describe(s, ranks), Catch::Contains("its data, 4.00 ms a step against 1.00 ms"));
 }
 
-TEST_CASE("A score of exactly 0.75 is no straggler; just below is", "[monitor][live][straggler]") {
+TEST_CASE("A score of exactly 0.75 is no straggler, and just below it is", "[monitor][live][straggler]") {
   std::vector<loom::rank_figures> ranks(2);
   ranks[0].step_s = ranks[0].step_compute_s = 0.375;  // binary fractions: the score is exactly 0.75
   ranks[1].step_s = ranks[1].step_compute_s = 0.5;
