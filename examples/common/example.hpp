@@ -37,6 +37,8 @@ struct flags {
   std::size_t deterministic_chunk = 0;
   std::string metrics_file, metrics_jsonl, trace, tensorboard;
   double monitor_every = 5;
+  double live_every = 5;
+  loom::progress_mode progress = loom::progress_mode::automatic;
   std::string data = loom::data::default_fashion_mnist_dir;
   bool quiet = false;
   // Weights in and out (examples/common/weights.hpp), for the examples whose parser takes them
@@ -70,6 +72,10 @@ inline constexpr const char* common_usage = R"(  --model mlp|cnn        network 
                          (several ranks: FILE with .rank<r> before its extension)
   --metrics-jsonl FILE   each rank's metrics appended as JSON lines (likewise per rank)
   --monitor-every S      seconds between metrics writes (default 5; 0: every step)
+  --live-every S         seconds between refreshes of the live view of every rank on rank 0
+                         (default 5; 0: none; none with --quiet)
+  --progress auto|bar|lines  how progress and the live view are drawn: redrawn in place (bar) or
+                         as lines; auto: bar on a terminal (under mpirun stderr is a pipe: use bar)
   --trace FILE           Chrome trace JSON timeline of training (Perfetto, chrome://tracing): every
                          rank in FILE, and each rank's own with .rank<r> before the extension
   --checkpoint-dir DIR   write checkpoints in DIR (step-<n>/ directories; shared storage under
@@ -154,10 +160,17 @@ class parser {
       else if (name == "metrics-file") f.metrics_file = value;
       else if (name == "metrics-jsonl") f.metrics_jsonl = value;
       else if (name == "monitor-every") f.monitor_every = number<double>(name, value);
+      else if (name == "live-every") f.live_every = number<double>(name, value);
       else if (name == "trace") f.trace = value;
       else if (name == "load-weights") f.load_weights = value;
       else if (name == "save-weights") f.save_weights = value;
       else if (name == "tensorboard") f.tensorboard = value;
+      else if (name == "progress") {
+        if (value == "auto") f.progress = loom::progress_mode::automatic;
+        else if (value == "bar") f.progress = loom::progress_mode::bar;
+        else if (value == "lines") f.progress = loom::progress_mode::lines;
+        else fail("--progress must be auto, bar or lines, got '" + std::string(value) + "'");
+      }
       else if (weights_ && name == "export-onnx") f.export_onnx = value;
       else if (name == "checkpoint-dir") f.checkpoint_dir = value;
       else if (name == "checkpoint-every") f.checkpoint_every = number<std::size_t>(name, value);
@@ -173,6 +186,7 @@ class parser {
     if (!(f.checkpoint_every_s >= 0)) fail("--checkpoint-every-s must be >= 0 seconds");
     if (f.checkpoint_dir.empty() && (f.resume || f.checkpoint_every || f.checkpoint_every_s > 0))
       fail("--resume and --checkpoint-every need --checkpoint-dir DIR");
+    if (!(f.live_every >= 0)) fail("--live-every must be >= 0 seconds");
     return f;
   }
 
@@ -231,6 +245,8 @@ inline loom::fit_options fit_options_of(const flags& f) {
   fo.checkpoint = {.directory = f.checkpoint_dir, .every_steps = f.checkpoint_every, .every_s = f.checkpoint_every_s,
                    .keep = f.checkpoint_keep, .resume = f.resume};
   fo.progress = f.quiet ? nullptr : &std::cerr;
+  fo.progress_style = f.progress;
+  fo.live_every_s = f.quiet ? 0 : f.live_every;  // nothing to draw on: no exchanges
   return fo;
 }
 

@@ -31,6 +31,7 @@
 #include "loom/data/loader.hpp"
 #include "loom/io/checkpoint.hpp"
 #include "loom/monitor/figures.hpp"
+#include "loom/monitor/live.hpp"
 #include "loom/monitor/timeline.hpp"
 #include "loom/monitor/metrics.hpp"
 #include "loom/monitor/progress.hpp"
@@ -225,6 +226,11 @@ struct fit_options {
   /// Each rank's live metrics files (Prometheus textfile, JSON lines, TensorBoard events) and how often they are
   /// rewritten (loom/monitor/metrics.hpp); none by default.
   metrics_options metrics{};
+  /// Seconds between refreshes of the live view on rank 0's progress stream (0: none;
+  /// loom/monitor/live.hpp): a row per rank (past 16, min / median / max), the straggler when
+  /// there is one. The ranks exchange their figures at step counts derived from rank 0's step
+  /// time, about this often. Every rank must ask alike (checked).
+  double live_every_s = 0;
   /// A Chrome trace JSON timeline of this fit (empty: none; loom/monitor/timeline.hpp): rank 0
   /// writes this file with every rank as a process, clocks aligned on the collective that
   /// starts fit; under several ranks each rank also writes its own, `.rank<r>` before the
@@ -333,7 +339,8 @@ class trainer {
                            std::to_string(opts.max_steps) + ";samples=" + std::to_string(data.size()) +
                            ";clip_grad_norm=" + std::to_string(opts.clip_grad_norm) +
                            ";deterministic_chunk=" + std::to_string(opts.deterministic_chunk) +
-                           ";trace=" + (opts.trace.empty() ? "off" : "on") + ";checkpoint=" + co.directory +
+                           ";trace=" + (opts.trace.empty() ? "off" : "on") + ";live_every_s=" + std::to_string(opts.live_every_s) +
+                           ";checkpoint=" + co.directory +
                            ";checkpoint_every=" + std::to_string(co.every_steps) + "," + std::to_string(co.every_s) +
                            ";resume=" + (co.resume ? "yes" : "no") + ";on_signal=" + (co.on_signal ? "yes" : "no"));
     const bool checkpoints = !co.directory.empty();
@@ -365,6 +372,7 @@ class trainer {
     const bool agree_each_step = checkpoints && (co.on_signal || co.every_s > 0) && engine_.world() > 1;
     auto last_checkpoint_time = monitor::clock::now();
     std::size_t saved_step = start_at.valid ? step_ : static_cast<std::size_t>(-1);
+    monitor::live_view live(opts.live_every_s, fig, engine_.rank() == 0 ? opts.progress : nullptr, opts.progress_style);
     const auto start = monitor::clock::now();
     bool stop = false;
     for (std::size_t epoch = start_at.valid ? start_at.epoch : 0; epoch < opts.epochs && !stop; ++epoch) {
@@ -414,6 +422,7 @@ class trainer {
         point.samples_per_s = (r.samples + global_samples) / std::max(1e-9, point.elapsed_s);
         progress.update(epoch + 1, opts.epochs, k, batches, point.loss, point.accuracy, point.samples_per_s);
         metrics.tick(fig, point);
+        live.step(epoch, [&] { return engine_.gather_figures(); });
         cur_ = {.valid = true, .epoch = epoch, .batch = k, .batches = batches, .sums = {sums[0], sums[1], sums[2]}};
         if (checkpoints) {
           // The step boundary: a checkpoint when due, and a stop when a signal asked for one.
@@ -456,6 +465,7 @@ class trainer {
     r.seconds = monitor::seconds_between(start, monitor::clock::now());
     fig.seconds = r.seconds;
     point.elapsed_s = r.seconds;
+    live.finish();
     metrics.tick(fig, point, /*force=*/true);
     r.figures = engine_.gather_figures();
     metrics.end_of_fit(r.figures);
