@@ -120,11 +120,14 @@ struct trainer_record {
 };
 
 /// One rank's part of a checkpoint, in host memory: its parameters and optimizer buffers (each
-/// laid out as the parameters, map.local_count values), and what it holds (map).
+/// laid out as the parameters, map.local_count values), and what it holds (map). The values
+/// live in `owner` (a host copy, or the trainer's page-locked staging buffer on a GPU backend),
+/// which must stay untouched until the checkpoint's files are written.
 struct rank_snapshot {
   shard_map map;
-  std::vector<float> params;
-  std::vector<std::vector<float>> buffers;
+  std::span<const float> params;
+  std::vector<std::span<const float>> buffers;
+  std::shared_ptr<const void> owner;
 };
 
 /// A checkpoint found in a directory: its path and step.
@@ -271,14 +274,31 @@ inline write_plan plan_writes(const world_map& w, const std::vector<tensor_descr
   return plan;
 }
 
-/// A whole tensor one rank writes: its values (own copy), per buffer (0: the parameters).
+/// A whole tensor one rank writes, per buffer (0: the parameters, 1..: optimizer buffers):
+/// `values` when assembled from several ranks' parts; empty when this rank holds it whole, and
+/// it is read from the snapshot (view_of) in the writing thread.
 struct tensor_values {
   std::size_t tensor = 0;
-  std::vector<std::vector<float>> values;  // [0]: parameters, [1..]: optimizer buffers
+  std::vector<std::vector<float>> values;
 };
 
-/// The whole tensors this rank writes, assembled from its snapshot and (for split tensors) the
-/// parts other ranks send. Collective (point-to-point between the ranks of split tensors).
+/// Tensor d of buffer src (this rank's layout `pieces`) in the whole layout: a view when it lies
+/// in one run of the buffer (the common case), else gathered into `storage`.
+inline std::span<const float> view_of(std::span<const shard_piece> pieces, const tensor_description& d, const float* src,
+                                      std::vector<float>& storage) {
+  std::size_t runs = 0, first = 0;
+  for_each_overlap(pieces, d.offset, d.count, [&](std::size_t l, std::size_t, std::size_t) {
+    if (runs++ == 0) first = l;
+  });
+  if (runs == 1) return {src + first, d.count};
+  storage.assign(d.count, 0.0f);
+  for_each_overlap(pieces, d.offset, d.count,
+                   [&](std::size_t l, std::size_t g, std::size_t k) { std::memcpy(storage.data() + (g - d.offset), src + l, k * 4); });
+  return storage;
+}
+
+/// The tensors this rank writes: split tensors assembled now from the parts other ranks send
+/// (collective: point-to-point between the ranks of split tensors), whole ones only named.
 inline std::vector<tensor_values> assemble(collectives& c, const world_map& w, const write_plan& plan,
                                            const std::vector<tensor_description>& tensors, const rank_snapshot& s) {
   const int me = c.rank();
@@ -300,6 +320,10 @@ inline std::vector<tensor_values> assemble(collectives& c, const world_map& w, c
       }
     }
     if (e.writer != me) continue;
+    if (e.senders.empty()) {
+      out.push_back({t, {}});
+      continue;
+    }
     tensor_values tv{t, std::vector<std::vector<float>>(nbuf, std::vector<float>(d.count))};
     for (std::size_t b = 0; b < nbuf; ++b) {
       const float* src = source(b);
@@ -601,8 +625,10 @@ class checkpointer {
   checkpointer(const checkpointer&) = delete;
   checkpointer& operator=(const checkpointer&) = delete;
   ~checkpointer() {
-    // A write still running when the trainer goes (an exception unwinding fit): let it finish
-    // or fail on its own; it never commits half a checkpoint.
+    // A write still running when the trainer goes (an exception unwinding fit): this rank's
+    // files are finished, but rank 0 does not wait for the others' (a peer may be gone) — it
+    // abandons the commit and removes the partial directory. Never half a checkpoint.
+    if (state_) state_->abort.store(true);
     if (thread_.joinable()) thread_.join();
   }
 
@@ -636,7 +662,8 @@ class checkpointer {
       plan_ = detail::plan_writes(*map_, tensors);
     }
     auto mine = std::make_shared<std::vector<detail::tensor_values>>(detail::assemble(c, *map_, plan_, tensors, snapshot));
-    job j{.dir = dir, .partial = partial, .tensors = tensors, .plan = plan_, .mine = std::move(mine), .record = record,
+    job j{.dir = dir, .partial = partial, .tensors = tensors, .plan = plan_, .mine = std::move(mine),
+          .snapshot = std::move(snapshot), .record = record,
           .buffer_names = buffer_names, .rank = c.rank(), .world = c.size(), .keep = keep, .timeout_s = commit_timeout_s,
           .state = std::make_shared<shared_state>()};
     state_ = j.state;
@@ -695,6 +722,7 @@ class checkpointer {
     std::vector<tensor_description> tensors;
     detail::write_plan plan;
     std::shared_ptr<std::vector<detail::tensor_values>> mine;
+    rank_snapshot snapshot;
     trainer_record record;
     std::vector<std::string> buffer_names;
     int rank = 0, world = 1;
@@ -737,19 +765,28 @@ class checkpointer {
                                               {"loom.network", j.record.network},
                                               {"loom.fingerprint", j.record.fingerprint},
                                               {"loom.step", std::to_string(j.record.step)}};
+      // Each tensor of each buffer: assembled, or a view of (or copy from) the snapshot.
+      const std::size_t nbuf = 1 + j.buffer_names.size();
+      std::vector<std::vector<float>> storage(j.mine->size() * nbuf);
+      auto values = [&](std::size_t i, std::size_t b) -> std::span<const float> {
+        const auto& tv = (*j.mine)[i];
+        if (!tv.values.empty()) return tv.values[b];
+        const float* src = b == 0 ? j.snapshot.params.data() : j.snapshot.buffers[b - 1].data();
+        return detail::view_of(j.snapshot.map.pieces, j.tensors[tv.tensor], src, storage[i * nbuf + b]);
+      };
       std::vector<named_tensor<float>> model;
-      for (const auto& tv : *j.mine) {
-        const auto& d = j.tensors[tv.tensor];
-        model.push_back({d.name, d.shape, std::span<const float>(tv.values[0])});
+      for (std::size_t i = 0; i < j.mine->size(); ++i) {
+        const auto& d = j.tensors[(*j.mine)[i].tensor];
+        model.push_back({d.name, d.shape, values(i, 0)});
       }
       files.push_back(detail::write_tensor_file(j.partial, detail::shard_name("model", static_cast<std::size_t>(k), j.plan.writers.size()),
                                                 model, meta));
       if (!j.buffer_names.empty()) {
         std::vector<named_tensor<float>> opt;
-        for (const auto& tv : *j.mine) {
-          const auto& d = j.tensors[tv.tensor];
+        for (std::size_t i = 0; i < j.mine->size(); ++i) {
+          const auto& d = j.tensors[(*j.mine)[i].tensor];
           for (std::size_t b = 0; b < j.buffer_names.size(); ++b)
-            opt.push_back({d.name + "." + j.buffer_names[b], d.shape, std::span<const float>(tv.values[b + 1])});
+            opt.push_back({d.name + "." + j.buffer_names[b], d.shape, values(i, b + 1)});
         }
         meta["loom.optimizer"] = j.record.optimizer;
         files.push_back(detail::write_tensor_file(j.partial, detail::shard_name("optimizer", static_cast<std::size_t>(k), j.plan.writers.size()),
@@ -757,6 +794,7 @@ class checkpointer {
       }
     }
     j.mine.reset();  // the host copies are no longer needed
+    j.snapshot = {};
     std::string note = "{\"rank\": " + std::to_string(j.rank) + ", \"files\": [";
     for (std::size_t i = 0; i < files.size(); ++i)
       note += std::string(i ? ", " : "") + "{\"name\": " + json::quote(files[i].name) + ", \"bytes\": " +

@@ -479,6 +479,7 @@ class trainer {
   /// cannot be written; nothing is left in its place.
   std::filesystem::path save(const std::filesystem::path& dir) {
     const std::unique_ptr<collectives> coll = make_collectives();
+    ckpt().wait(*coll);
     ckpt().start(*coll, dir, tensors(), snapshot(), record_now(), buffer_names(), /*async=*/false, /*keep=*/0, 600);
     return dir / ("step-" + std::to_string(step_));
   }
@@ -658,18 +659,30 @@ class trainer {
     for (std::size_t i = 0; i < k; ++i) out.emplace_back(Optimizer::buffer_names[i]);
     return out;
   }
-  /// This rank's parameters and optimizer buffers, copied to host memory.
+  /// This rank's parameters and optimizer buffers, copied to host memory: a new host copy, or
+  /// on a backend whose memory the host cannot read (loom::cuda) the trainer's page-locked
+  /// staging buffer, which the previous checkpoint has finished with (callers wait for it first).
   io::rank_snapshot snapshot() {
     io::rank_snapshot s;
     s.map = engine_.shard();
     const std::size_t n = engine_.local_count();
-    s.params.resize(n);
-    to_host(engine_.local_parameters(), n, s.params.data());
     const auto bufs = engine_.optimizer().buffers();
     const std::size_t k = buffer_names().size();
+    value_type* host = nullptr;
+    if constexpr (staged) {
+      snapshot_stage_.reserve_discard(n * (1 + k));
+      host = snapshot_stage_.data();
+      s.owner = std::shared_ptr<const void>(host, [](const void*) {});  // the trainer's; outlives the write
+    } else {
+      auto v = std::make_shared<std::vector<value_type>>(n * (1 + k));
+      host = v->data();
+      s.owner = v;
+    }
+    to_host(engine_.local_parameters(), n, host);
+    s.params = {host, n};
     for (std::size_t i = 0; i < k; ++i) {
-      s.buffers.emplace_back(n);
-      to_host(bufs.data() + i * n, n, s.buffers.back().data());
+      to_host(bufs.data() + i * n, n, host + (i + 1) * n);
+      s.buffers.emplace_back(host + (i + 1) * n, n);
     }
     return s;
   }
@@ -712,6 +725,7 @@ class trainer {
   }
   void save_current(collectives& c, const fit_options& opts, std::size_t, bool async) {
     const checkpoint_options& co = opts.checkpoint;
+    ckpt().wait(c);  // the previous checkpoint is done with the staging memory
     io::trainer_record rec = record_now();
     ckpt().start(c, co.directory, tensors(), snapshot(), rec, buffer_names(), async, co.keep, co.commit_timeout_s);
   }
@@ -846,6 +860,7 @@ class trainer {
   float last_lr_ = 0;
   position resume_{}, cur_{};
   fit_record last_fit_{};
+  buffer<value_type, staging_space> snapshot_stage_;  // checkpoints' host copy; empty unless staged
   std::unique_ptr<io::checkpointer> ckpt_;
 };
 
