@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -62,6 +63,33 @@ constexpr bool relu_fused_in() {
   }
 }
 
+/// A schedule's tables as the stages run them: data, not types, so that one pipeline_stages
+/// serves every micro-batch count and schedule of a network cut into the same stages (the
+/// tables themselves stay compile-time values, verified by loom::pipeline).
+struct pipeline_run_table {
+  std::size_t micro_batches = 1;
+  std::span<const pipeline_op> ops;         // every stage's operations, stage by stage
+  std::span<const std::size_t> op_begin;    // stage s's are ops[op_begin[s], op_begin[s + 1])
+  std::string schedule_name;                // as the job description names it
+  std::span<const pipeline_op> ops_of(std::size_t s) const { return ops.subspan(op_begin[s], op_begin[s + 1] - op_begin[s]); }
+
+  template <class Pipeline>
+  static pipeline_run_table of() {
+    using table = typename Pipeline::schedule;
+    return {Pipeline::micro_batch_count, std::span<const pipeline_op>(table::ops),
+            std::span<const std::size_t>(table::op_begin), type_name<typename Pipeline::schedule_policy>()};
+  }
+};
+
+/// The part of a pipeline that decides its stages (the stage count and the cut points): the
+/// Pipeline pipeline_stages is built on, so that micro-batch counts and schedules share it.
+template <class Pipeline>
+struct stage_cut_of;
+template <std::size_t S, class... O>
+struct stage_cut_of<pipeline<S, O...>> {
+  using type = std::conditional_t<(is_cut_at<O>::value || ...), pipeline<S, first_of<is_cut_at, void, O...>>, pipeline<S>>;
+};
+
 /// Elements per sample a forward keeps for backward in a chain: every layer's output, except
 /// those of fused ReLUs.
 template <class Chain, class T, class Backend, std::size_t... K>
@@ -74,7 +102,10 @@ constexpr std::size_t saved_elements(std::index_sequence<K...>) {
 /// Backend, over communicator Comm; DataParallel is a loom::data_parallel<Comm, ...> under
 /// loom::hybrid (detail::no_data_parallel otherwise): everything of pipeline_engine but the
 /// optimizer, so that trainers of one pipeline with different optimizers share its code (the
-/// examples build both SGD and Adam: this halves what they compile).
+/// examples build both SGD and Adam: this halves what they compile). Pipeline decides only the
+/// stages (pipeline_engine passes detail::stage_cut_of: the stage count and cut points); the
+/// micro-batch count and the schedule's tables come at run time (detail::pipeline_run_table), so
+/// that every micro-batch count and schedule of one cut shares this code too.
 ///
 /// Ranks: with no data parallelism the world has exactly S ranks and rank s runs stage s; under
 /// hybrid, world rank r runs stage r % S of replica r / S (see loom/parallel/hybrid.hpp). The
@@ -121,9 +152,7 @@ class pipeline_stages {
 
  public:
   using partition = stage_partition<Network, Pipeline>;
-  using schedule = typename Pipeline::schedule;
   static constexpr std::size_t stages = Pipeline::stages;
-  static constexpr std::size_t micro_batch_count = Pipeline::micro_batch_count;
   static constexpr bool hybrid = !std::is_same_v<DataParallel, detail::no_data_parallel>;
   using request = typename Comm::request;
 
@@ -175,14 +204,13 @@ class pipeline_stages {
       std::vector<request> sends;  // pending sends out of this slot's buffers
     };
 
-    explicit stage_state(std::optional<Comm> dp_comm) {
-      slot_of.fill(none);
+    stage_state(std::optional<Comm> dp_comm, std::size_t micro_batches) : slot_of(micro_batches, none) {
       if constexpr (hybrid) dp.emplace(std::move(*dp_comm));
     }
 
     static constexpr std::size_t none = static_cast<std::size_t>(-1);
     std::vector<std::unique_ptr<slot>> slots;  // stable addresses: requests point into them
-    std::array<std::size_t, micro_batch_count> slot_of{};
+    std::vector<std::size_t> slot_of;          // (micro_batches): each micro-batch's slot
     std::optional<dp_engine> dp;
   };
 
@@ -197,10 +225,10 @@ class pipeline_stages {
     return models_type(std::in_place_index<I>, seed, partition::bounds[I]);
   }
   template <std::size_t I = 0>
-  static states_type make_state(std::size_t stage, std::optional<Comm>& dp_comm) {
+  static states_type make_state(std::size_t stage, std::optional<Comm>& dp_comm, std::size_t micro_batches) {
     if constexpr (I + 1 < stages)
-      if (stage != I) return make_state<I + 1>(stage, dp_comm);
-    return states_type(std::in_place_index<I>, std::move(dp_comm));
+      if (stage != I) return make_state<I + 1>(stage, dp_comm, micro_batches);
+    return states_type(std::in_place_index<I>, std::move(dp_comm), micro_batches);
   }
 
  public:
@@ -212,8 +240,10 @@ class pipeline_stages {
   /// Throws loom::communication_error when the ranks' jobs differ, loom::invalid_argument when
   /// the world does not have S ranks (hybrid: a multiple of S) or Backend cannot run math; on
   /// every rank alike.
-  pipeline_stages(Comm world, std::uint64_t seed, math_mode math, const std::string& job)
-      : world_(std::move(world)),
+  /// `table`: the schedule's tables (detail::pipeline_run_table::of<loom::pipeline<...>>()).
+  pipeline_stages(Comm world, std::uint64_t seed, math_mode math, const std::string& job, detail::pipeline_run_table table)
+      : table_(std::move(table)),
+        world_(std::move(world)),
         stage_(checked_stage(world_, job)),
         math_(detail::checked_math<Backend>(math)),
         replica_(world_.rank() / static_cast<int>(stages)), replicas_(world_.size() / static_cast<int>(stages)),
@@ -230,15 +260,15 @@ class pipeline_stages {
   }
 
   /// The pipeline's own fields of the job description (every rank must agree on them).
-  static std::string job_fields() {
+  std::string job_fields() const {
     std::string bounds;
     for (std::size_t b : partition::bounds) {
       if (!bounds.empty()) bounds += ',';
       bounds += std::to_string(b);
     }
     return std::string(";replicated=") + (hybrid ? "yes" : "no") + ";stages=" + std::to_string(stages) +
-           ";micro_batches=" + std::to_string(micro_batch_count) +
-           ";schedule=" + type_name<typename Pipeline::schedule_policy>() + ";bounds=" + bounds;
+           ";micro_batches=" + std::to_string(table_.micro_batches) + ";schedule=" + table_.schedule_name +
+           ";bounds=" + bounds;
   }
 
   /// Only one rank of the pipeline holds the loss: the last stage's.
@@ -431,7 +461,7 @@ class pipeline_stages {
   }
 
 
-  static int checked_stage(Comm& world, const std::string& job) {
+  int checked_stage(Comm& world, const std::string& job) const {
     // The job first: ranks that disagree on the pipeline hear so before any of them splits.
     detail::check_same_job(world, "ranks=" + std::to_string(world.size()) + ";" + job + job_fields(), "loom::pipeline");
     const int n = world.size(), s = static_cast<int>(stages);
@@ -454,7 +484,7 @@ class pipeline_stages {
   states_type make_state_from_world() {
     std::optional<Comm> dp_comm;
     if constexpr (hybrid) dp_comm.emplace(world_.split(stage_, world_.rank()));
-    return make_state(static_cast<std::size_t>(stage_), dp_comm);
+    return make_state(static_cast<std::size_t>(stage_), dp_comm, table_.micro_batches);
   }
 
   void stage_model_copy(T* dst) {
@@ -481,7 +511,7 @@ class pipeline_stages {
     const bool gradient = k == pipeline_op_kind::send_gradient || k == pipeline_op_kind::recv_gradient;
     return static_cast<int>(2 * m + (gradient ? 1 : 0));
   }
-  static constexpr int evaluation_tag = static_cast<int>(2 * micro_batch_count);
+  int evaluation_tag() const { return static_cast<int>(2 * table_.micro_batches); }
 
   /// A free slot for micro-batch m of n samples: a free one (its pending sends completed
   /// first), or a new one when every slot holds a live micro-batch.
@@ -511,7 +541,7 @@ class pipeline_stages {
       peak_bytes_ = std::max(peak_bytes_, held_bytes_);
       s->capacity = n;
     }
-    if (m < micro_batch_count) st.slot_of[m] = index;
+    if (m < table_.micro_batches) st.slot_of[m] = index;
     return *s;
   }
   template <class State>
@@ -542,14 +572,11 @@ class pipeline_stages {
                        std::uint64_t step) {
     using enum pipeline_op_kind;
     constexpr std::size_t s = State::index;
-    constexpr std::size_t M = micro_batch_count;
-    static constexpr auto ops = schedule::template ops_of<s>;
-    constexpr std::size_t last_backward = [] {
-      std::size_t i = 0;
-      for (std::size_t k = 0; k < ops.size(); ++k)
-        if (ops[k].kind == backward) i = k;
-      return i;
-    }();
+    const std::size_t M = table_.micro_batches;
+    const std::span<const pipeline_op> ops = table_.ops_of(s);
+    std::size_t last_backward = 0;
+    for (std::size_t k = 0; k < ops.size(); ++k)
+      if (ops[k].kind == backward) last_backward = k;
     const bool last_of_group = a + 1 == group;
     const T scale = T(1) / static_cast<T>(b.global_n * group);
     T* params = model.parameters().data();
@@ -653,13 +680,13 @@ class pipeline_stages {
   loss_value run_evaluation(State& st, Model& model, const batch_view& b, std::uint64_t seed, std::uint64_t step) {
     const run_context ctx{.training = false, .accumulate = false, .seed = seed, .step = step, .sample_offset = b.offset,
                           .math = math_};
-    auto& sl = acquire(st, micro_batch_count, b.n);
+    auto& sl = acquire(st, table_.micro_batches, b.n);
     loss_value v;
     if constexpr (State::first) {
       sl.x = b.x;
     } else {
       sl.x = sl.input.data();
-      auto r = pipe_.irecv(message_data(sl.input.data(), b.n), b.n * State::in_size, stage_ - 1, evaluation_tag);
+      auto r = pipe_.irecv(message_data(sl.input.data(), b.n), b.n * State::in_size, stage_ - 1, evaluation_tag());
       wait_timed(r);
     }
     sl.y = nullptr;
@@ -672,11 +699,12 @@ class pipeline_stages {
       compute.stop();
     }
     if constexpr (!State::last)
-      sl.sends.push_back(pipe_.isend(message_data(sl.y, b.n), b.n * State::out_size, stage_ + 1, evaluation_tag));
+      sl.sends.push_back(pipe_.isend(message_data(sl.y, b.n), b.n * State::out_size, stage_ + 1, evaluation_tag()));
     sl.busy = false;  // its send completes before the slot is used again
     return v;
   }
 
+  detail::pipeline_run_table table_;
   Comm world_;
   int stage_;
   math_mode math_;
@@ -697,17 +725,21 @@ class pipeline_stages {
 /// (pipeline_stages) and its optimizer state.
 template <class Network, class Loss, class Optimizer, class Backend, class Pipeline, class Comm,
           class DataParallel = detail::no_data_parallel>
-class pipeline_engine : public pipeline_stages<Network, Loss, Backend, Pipeline, Comm, DataParallel> {
-  using base = pipeline_stages<Network, Loss, Backend, Pipeline, Comm, DataParallel>;
+class pipeline_engine
+    : public pipeline_stages<Network, Loss, Backend, typename detail::stage_cut_of<Pipeline>::type, Comm, DataParallel> {
+  using base = pipeline_stages<Network, Loss, Backend, typename detail::stage_cut_of<Pipeline>::type, Comm, DataParallel>;
 
  public:
   using typename base::T;
+  using partition = stage_partition<Network, Pipeline>;
+  using schedule = typename Pipeline::schedule;
+  static constexpr std::size_t micro_batch_count = Pipeline::micro_batch_count;
   using optimizer_state = typename Optimizer::template state<T, Backend>;
   using optimizer_options = typename Optimizer::options;
 
   /// See pipeline_stages' constructor; also the stage's optimizer state, from setup.optimizer.
   pipeline_engine(Comm world, const engine_setup<optimizer_options>& setup)
-      : base(std::move(world), setup.seed, setup.math, setup.job), state_(setup.optimizer, base::parameter_count()) {}
+      : base(std::move(world), setup.seed, setup.math, setup.job, detail::pipeline_run_table::of<Pipeline>()), state_(setup.optimizer, base::parameter_count()) {}
 
   optimizer_state& optimizer() noexcept { return state_; }
 
