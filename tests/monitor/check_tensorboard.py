@@ -21,7 +21,8 @@ from tensorboard.backend.event_processing import event_accumulator as ea
 from tensorboard.plugins.hparams import api_pb2, metadata as hparams_metadata
 
 FIGURES = ["compute_s", "comm_s", "comm_exposed_s", "wait_s", "data_s", "bytes_sent", "samples", "seconds",
-           "bubble_s", "peak_activation_bytes", "parameter_bytes", "stage", "replica"]
+           "bubble_s", "peak_activation_bytes", "parameter_bytes", "stage", "replica", "step_s", "step_compute_s",
+           "step_data_s", "resident_bytes"]
 
 
 def f32(x):

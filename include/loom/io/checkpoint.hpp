@@ -819,8 +819,6 @@ class checkpointer {
   static void write_files(job& j) {
     std::vector<detail::written_file> files;
     const int k = j.plan.file_of(j.rank);
-    const network_description* none = nullptr;
-    (void)none;
     if (k >= 0) {
       std::map<std::string, std::string> meta{{"format", "pt"},
                                               {"loom.network", j.record.network},
