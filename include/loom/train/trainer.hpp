@@ -131,6 +131,7 @@ class preemption_guard {
     if (!on_) return;
     struct sigaction sa {};
     sa.sa_handler = loom_preemption_handler;
+    sa.sa_flags = SA_RESTART;  // system calls the signal lands in (the writer thread's, MPI's) resume
     sigemptyset(&sa.sa_mask);
     ::sigaction(SIGUSR1, &sa, &old_usr1_);
     ::sigaction(SIGTERM, &sa, &old_term_);
