@@ -83,7 +83,8 @@ struct checkpoint_options {
   /// (0: keep all).
   std::size_t keep = 3;
   /// Before training, continue from the newest valid checkpoint in `directory` (a damaged one
-  /// is reported and the one before it taken); none there: start from step 0.
+  /// is reported and the one before it taken); none there: start from step 0. Also on when
+  /// loomrun restarted the job after a failure (LOOM_RESTART >= 1 in the environment).
   bool resume = false;
   /// A checkpoint when fit ends (unless its last step just made one).
   bool at_end = true;

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
@@ -148,6 +149,14 @@ class preemption_guard {
   bool on_;
   struct sigaction old_usr1_ {}, old_term_ {};
 };
+
+/// Whether loomrun (bin/loomrun) restarted this job after a failure: it exports LOOM_RESTART,
+/// the number of restarts so far (0 or unset on the first launch). fit then resumes from the
+/// newest valid checkpoint of checkpoint_options::directory as if resume were set.
+inline bool restarted_by_launcher() {
+  const char* v = std::getenv("LOOM_RESTART");
+  return v && *v && std::strtoul(v, nullptr, 10) > 0;
+}
 
 template <class Engine>
 inline constexpr bool is_pipeline_engine_v = false;
@@ -348,7 +357,7 @@ class trainer {
     const std::unique_ptr<collectives> coll = make_collectives();
     fit_result r;
     r.ranks = engine_.world();
-    if (checkpoints && co.resume) load_checkpoint(*coll, co.directory, /*none_ok=*/true, opts.progress, &opts, data.size());
+    if (checkpoints && (co.resume || detail::restarted_by_launcher())) load_checkpoint(*coll, co.directory, /*none_ok=*/true, opts.progress, &opts, data.size());
     // Where this fit starts: where a loaded checkpoint stopped, or at the beginning.
     const position start_at = std::exchange(resume_, position{});
     cur_ = start_at;
