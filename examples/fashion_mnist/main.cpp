@@ -37,7 +37,8 @@ int train(const example::flags& f, typename Optimizer::options opt) {
   }();
   if (example::after_fit(program, f, t, fit)) return 0;
   const auto eval = t.evaluate(test_set);
-  if (!lead) return 0;
+  // After a recovery from a failed rank the lead may be another process: ask again.
+  if (t.rank() != 0) return 0;
   if (!f.quiet && fit.ranks > 1) std::cerr << loom::figures_table(fit.figures);
   example::print_result(f, fit, eval, t.model().parameters_l2());
   example::write_onnx(f, t.model());

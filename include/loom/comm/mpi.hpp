@@ -11,8 +11,13 @@
 #include <boost/mpi/environment.hpp>
 #include <mpi.h>
 
+#include <sched.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <climits>
+#include <memory>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
@@ -22,6 +27,7 @@
 
 #include "loom/comm/communicator.hpp"
 #include "loom/core/error.hpp"
+#include "loom/parallel/fault.hpp"
 
 namespace loom {
 
@@ -57,7 +63,103 @@ inline bool mpi_running() noexcept {
   return initialized != 0 && finalized == 0;
 }
 
+/// The tag of the messages the survivors of a failure exchange on a watch's control
+/// communicator (loom/comm/mpi_recovery.hpp).
+inline constexpr int recovery_tag = 0x10f7;
+
+/// A peer of a watched communicator: its process and host, for the roll call and for fencing.
+struct mpi_peer {
+  int world_rank = 0;
+  long pid = 0;
+  std::string host;
+};
+
+/// The failure detector of a loom::mpi_comm (mpi_comm::watch_for_failures): every operation's
+/// wait has a deadline; while waiting it also looks, about every millisecond, for a peer's
+/// recovery message on a control communicator (a duplicate of the data communicator, used for
+/// nothing else) and for SIGTERM. Whatever ends a wait early throws loom::rank_failure and
+/// marks the communicator broken: its pending requests are abandoned, never waited for (their
+/// buffers must not be reused for anything else: loom::model::renew_gradients).
+class mpi_watch {
+ public:
+  using clock = std::chrono::steady_clock;
+  MPI_Comm ctl = MPI_COMM_NULL;
+  /// The membership epoch: 0 at the start, one more after each recovery.
+  std::uint64_t generation = 0;
+  bool broken = false;
+  double deadline_s = 60;
+  std::vector<mpi_peer> peers;  // by rank of the data communicator
+  std::string job_id;           // the same on every rank: names the verdict directory
+  /// The last operation that completed here, and where the trainer was then.
+  const char* last_op = "none";
+  fault_marker last_done{};
+
+  /// Waits for the n requests r (statuses into st, or MPI_STATUSES_IGNORE), at most
+  /// deadline_s. Throws rank_failure.
+  void wait(int n, MPI_Request* r, MPI_Status* st, const char* op, int rank) {
+    if (broken)
+      throw rank_failure(rank_failure::kind::peer_recovery, op, 0, -1,
+                         std::string("loom::mpi_comm::") + op + ": rank " + std::to_string(rank) +
+                             ": the communicator is broken by an earlier failure (recover first)");
+    const auto t0 = clock::now();
+    auto next_look = t0 + std::chrono::milliseconds(1);
+    for (unsigned spins = 0;; ++spins) {
+      int done = 0;
+      const int rc = MPI_Testall(n, r, &done, st);
+      if (rc != MPI_SUCCESS) fail(rank_failure::kind::mpi_error, op, rank, t0, -1, mpi_error_text(rc));
+      if (done) {
+        last_op = op;
+        last_done = detail_here();
+        return;
+      }
+      if (spins % 64 == 0) {
+        const auto now = clock::now();
+        if (now >= next_look) {
+          next_look = now + std::chrono::milliseconds(1);
+          const double waited = std::chrono::duration<double>(now - t0).count();
+          if (ctl != MPI_COMM_NULL) {
+            int flag = 0;
+            MPI_Status s;
+            MPI_Iprobe(MPI_ANY_SOURCE, recovery_tag, ctl, &flag, &s);
+            if (flag)
+              fail(rank_failure::kind::peer_recovery, op, rank, t0, s.MPI_SOURCE,
+                   "rank " + std::to_string(s.MPI_SOURCE) + " started a recovery");
+          }
+          // SIGTERM while a collective does not finish: mpirun ends the job because a peer
+          // died (it sends SIGKILL a second later). A preemption's SIGTERM finds the peers
+          // alive: their collectives finish within this grace.
+          if (preemption_signal == SIGTERM && waited > 0.1)
+            fail(rank_failure::kind::terminating, op, rank, t0, -1, "SIGTERM arrived while it waited");
+          if (waited > deadline_s)
+            fail(rank_failure::kind::deadline, op, rank, t0, -1,
+                 "not finished within its deadline of " + std::to_string(deadline_s) + " s");
+        }
+      }
+      if (spins > 256) sched_yield();  // let a rank that shares this core compute
+    }
+  }
+
+ private:
+  static fault_marker detail_here() noexcept { return fault_here; }
+  static std::string mpi_error_text(int code) {
+    char text[MPI_MAX_ERROR_STRING];
+    int length = 0;
+    if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) return "MPI error code " + std::to_string(code);
+    return std::string(text, static_cast<std::size_t>(length));
+  }
+  [[noreturn]] void fail(rank_failure::kind k, const char* op, int rank, clock::time_point t0, int peer,
+                         const std::string& why) {
+    broken = true;
+    const double waited = std::chrono::duration<double>(clock::now() - t0).count();
+    throw rank_failure(k, op, waited, peer,
+                       std::string("loom::mpi_comm::") + op + ": rank " + std::to_string(rank) + " (" +
+                           to_string(fault_here) + "): " + why + " (waited " + std::to_string(waited) +
+                           " s; last completed here: " + last_op + " at " + to_string(last_done) + ")");
+  }
+};
+
 }  // namespace detail
+
 
 namespace mpi {
 
@@ -183,7 +285,67 @@ class mpi_comm {
   }
 
   /// Returns once every rank has entered the barrier. Throws communication_error.
-  void barrier() { detail::check_mpi(MPI_Barrier(comm_), "barrier", rank_); }
+  void barrier() {
+    if (watch_) {
+      MPI_Request r;
+      detail::check_mpi(MPI_Ibarrier(comm_, &r), "barrier", rank_);
+      return watch_->wait(1, &r, MPI_STATUSES_IGNORE, "barrier", rank_);
+    }
+    detail::check_mpi(MPI_Barrier(comm_), "barrier", rank_);
+  }
+
+  /// Turns on failure detection (see detail::mpi_watch): from now on every operation waits at
+  /// most `deadline_s` (set_deadline changes it) and throws loom::rank_failure instead of
+  /// hanging when a peer is dead or stopped; loom::recover_world (loom/comm/mpi_recovery.hpp)
+  /// then rebuilds the communicator over the survivors. Collective (duplicates the
+  /// communicator for the survivors' messages, gathers every rank's host and process id, and
+  /// agrees on a job id). Copies of this communicator share the detector.
+  void watch_for_failures(double deadline_s) {
+    if (watch_) return set_deadline(deadline_s);
+    auto w = std::make_shared<detail::mpi_watch>();
+    detail::check_mpi(MPI_Comm_dup(comm_, &w->ctl), "watch_for_failures", rank_);
+    MPI_Comm_set_errhandler(w->ctl, MPI_ERRORS_RETURN);
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    struct me_t {
+      long pid;
+      int world_rank;
+      char host[256];
+    } me{static_cast<long>(::getpid()), 0, {}};
+    std::copy(host, host + sizeof host, me.host);
+    MPI_Comm_rank(MPI_COMM_WORLD, &me.world_rank);
+    std::vector<me_t> all(static_cast<std::size_t>(size_));
+    detail::check_mpi(MPI_Allgather(&me, sizeof me, MPI_BYTE, all.data(), sizeof me, MPI_BYTE, comm_),
+                      "watch_for_failures", rank_);
+    for (const auto& a : all) w->peers.push_back({a.world_rank, a.pid, std::string(a.host)});
+    unsigned long long id[2] = {static_cast<unsigned long long>(::getpid()),
+                                static_cast<unsigned long long>(std::chrono::steady_clock::now().time_since_epoch().count())};
+    detail::check_mpi(MPI_Bcast(id, 2, MPI_UNSIGNED_LONG_LONG, 0, comm_), "watch_for_failures", rank_);
+    w->job_id = std::to_string(id[0]) + "-" + std::to_string(id[1] % 1000000007ULL);
+    w->deadline_s = deadline_s;
+    watch_ = std::move(w);
+  }
+  /// The deadline of every wait from now on (failure detection on), in seconds.
+  void set_deadline(double deadline_s) noexcept {
+    if (watch_) watch_->deadline_s = deadline_s;
+  }
+  /// The failure detector, null when off.
+  detail::mpi_watch* watch() const noexcept { return watch_.get(); }
+  /// Gives this communicator the failure detector w (loom::recover_world hands the survivors'
+  /// communicator its own).
+  void attach_watch(std::shared_ptr<detail::mpi_watch> w) noexcept { watch_ = std::move(w); }
+  /// Replaces this communicator (and its detector) by `other` — the survivors' communicator
+  /// after a recovery. The old MPI communicator is left as it is, never freed: operations of
+  /// the dead may still be pending on it.
+  void replace_after_recovery(mpi_comm&& other) {
+    // Kept for the program's life (never destroyed, so never MPI_Comm_free'd).
+    static auto* abandoned = new std::vector<boost::mpi::communicator>();
+    abandoned->push_back(comm_);
+    comm_ = std::move(other.comm_);
+    rank_ = other.rank_;
+    size_ = other.size_;
+    watch_ = std::move(other.watch_);
+  }
 
   /// Prints "loom: rank R: message" (R: the rank in this communicator) to stderr and ends the
   /// whole job with exit code `code` (MPI_Abort), like loom::mpi::abort.
@@ -199,6 +361,13 @@ class mpi_comm {
   void broadcast(T* data, std::size_t count, int root) {
     check_rank("broadcast", "root", root);
     const MPI_Datatype type = detail::mpi_datatype<T>();
+    if (watch_) {
+      std::vector<MPI_Request> rs;
+      for_chunks(count, [&](std::size_t at, int n) {
+        detail::check_mpi(MPI_Ibcast(data + at, n, type, root, comm_, &rs.emplace_back()), "broadcast", rank_);
+      });
+      return complete(rs, "broadcast");
+    }
     for_chunks(count, [&](std::size_t at, int n) {
       detail::check_mpi(MPI_Bcast(data + at, n, type, root, comm_), "broadcast", rank_);
     });
@@ -209,6 +378,14 @@ class mpi_comm {
   template <detail::comm_reducible T>
   void allreduce(T* data, std::size_t count, reduce_op op) {
     const MPI_Datatype type = detail::mpi_datatype<T>();
+    if (watch_) {
+      std::vector<MPI_Request> rs;
+      for_chunks(count, [&](std::size_t at, int n) {
+        detail::check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data + at, n, type, detail::mpi_op(op), comm_, &rs.emplace_back()),
+                          "allreduce", rank_);
+      });
+      return complete(rs, "allreduce");
+    }
     for_chunks(count, [&](std::size_t at, int n) {
       detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, data + at, n, type, detail::mpi_op(op), comm_), "allreduce", rank_);
     });
@@ -219,6 +396,22 @@ class mpi_comm {
   template <detail::comm_reducible T>
   void reduce_scatter(const T* in, T* out, std::size_t count, reduce_op op) {
     const MPI_Datatype type = detail::mpi_datatype<T>();
+    if (watch_) {
+      std::vector<MPI_Request> rs;
+      if (count <= max_count_) {
+        detail::check_mpi(MPI_Ireduce_scatter_block(in, out, static_cast<int>(count), type, detail::mpi_op(op), comm_,
+                                                    &rs.emplace_back()),
+                          "reduce_scatter", rank_);
+      } else {
+        for_chunks(count, [&](std::size_t at, int n) {
+          for (int j = 0; j < size_; ++j)
+            detail::check_mpi(MPI_Ireduce(in + static_cast<std::size_t>(j) * count + at, j == rank_ ? out + at : nullptr,
+                                          n, type, detail::mpi_op(op), j, comm_, &rs.emplace_back()),
+                              "reduce_scatter", rank_);
+        });
+      }
+      return complete(rs, "reduce_scatter");
+    }
     if (count <= max_count_) {
       detail::check_mpi(MPI_Reduce_scatter_block(in, out, static_cast<int>(count), type, detail::mpi_op(op), comm_),
                         "reduce_scatter", rank_);
@@ -237,12 +430,27 @@ class mpi_comm {
   template <detail::comm_value T>
   void allgather(const T* in, T* out, std::size_t count) {
     const MPI_Datatype type = detail::mpi_datatype<T>();
+    if (watch_ && count <= max_count_) {
+      const int n = static_cast<int>(count);
+      std::vector<MPI_Request> rs(1);
+      detail::check_mpi(MPI_Iallgather(in, n, type, out, n, type, comm_, &rs[0]), "allgather", rank_);
+      return complete(rs, "allgather");
+    }
     if (count <= max_count_) {
       const int n = static_cast<int>(count);
       detail::check_mpi(MPI_Allgather(in, n, type, out, n, type, comm_), "allgather", rank_);
       return;
     }
     std::copy(in, in + count, out + static_cast<std::size_t>(rank_) * count);
+    if (watch_) {
+      std::vector<MPI_Request> rs;
+      for_chunks(count, [&](std::size_t at, int n) {
+        for (int j = 0; j < size_; ++j)
+          detail::check_mpi(MPI_Ibcast(out + static_cast<std::size_t>(j) * count + at, n, type, j, comm_, &rs.emplace_back()),
+                            "allgather", rank_);
+      });
+      return complete(rs, "allgather");
+    }
     for_chunks(count, [&](std::size_t at, int n) {
       for (int j = 0; j < size_; ++j)
         detail::check_mpi(MPI_Bcast(out + static_cast<std::size_t>(j) * count + at, n, type, j, comm_), "allgather",
@@ -256,6 +464,13 @@ class mpi_comm {
   void send(const T* data, std::size_t count, int peer, int tag) {
     check_rank("send", "peer", peer);
     const MPI_Datatype type = detail::mpi_datatype<T>();
+    if (watch_) {
+      std::vector<MPI_Request> rs;
+      for_chunks(count, [&](std::size_t at, int n) {
+        detail::check_mpi(MPI_Isend(data + at, n, type, peer, tag, comm_, &rs.emplace_back()), "send", rank_);
+      });
+      return complete(rs, "send");
+    }
     for_chunks(count, [&](std::size_t at, int n) {
       detail::check_mpi(MPI_Send(data + at, n, type, peer, tag, comm_), "send", rank_);
     });
@@ -269,7 +484,13 @@ class mpi_comm {
     const MPI_Datatype type = detail::mpi_datatype<T>();
     for_chunks(count, [&](std::size_t at, int n) {
       MPI_Status status;
-      detail::check_mpi(MPI_Recv(data + at, n, type, peer, tag, comm_, &status), "recv", rank_);
+      if (watch_) {
+        MPI_Request r;
+        detail::check_mpi(MPI_Irecv(data + at, n, type, peer, tag, comm_, &r), "recv", rank_);
+        watch_->wait(1, &r, &status, "recv", rank_);
+      } else {
+        detail::check_mpi(MPI_Recv(data + at, n, type, peer, tag, comm_, &status), "recv", rank_);
+      }
       int got = 0;
       MPI_Get_count(&status, type, &got);
       if (got != n) detail::throw_mpi("recv", rank_, count_mismatch(n, got, peer, tag));
@@ -290,6 +511,11 @@ class mpi_comm {
   [[nodiscard]] request irecv(T* data, std::size_t count, int peer, int tag);
 
  private:
+  /// Waits for rs through the failure detector (watch_ is set).
+  void complete(std::vector<MPI_Request>& rs, const char* op) {
+    watch_->wait(static_cast<int>(rs.size()), rs.data(), MPI_STATUSES_IGNORE, op, rank_);
+  }
+
   /// Calls f(offset, n) for consecutive chunks of at most max_count_ elements; once for 0.
   template <class F>
   void for_chunks(std::size_t count, F&& f) const {
@@ -316,6 +542,7 @@ class mpi_comm {
   int rank_ = 0;
   int size_ = 1;
   std::size_t max_count_ = static_cast<std::size_t>(INT_MAX);
+  std::shared_ptr<detail::mpi_watch> watch_;  // failure detection; null: off
 };
 
 /// A pending mpi_comm operation: one MPI request per chunk. Movable; wait() blocks until it
@@ -338,8 +565,10 @@ class mpi_comm::request {
   request& operator=(const request&) = delete;
   ~request() { finish(); }
 
-  /// Blocks until the operation has completed. Throws communication_error.
+  /// Blocks until the operation has completed. Throws communication_error (loom::rank_failure
+  /// under failure detection).
   void wait() {
+    if (watch_ && next_ < parts_.size()) return watched_wait();
     std::string error;
     for (; next_ < parts_.size(); ++next_) {
       MPI_Status status;
@@ -398,10 +627,38 @@ class mpi_comm::request {
     rank_ = other.rank_;
     peer_ = other.peer_;
     tag_ = other.tag_;
+    watch_ = std::move(other.watch_);
+    generation_ = other.generation_;
+  }
+
+  /// Under failure detection, waits through the detector; a request of a communicator that a
+  /// failure broke (or that a recovery replaced) is abandoned: it may never complete.
+  void watched_wait() {
+    std::vector<MPI_Request> rest;
+    for (std::size_t i = next_; i < parts_.size(); ++i) rest.push_back(parts_[i].handle);
+    std::vector<MPI_Status> st(rest.size());
+    try {
+      watch_->wait(static_cast<int>(rest.size()), rest.data(), st.data(), op_, rank_);
+    } catch (...) {
+      abandon();
+      throw;
+    }
+    std::string error;
+    for (std::size_t i = next_; i < parts_.size(); ++i)
+      if (error.empty()) error = check(st[i - next_], parts_[i]);
+    parts_.clear();
+    next_ = 0;
+    if (!error.empty()) detail::throw_mpi(op_, rank_, error);
+  }
+  /// Forgets the pending parts (their MPI requests stay pending inside MPI, never freed).
+  void abandon() noexcept {
+    parts_.clear();
+    next_ = 0;
   }
 
   void finish() noexcept {
     if (next_ >= parts_.size()) return;
+    if (watch_ && (watch_->broken || watch_->generation != generation_)) return abandon();
     try {
       wait();
     } catch (const std::exception& e) {
@@ -414,6 +671,8 @@ class mpi_comm::request {
   MPI_Datatype type_ = MPI_DATATYPE_NULL;
   const char* op_ = "";
   int rank_ = 0, peer_ = -1, tag_ = -1;
+  std::shared_ptr<detail::mpi_watch> watch_;  // the communicator's failure detector, if on
+  std::uint64_t generation_ = 0;
 };
 
 template <detail::comm_reducible T>
@@ -421,6 +680,8 @@ mpi_comm::request mpi_comm::iallreduce(T* data, std::size_t count, reduce_op op)
   request r;
   r.op_ = "iallreduce";
   r.rank_ = rank_;
+  r.watch_ = watch_;
+  r.generation_ = watch_ ? watch_->generation : 0;
   r.type_ = detail::mpi_datatype<T>();
   for_chunks(count, [&](std::size_t at, int n) {
     request::part p;
@@ -437,6 +698,8 @@ mpi_comm::request mpi_comm::isend(const T* data, std::size_t count, int peer, in
   request r;
   r.op_ = "isend";
   r.rank_ = rank_;
+  r.watch_ = watch_;
+  r.generation_ = watch_ ? watch_->generation : 0;
   r.peer_ = peer;
   r.tag_ = tag;
   r.type_ = detail::mpi_datatype<T>();
@@ -454,6 +717,8 @@ mpi_comm::request mpi_comm::irecv(T* data, std::size_t count, int peer, int tag)
   request r;
   r.op_ = "irecv";
   r.rank_ = rank_;
+  r.watch_ = watch_;
+  r.generation_ = watch_ ? watch_->generation : 0;
   r.peer_ = peer;
   r.tag_ = tag;
   r.type_ = detail::mpi_datatype<T>();
@@ -469,3 +734,5 @@ mpi_comm::request mpi_comm::irecv(T* data, std::size_t count, int peer, int tag)
 static_assert(communicator<mpi_comm>);
 
 }  // namespace loom
+
+#include "loom/comm/mpi_recovery.hpp"

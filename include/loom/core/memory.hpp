@@ -66,6 +66,13 @@ class buffer {
   T* data() noexcept { return data_; }
   const T* data() const noexcept { return data_; }
   std::size_t size() const noexcept { return size_; }
+  /// Lets go of the memory without freeing it (the buffer becomes empty): for memory that an
+  /// abandoned communication may still write (a recovery from a failed rank), which must
+  /// never be handed out again.
+  void abandon() noexcept {
+    data_ = nullptr;
+    size_ = 0;
+  }
   T& operator[](std::size_t i) noexcept { return data_[i]; }
   const T& operator[](std::size_t i) const noexcept { return data_[i]; }
   T* begin() noexcept { return data_; }

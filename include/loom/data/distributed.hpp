@@ -138,6 +138,17 @@ class distributed_loader {
   /// loom::chunk_plan). 0 restores the even split. Takes effect at the next next().
   void set_rank_block(std::size_t block) noexcept { block_ = block; }
 
+  /// Makes this the loader of rank `rank` of `world` from the next next() on, at the same
+  /// place in the epoch (after a recovery from a failed rank the survivors share every global
+  /// batch anew). Throws loom::invalid_argument as the constructor does.
+  void reshard(int rank, int world) {
+    if (world < 1 || rank < 0 || rank >= world)
+      throw invalid_argument("loom: distributed_loader::reshard: expected a rank in 0.." + std::to_string(world - 1) +
+                             " for a world of " + std::to_string(world) + ", found rank " + std::to_string(rank));
+    rank_ = rank;
+    world_ = world;
+  }
+
   /// This rank and the number of ranks.
   int rank() const noexcept { return rank_; }
   int world() const noexcept { return world_; }

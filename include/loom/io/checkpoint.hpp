@@ -768,6 +768,18 @@ class checkpointer {
     last_committed_ = st->committed;
   }
 
+  /// Gives up the checkpoint in progress without a collective (a peer failed: the others'
+  /// files may never come): this rank's writer finishes its files, rank 0 does not commit and
+  /// removes the partial directory. Not collective. Returns the step given up, or -1.
+  long long abandon() {
+    map_.reset();  // the world changes
+    if (!state_) return -1;
+    state_->abort.store(true);
+    if (thread_.joinable()) thread_.join();
+    state_.reset();
+    return static_cast<long long>(pending_step_);
+  }
+
   /// Whether a checkpoint is being written.
   bool busy() const noexcept { return static_cast<bool>(state_); }
   /// The path of the last checkpoint this rank saw committed (rank 0; empty elsewhere).

@@ -93,6 +93,13 @@ class model {
     return {grads_.data() + Network::parameter_offsets[I], Network::parameter_counts[I]};
   }
 
+  /// Replaces the gradient buffer by a new, zeroed one, abandoning the old without freeing it:
+  /// after a recovery, operations of the failed communicator may still write into it.
+  void renew_gradients() {
+    grads_.abandon();
+    grads_ = buffer<T, space>(parameter_count);
+  }
+
   /// The L2 norm of all parameters, summed in double.
   double parameters_l2() const {
     return std::sqrt(Backend::sum(parameter_count, detail::squared_term<T>{params_.data()}));

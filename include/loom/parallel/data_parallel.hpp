@@ -18,6 +18,7 @@
 #include "loom/comm/communicator.hpp"
 #include "loom/core/error.hpp"
 #include "loom/parallel/bucket_plan.hpp"
+#include "loom/parallel/fault.hpp"
 #include "loom/monitor/figures.hpp"
 #include "loom/monitor/timeline.hpp"
 #include "loom/parallel/shard_map.hpp"
@@ -186,6 +187,7 @@ class gradient_allreduce {
   /// grads holds the sum over ranks. Every rank issues the same collectives in the same order.
   void finish(T* grads) {
     monitor::timed exposed(figures_, &rank_figures::comm_exposed_s);
+    detail::set_phase(fault_phase::gradient_allreduce, static_cast<std::int32_t>(plan::count) - 1);
     if (plan::count > 0 && started_ + 1 < plan::count) start(plan::count - 2, grads);  // a rank without samples ran no backward
     if (started_ < plan::count) {
       const auto& last = plan::buckets[plan::count - 1];
@@ -197,6 +199,13 @@ class gradient_allreduce {
     for (auto& r : requests_) r.wait();
     exposed.stop();
     if (started_ > 0) figures_.comm_s += monitor::seconds_between(first_start_, clock::now());
+    requests_.clear();
+    started_ = 0;
+  }
+
+  /// After a recovery replaced the communicator: forgets the buckets in flight on the old one
+  /// (abandoned: never waited for).
+  void after_recovery() {
     requests_.clear();
     started_ = 0;
   }
@@ -224,6 +233,7 @@ class gradient_allreduce {
     while (started_ <= b) {
       const auto& bk = plan::buckets[started_];
       if (started_ == 0) first_start_ = clock::now();
+      detail::fault_here.bucket = static_cast<std::int32_t>(started_);
       requests_.push_back(comm_.iallreduce(grads + bk.offset, bk.count, reduce_op::sum));
       account(bk);
       ++started_;

@@ -105,6 +105,21 @@ class replica_passes {
 
   void check_same_job(const std::string& description) { sync_.check_same_job(description); }
 
+  /// Whether this engine's communication can continue on the survivors of a failed rank
+  /// (data parallelism; see loom::trainer's recovery).
+  static constexpr bool recoverable = detail::replica_comm_sync<Sync>;
+  /// After a recovery replaced the communicator (world_comm()): forgets the operations in
+  /// flight on the old one, and moves the gradients and the exchange's buffer to fresh memory,
+  /// since those operations may still write into the old.
+  void after_recovery()
+    requires recoverable
+  {
+    sync_.after_recovery();
+    model_.renew_gradients();
+    tree_scratch_.abandon();
+    had_samples_ = false;
+  }
+
   std::size_t prepare_fit(std::size_t batch, std::size_t deterministic_chunk) {
     chunks_.reset();
     if (deterministic_chunk == 0) return 0;

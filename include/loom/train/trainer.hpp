@@ -9,12 +9,17 @@
 // batches are filled on the host in the backend's staging memory (pinned) and copied over
 // asynchronously.
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <csignal>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <array>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -42,6 +47,7 @@
 #include "loom/parallel/collectives.hpp"
 #include "loom/parallel/data_parallel.hpp"
 #include "loom/parallel/engine.hpp"
+#include "loom/parallel/fault.hpp"
 #include "loom/parallel/hybrid.hpp"
 #include "loom/parallel/pipeline_engine.hpp"
 #include "loom/parallel/replica_engine.hpp"
@@ -118,9 +124,11 @@ struct engine_for<Network, Loss, Optimizer, hybrid<data_parallel<Comm, DO...>, p
   static type make(Comm c, const engine_setup<typename Optimizer::options>& s) { return type(std::move(c), s); }
 };
 
-/// The signal that asked fit to stop (SIGUSR1 or SIGTERM while checkpoint_options::on_signal),
-/// 0 when none did. Set by the handler fit installs for its duration.
-inline volatile std::sig_atomic_t preemption_signal = 0;
+inline std::string fmt_seconds(double s) {
+  char t[32];
+  std::snprintf(t, sizeof t, "%.3f s", s);
+  return t;
+}
 extern "C" inline void loom_preemption_handler(int sig) { preemption_signal = sig; }
 
 /// SIGUSR1 and SIGTERM set preemption_signal while this lives; the previous handlers come back
@@ -251,6 +259,9 @@ struct fit_options {
   /// (loom/io/checkpoint.hpp, docs/checkpoints.md); none by default. Every rank must ask alike
   /// (checked).
   checkpoint_options checkpoint{};
+  /// Failure detection and recovery from a dead or hung rank (data_parallel over
+  /// loom::mpi_comm; docs/fault-tolerance.md). Every rank must ask alike (checked).
+  fault_options fault{};
 };
 
 /// What fit() measured.
@@ -276,6 +287,9 @@ struct fit_result {
   int signal = 0;
   /// The last checkpoint this fit committed (empty: none).
   std::string checkpoint;
+  /// Recoveries from a failed or hung rank during this fit (each reported on stderr); `ranks`
+  /// is the world after them.
+  int recoveries = 0;
 };
 
 /// What evaluate() measured.
@@ -344,6 +358,7 @@ class trainer {
     detail::check_dataset_for<Network, Dataset>();
     check(opts, data.size());
     const checkpoint_options& co = opts.checkpoint;
+    const fault_options& fo = opts.fault;
     engine_.check_same_job("fit: epochs=" + std::to_string(opts.epochs) + ";batch=" + std::to_string(opts.batch) +
                            ";accumulation=" + std::to_string(opts.accumulation) + ";max_steps=" +
                            std::to_string(opts.max_steps) + ";samples=" + std::to_string(data.size()) +
@@ -352,18 +367,35 @@ class trainer {
                            ";trace=" + (opts.trace.empty() ? "off" : "on") + ";live_every_s=" + std::to_string(opts.live_every_s) +
                            ";checkpoint=" + co.directory +
                            ";checkpoint_every=" + std::to_string(co.every_steps) + "," + std::to_string(co.every_s) +
-                           ";resume=" + (co.resume ? "yes" : "no") + ";on_signal=" + (co.on_signal ? "yes" : "no"));
+                           ";resume=" + (co.resume ? "yes" : "no") + ";on_signal=" + (co.on_signal ? "yes" : "no") +
+                           ";fault=" + std::to_string(static_cast<int>(fo.recovery)) + "," + (fo.detect ? "detect" : "no") +
+                           "," + std::to_string(fo.deadline_s));
     const bool checkpoints = !co.directory.empty();
     const std::unique_ptr<collectives> coll = make_collectives();
     fit_result r;
-    r.ranks = engine_.world();
-    if (checkpoints && (co.resume || detail::restarted_by_launcher())) load_checkpoint(*coll, co.directory, /*none_ok=*/true, opts.progress, &opts, data.size());
+    const bool resume = checkpoints && (co.resume || detail::restarted_by_launcher());
+    if (resume) load_checkpoint(*coll, co.directory, /*none_ok=*/true, opts.progress, &opts, data.size());
+    // Failure detection (deadlines on every collective), and recovery where the runtime keeps
+    // the survivors alive: data parallelism over a communicator that offers it (loom::mpi_comm).
+    watching_ = false;
+    if constexpr (can_watch) {
+      if (fo.detect && engine_.world() > 1) {
+        engine_.world_comm().watch_for_failures(fo.deadline_s > 0 ? fo.deadline_s : fo.startup_deadline_s);
+        watching_ = true;
+      }
+    }
+    const bool recovering = watching_ && (fo.recovery == recovery_mode::on ||
+                                          (fo.recovery == recovery_mode::automatic && runtime_keeps_survivors()));
+    // Under failure detection every rank keeps the whole batch's loss sums, step by step, so that
+    // a survivor's position (and an emergency checkpoint) has them without a collective.
+    global_sums_ = !per_epoch_sums || watching_;
     // Where this fit starts: where a loaded checkpoint stopped, or at the beginning.
     const position start_at = std::exchange(resume_, position{});
     cur_ = start_at;
     last_fit_ = {opts.batch, opts.accumulation, opts.epochs, opts.max_steps, opts.deterministic_chunk,
                  opts.clip_grad_norm, data.size()};
     r.resumed_from_step = start_at.valid ? step_ : 0;
+    const std::size_t first_step = step_;
     // Every rank leaves that collective at about the same time: the timeline's common zero.
     std::optional<monitor::timeline> timeline;
     if (!opts.trace.empty()) timeline.emplace().set_zero(monitor::clock::now());
@@ -383,16 +415,23 @@ class trainer {
     auto last_checkpoint_time = monitor::clock::now();
     std::size_t saved_step = start_at.valid ? step_ : static_cast<std::size_t>(-1);
     monitor::live_view live(opts.live_every_s, fig, engine_.rank() == 0 ? opts.progress : nullptr, opts.progress_style);
+    step_clock steps_timed(fo);
     const auto start = monitor::clock::now();
     bool stop = false;
+    // The report of the last recovery, printed once the first step after it is good.
+    std::string recovery_report;
+    monitor::clock::time_point failure_seen{};
+
+    auto run = [&](const position& start_at) {
     for (std::size_t epoch = start_at.valid ? start_at.epoch : 0; epoch < opts.epochs && !stop; ++epoch) {
       loader.start_epoch(epoch);
       const bool resumed_epoch = start_at.valid && epoch == start_at.epoch;
       if (resumed_epoch) loader.skip(start_at.batch);
       const std::size_t batches = loader.batches_per_epoch();
       // Loss sum, correct and samples of this rank's replica, summed over the replicas at the
-      // end of the epoch — or after every step where rank 0 holds no loss (a pipeline's first
-      // stage), so that its progress shows the whole batch's.
+      // end of the epoch — or after every step (global_sums_) where rank 0 holds no loss (a
+      // pipeline's first stage), so that its progress shows the whole batch's, or under failure
+      // detection.
       double sums[3] = {0, 0, 0};
       if (resumed_epoch) restore_sums(start_at, sums);
       std::size_t steps = 0, global_samples = 0;
@@ -403,29 +442,52 @@ class trainer {
         }
         const std::size_t group = std::min(opts.accumulation, batches - k);
         const auto step_start = monitor::clock::now();
+        detail::fault_here.step = step_;
         if (timeline) timeline->set_step(static_cast<std::uint32_t>(step_));
         double step_sums[3] = {0, 0, 0};
+        std::size_t step_global = 0;
         for (std::size_t m = 0; m < group; ++m, ++k) {
           batch_view<value_type> b;
           {
+            detail::set_phase(fault_phase::data);
             monitor::timed data_time(fig, &rank_figures::data_s);
             b = next_batch(loader);
           }
+          detail::set_phase(fault_phase::forward_backward);
           const loss_value v = engine_.micro_step(b, m, group, options_.seed, step_ * 1000003 + m);
           step_sums[0] += v.sum;
           step_sums[1] += static_cast<double>(v.correct);
           step_sums[2] += static_cast<double>(b.n);
           fig.samples += static_cast<double>(b.n);
-          global_samples += b.global_n;
+          step_global += b.global_n;
         }
+        // Under failure detection the sums come before the optimizer step, so that a rank's
+        // state after its step (parameters, step count, position, sums) has no collective inside.
+        detail::set_phase(fault_phase::loss_sums);
+        if (per_epoch_sums && global_sums_) engine_.sum(step_sums, 3);
+        detail::set_phase(fault_phase::optimizer);
         const float lr = opts.schedule(step_, opt_.lr);
         engine_.optimizer_step(lr, opts.clip_grad_norm);
         ++step_;
         ++steps;
+        global_samples += step_global;
         last_lr_ = lr;
+        detail::set_phase(fault_phase::bookkeeping);
         if constexpr (!per_epoch_sums) engine_.sum(step_sums, 3);
-        monitor::record_span(monitor::step_span, step_start, monitor::clock::now());
         for (int i = 0; i < 3; ++i) sums[i] += step_sums[i];
+        cur_ = {.valid = true, .epoch = epoch, .batch = k, .batches = batches, .sums = {sums[0], sums[1], sums[2]}};
+        const auto step_end = monitor::clock::now();
+        monitor::record_span(monitor::step_span, step_start, step_end);
+        if (watching_) {
+          if constexpr (can_watch) engine_.world_comm().set_deadline(steps_timed.add(monitor::seconds_between(step_start, step_end)));
+          if (!recovery_report.empty()) {
+            if (engine_.rank() == 0)
+              std::fprintf(stderr, "%s; first good step (%zu) done %.3f s after the failure was seen\n", recovery_report.c_str(),
+                           step_, monitor::seconds_between(failure_seen, step_end));
+            std::fflush(stderr);
+            recovery_report.clear();
+          }
+        }
         point = {.step = step_, .epoch = epoch + 1, .loss = sums[2] ? sums[0] / sums[2] : 0,
                  .accuracy = sums[2] ? sums[1] / sums[2] : 0, .lr = lr,
                  .elapsed_s = monitor::seconds_between(start, monitor::clock::now())};
@@ -433,9 +495,9 @@ class trainer {
         progress.update(epoch + 1, opts.epochs, k, batches, point.loss, point.accuracy, point.samples_per_s);
         metrics.tick(fig, point);
         live.step(epoch, [&] { return engine_.gather_figures(); });
-        cur_ = {.valid = true, .epoch = epoch, .batch = k, .batches = batches, .sums = {sums[0], sums[1], sums[2]}};
         if (checkpoints) {
           // The step boundary: a checkpoint when due, and a stop when a signal asked for one.
+          detail::set_phase(fault_phase::checkpoint);
           bool due = co.every_steps && step_ % co.every_steps == 0;
           std::uint64_t flags[2] = {static_cast<std::uint64_t>(detail::preemption_signal), 0};
           if (co.every_s > 0 && engine_.rank() == 0)
@@ -456,13 +518,13 @@ class trainer {
         }
       }
       if (steps == 0) break;
-      if constexpr (per_epoch_sums) engine_.sum(sums, 3);
+      if (per_epoch_sums && !global_sums_) engine_.sum(sums, 3);
       r.epochs = epoch + 1;
       r.samples += static_cast<std::size_t>(sums[2]);
-      r.steps += steps;
       r.train_loss = sums[2] ? sums[0] / sums[2] : 0;
       r.train_accuracy = sums[2] ? sums[1] / sums[2] : 0;
     }
+    detail::set_phase(fault_phase::end_of_fit);
     if (checkpoints) {
       if (co.at_end && saved_step != step_) {
         // The run's end: the next epoch's start (or where max_steps stopped it, mid-epoch).
@@ -478,8 +540,39 @@ class trainer {
     live.finish();
     metrics.tick(fig, point, /*force=*/true);
     r.figures = engine_.gather_figures();
+    };
+
+    position from = start_at;
+    for (int recoveries = 0;; ++recoveries) {
+      try {
+        run(from);
+        break;
+      } catch (const rank_failure& f) {
+        failed_at_ = detail::fault_here;
+        failure_seen = monitor::clock::now() - std::chrono::duration_cast<monitor::clock::duration>(
+                                                   std::chrono::duration<double>(f.waited_s()));
+        if (!recovering) {
+          emergency_checkpoint(opts);
+          throw;
+        }
+        from = survive(f, opts, recoveries + 1, recovery_report);
+        saved_step = static_cast<std::size_t>(-1);  // a checkpoint in flight was given up
+        loader.reshard(engine_.replica(), engine_.replicas());
+        loader.set_rank_block(engine_.prepare_fit(opts.batch, opts.deterministic_chunk));
+        steps_timed.restart();
+        if constexpr (can_watch) engine_.world_comm().set_deadline(steps_timed.deadline());
+        r.recoveries = recoveries + 1;
+      }
+    }
+    r.steps = step_ - first_step;
+    r.ranks = engine_.world();
     metrics.end_of_fit(r.figures);
     if (timeline) write_trace(opts.trace, *timeline);
+    if (watching_ && engine_.rank() == 0 && r.recoveries > 0) {
+      std::error_code ec;  // the verdicts of this job are history now
+      if constexpr (can_watch)
+        std::filesystem::remove_all(verdict_directory(fo, co.directory) / ("job-" + engine_.world_comm().watch()->job_id), ec);
+    }
     return r;
   }
 
@@ -701,7 +794,7 @@ class trainer {
     io::trainer_record r;
     position p = cur_;
     if (p.valid && p.batch >= p.batches) p = {.valid = true, .epoch = p.epoch + 1};  // an epoch just ended
-    if constexpr (per_epoch_sums) engine_.sum(p.sums, 3);
+    if (per_epoch_sums && !global_sums_) engine_.sum(p.sums, 3);
     r.step = step_;
     r.epoch = p.epoch;
     r.batch_in_epoch = p.batch;
@@ -741,7 +834,7 @@ class trainer {
   }
   /// The sums of a resumed epoch: the whole epoch's on the ranks that count them once.
   void restore_sums(const position& p, double* sums) const {
-    const bool counts = !per_epoch_sums || engine_.replica() == 0;
+    const bool counts = global_sums_ || engine_.replica() == 0;
     for (int i = 0; i < 3; ++i) sums[i] = counts ? p.sums[i] : 0;
   }
   /// Reads a checkpoint (see load) and applies it; with fit's options, first checks that the
@@ -858,6 +951,161 @@ class trainer {
     return b;
   }
 
+  /// The deadline of the collectives under failure detection: fault_options::deadline_s, or
+  /// deadline_steps times the median of the last 16 step times (at least min_deadline_s), and
+  /// startup_deadline_s until 4 steps are measured.
+  class step_clock {
+   public:
+    explicit step_clock(const fault_options& f) : f_(f) {}
+    /// Adds a step's time; returns the deadline now.
+    double add(double s) {
+      times_[n_++ % times_.size()] = s;
+      return deadline();
+    }
+    double deadline() const {
+      if (f_.deadline_s > 0) return f_.deadline_s;
+      const std::size_t k = std::min(n_, times_.size());
+      if (k < 4) return f_.startup_deadline_s;
+      std::array<double, 16> t = times_;
+      std::nth_element(t.begin(), t.begin() + k / 2, t.begin() + k);
+      return std::max(f_.min_deadline_s, f_.deadline_steps * t[k / 2]);
+    }
+    void restart() { n_ = 0; }
+
+   private:
+    const fault_options& f_;
+    std::array<double, 16> times_{};
+    std::size_t n_ = 0;
+  };
+
+  /// Whether this trainer's engine and communicator can detect failures and recover.
+  static constexpr bool can_watch = [] {
+    if constexpr (requires { engine_type::recoverable; }) {
+      if constexpr (engine_type::recoverable)
+        return requires(engine_type& e, const recovery_request& q) {
+          e.world_comm().watch_for_failures(1.0);
+          recover_world(e.world_comm(), q);
+        };
+      else
+        return false;
+    } else {
+      return false;
+    }
+  }();
+
+  /// After a rank_failure under recovery: the survivors agree on who goes on and rebuild the
+  /// communicator (loom::recover_world), take the state of the survivor that finished the most
+  /// steps, and continue from its position with the same global batch shared by fewer ranks.
+  /// A rank left out leaves the process (status 0: the job goes on without it). Returns the
+  /// position to continue from; sets `report` to the line printed after the first good step.
+  position survive(const rank_failure& f, const fit_options& opts, int number, std::string& report) {
+    if constexpr (!can_watch) {
+      throw f;
+    } else {
+      detail::set_phase(fault_phase::recovery);
+      const auto t0 = monitor::clock::now();
+      auto& comm = engine_.world_comm();
+      // The survivors wait in collectives, or compute for at most a step: they answer within
+      // half a deadline (at least 0.2 s).
+      const double window = std::max(0.2, comm.watch()->deadline_s / 2);
+      if (ckpt_) ckpt_->abandon();
+      const recovery_request q{.committed_step = step_, .window_s = window,
+                               .verdict_dir = verdict_directory(opts.fault, opts.checkpoint.directory),
+                               .rebuild_timeout_s = std::max(30.0, 4 * window)};
+      const int old_rank = comm.rank();
+      const recovery_result res = recover_world(comm, q);
+      auto who = [&](const recovery_roll_entry& e) {
+        return "rank " + std::to_string(e.rank) + " (world rank " + std::to_string(e.world_rank) + ", pid " +
+               std::to_string(e.pid) + " on " + e.host + ")";
+      };
+      std::string roll;
+      for (const auto& e : res.roll_call) {
+        roll += "\n  " + who(e) + ": ";
+        if (e.answered)
+          roll += "finished " + std::to_string(e.committed_step) + " steps; last completed " + e.last_op + " at " +
+                  to_string(e.last_done) + "; now at " + to_string(e.now);
+        else
+          roll += "did not answer within " + detail::fmt_seconds(window) + ": the rank the others wait for";
+      }
+      if (res.excluded) {
+        std::fprintf(stderr,
+                     "loom: recovery %d: rank %d was left out by the verdict %s (the others did not hear from it in "
+                     "time): this process leaves the job, which goes on without it. Roll call:%s\n",
+                     number, old_rank, res.verdict.c_str(), roll.c_str());
+        std::fflush(stderr);
+        std::_Exit(0);
+      }
+      engine_.after_recovery();
+      // The state of the survivor that finished the most steps (the first such): a rank whose
+      // last allreduce finished holds a step the others had not taken yet.
+      std::uint64_t most[2] = {step_, 0};
+      comm.allreduce(most, 1, reduce_op::max);
+      most[1] = step_ == most[0] ? static_cast<std::uint64_t>(comm.size() - comm.rank()) : 0;
+      comm.allreduce(most + 1, 1, reduce_op::max);
+      const int root = comm.size() - static_cast<int>(most[1]);
+      const std::uint64_t behind = step_;
+      double head[10] = {static_cast<double>(step_), static_cast<double>(engine_.optimizer().steps()),
+                         static_cast<double>(cur_.valid), static_cast<double>(cur_.epoch),
+                         static_cast<double>(cur_.batch), static_cast<double>(cur_.batches),
+                         cur_.sums[0], cur_.sums[1], cur_.sums[2], static_cast<double>(last_lr_)};
+      comm.broadcast(head, 10, root);
+      comm.broadcast(engine_.local_parameters(), engine_.local_count(), root);
+      auto bufs = engine_.optimizer().buffers();
+      comm.broadcast(bufs.data(), bufs.size(), root);
+      step_ = static_cast<std::size_t>(head[0]);
+      engine_.optimizer().set_steps(static_cast<std::size_t>(head[1]));
+      cur_ = {.valid = head[2] != 0, .epoch = static_cast<std::size_t>(head[3]), .batch = static_cast<std::size_t>(head[4]),
+              .batches = static_cast<std::size_t>(head[5]), .sums = {head[6], head[7], head[8]}};
+      last_lr_ = static_cast<float>(head[9]);
+      position p = cur_;
+      if (p.valid && p.batch >= p.batches) p = {.valid = true, .epoch = p.epoch + 1};  // an epoch had just ended
+      std::string lost;
+      for (const int l : res.lost) lost += (lost.empty() ? "" : ", ") + who(res.roll_call[static_cast<std::size_t>(l)]);
+      char text[512];
+      std::snprintf(text, sizeof text,
+                    "loom: recovery %d at step %zu: %s; %d ranks go on (were %d); %s %s after %.3f s waiting (%s); "
+                    "agreement %.3f s, rebuild %.3f s, state from rank %d (%zu steps; this rank had %zu) %.3f s",
+                    number, step_, lost.empty() ? "no rank lost (all answered: a deadline expired on a slow peer)" : ("lost " + lost).c_str(),
+                    res.new_size, res.old_size, f.operation().c_str(),
+                    f.why() == rank_failure::kind::deadline ? "timed out" : f.why() == rank_failure::kind::peer_recovery ? "was interrupted by a peer's recovery" : "failed",
+                    f.waited_s(), to_string(failed_at_).c_str(), res.agree_s, res.rebuild_s, root,
+                    step_, static_cast<std::size_t>(behind),
+                    monitor::seconds_between(t0, monitor::clock::now()) - res.agree_s - res.rebuild_s);
+      report = text + (res.fenced.empty() ? std::string() : "; fenced (killed) the left-out process on this host") +
+               ". Roll call:" + roll;
+      return p;
+    }
+  }
+
+  /// When no recovery is possible: a survivor holding a whole replica writes the state after
+  /// the last step it finished as a checkpoint on its own (the first to claim the step does),
+  /// so that plain mpirun loses no step. Never throws; says on stderr what it did.
+  void emergency_checkpoint(const fit_options& opts) noexcept {
+    const checkpoint_options& co = opts.checkpoint;
+    if (co.directory.empty() || !co.on_signal || !opts.fault.emergency_checkpoint || !global_sums_) return;
+    if constexpr (can_watch) {
+      try {
+        if (ckpt_) ckpt_->abandon();
+        const std::filesystem::path dir = co.directory;
+        const std::string name = "step-" + std::to_string(step_);
+        std::error_code ec;
+        if (std::filesystem::exists(dir / name / "checkpoint.json", ec)) return;  // committed already
+        const std::filesystem::path claim = dir / (".emergency-" + name);
+        std::filesystem::create_directories(dir, ec);
+        if (::mkdir(claim.c_str(), 0755) != 0) return;  // another survivor writes it
+        solo_collectives solo;
+        io::checkpointer writer;
+        writer.start(solo, dir, tensors(), snapshot(), record_now(), buffer_names(), /*async=*/false, co.keep, 10);
+        std::filesystem::remove(claim, ec);
+        std::fprintf(stderr, "loom: rank %d: emergency checkpoint of step %zu committed: %s\n", rank(), step_,
+                     (dir / name).c_str());
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "loom: rank %d: the emergency checkpoint of step %zu failed: %s\n", rank(), step_, e.what());
+      }
+      std::fflush(stderr);
+    }
+  }
+
   trainer_options options_;
   optimizer_options opt_;
   int init_threads_;
@@ -870,6 +1118,9 @@ class trainer {
   float last_lr_ = 0;
   position resume_{}, cur_{};
   fit_record last_fit_{};
+  bool watching_ = false;     // failure detection is on in this fit
+  fault_marker failed_at_{};  // where the last rank_failure found this rank
+  bool global_sums_ = false;  // the loss sums are the whole batch's on every rank, step by step
   buffer<value_type, staging_space> snapshot_stage_;  // checkpoints' host copy; empty unless staged
   std::unique_ptr<io::checkpointer> ckpt_;
 };

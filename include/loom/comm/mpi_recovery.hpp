@@ -1,0 +1,292 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// loom::recover_world: after a loom::rank_failure, the survivors of a watched loom::mpi_comm
+// agree on who goes on and rebuild the communicator over them, on plain Open MPI (no ULFM):
+// under `mpirun --enable-recovery` the runtime keeps them alive, a collective that involves a
+// dead rank just never finishes, and MPI_Comm_create_group — collective over the new group
+// only — builds a working communicator of the survivors. The protocol, and why the world
+// cannot split in two (docs/fault-tolerance.md):
+//
+// 1. Roll call. Every survivor sends its state (the steps it finished, its last completed
+//    operation, where it is now) to every rank on the control communicator, and listens for
+//    the others' for `window_s`. A rank waiting in a collective sees the first such message
+//    within a millisecond and joins; one that computes joins at its next collective.
+// 2. Verdict. The ranks heard from are this rank's proposal. The first proposal to be linked
+//    (link(2): atomic, fails if the name exists — also on NFS) as `epoch-<e>` in the shared
+//    verdict directory is the verdict for everyone; every survivor reads it. One file per
+//    epoch, so there is exactly one membership per epoch, however the network is partitioned:
+//    a rank the verdict leaves out leaves the job (and a survivor on its host kills it, so
+//    that a stopped process cannot come back into a communicator it is no longer part of).
+// 3. Rebuild. The members create the communicator of the verdict's group with
+//    MPI_Comm_create_group and a new control communicator; the old ones are abandoned, never
+//    freed (operations of the dead are pending on them). A member that died after the verdict
+//    makes the next collective fail, and the next epoch's recovery leaves it out; one that dies
+//    inside MPI_Comm_create_group (milliseconds) blocks it, so a watchdog ends the process
+//    after rebuild_timeout_s with status 75 and the launcher restarts the job from its
+//    checkpoint.
+//
+// The state (which step every survivor continues from) is the trainer's business: see
+// loom::trainer's recovery.
+
+#include <fcntl.h>
+#include <mpi.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "loom/comm/mpi.hpp"
+#include "loom/parallel/fault.hpp"
+
+namespace loom {
+
+namespace detail {
+
+/// A survivor's message in the roll call (sent as bytes between processes of one program).
+struct roll_message {
+  std::uint64_t generation = 0;
+  std::uint64_t committed_step = 0;
+  std::uint64_t last_step = 0, now_step = 0;
+  std::int32_t last_bucket = -1, now_bucket = -1;
+  std::uint8_t last_phase = 0, now_phase = 0;
+  char last_op[30] = {};
+};
+
+inline std::string read_small_file(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+/// Links `text` as `final` unless something already is there; returns what is there now.
+/// Throws communication_error when the directory cannot be written.
+inline std::string link_verdict(const std::filesystem::path& dir, const std::filesystem::path& final, const std::string& text,
+                                int rank) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  const std::filesystem::path tmp = dir / (final.filename().string() + ".rank-" + std::to_string(rank) + ".tmp");
+  {
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+      throw communication_error("loom::recover_world: rank " + std::to_string(rank) + ": cannot write the verdict file " +
+                                tmp.string() + ": " + std::strerror(errno) +
+                                " (fault_options::verdict_dir must be a directory every rank can write)");
+    std::size_t at = 0;
+    while (at < text.size()) {
+      const ssize_t k = ::write(fd, text.data() + at, text.size() - at);
+      if (k <= 0) break;
+      at += static_cast<std::size_t>(k);
+    }
+    ::fsync(fd);
+    ::close(fd);
+  }
+  const int rc = ::link(tmp.c_str(), final.c_str());
+  const int err = errno;
+  ::unlink(tmp.c_str());
+  if (rc != 0 && err != EEXIST)
+    throw communication_error("loom::recover_world: rank " + std::to_string(rank) + ": cannot link the verdict " +
+                              final.string() + ": " + std::strerror(err));
+  return read_small_file(final);
+}
+
+/// Whether process pid (on this host) runs this very program: a left-out peer, not a stranger
+/// that took a dead peer's pid.
+inline bool runs_this_program(long pid) {
+  std::error_code ec;
+  const auto mine = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return false;
+  const auto theirs = std::filesystem::read_symlink("/proc/" + std::to_string(pid) + "/exe", ec);
+  return !ec && theirs == mine;
+}
+
+/// Ends the process when a rebuild does not finish in time (see the file comment).
+class rebuild_watchdog {
+ public:
+  rebuild_watchdog(double timeout_s, int rank) : thread_([this, timeout_s, rank] {
+    std::unique_lock<std::mutex> lock(m_);
+    if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [this] { return done_; })) {
+      std::fprintf(stderr,
+                   "loom: recovery: rank %d: the survivors' communicator was not built within %.1f s (a survivor died "
+                   "while it was built); ending this process (status 75) so that the launcher restarts the job from "
+                   "its newest checkpoint\n",
+                   rank, timeout_s);
+      std::fflush(stderr);
+      std::_Exit(75);
+    }
+  }) {}
+  ~rebuild_watchdog() {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+}  // namespace detail
+
+/// Runs the recovery protocol (see the file comment) on c, which a rank_failure broke: on
+/// return c is the survivors' communicator, with its own failure detector (the same deadline),
+/// unless result.excluded, when this rank is not among them and must leave (c unchanged).
+/// Collective over the survivors. Throws communication_error when c has no failure detector
+/// or the verdict directory cannot be written.
+inline recovery_result recover_world(mpi_comm& c, const recovery_request& q) {
+  using clock = std::chrono::steady_clock;
+  detail::mpi_watch* w = c.watch();
+  if (!w) throw communication_error("loom::recover_world: failure detection is off on this communicator (watch_for_failures)");
+  const int n = c.size(), me = c.rank();
+  const auto t0 = clock::now();
+  recovery_result res;
+  res.old_rank = me;
+  res.old_size = n;
+  res.epoch = w->generation + 1;
+
+  // 1. The roll call.
+  detail::roll_message mine;
+  mine.generation = w->generation;
+  mine.committed_step = q.committed_step;
+  mine.last_step = w->last_done.step;
+  mine.last_phase = static_cast<std::uint8_t>(w->last_done.phase);
+  mine.last_bucket = w->last_done.bucket;
+  mine.now_step = detail::fault_here.step;
+  mine.now_phase = static_cast<std::uint8_t>(detail::fault_here.phase);
+  mine.now_bucket = detail::fault_here.bucket;
+  std::snprintf(mine.last_op, sizeof mine.last_op, "%s", w->last_op);
+  // The sends' buffer outlives them: one per recovery, kept for the program's life.
+  static std::vector<std::unique_ptr<detail::roll_message>> sent;
+  sent.push_back(std::make_unique<detail::roll_message>(mine));
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    MPI_Request r;
+    if (MPI_Isend(sent.back().get(), sizeof mine, MPI_BYTE, p, detail::recovery_tag, w->ctl, &r) == MPI_SUCCESS)
+      MPI_Request_free(&r);
+  }
+  std::vector<bool> heard(static_cast<std::size_t>(n), false);
+  std::vector<detail::roll_message> got(static_cast<std::size_t>(n));
+  heard[static_cast<std::size_t>(me)] = true;
+  got[static_cast<std::size_t>(me)] = mine;
+  int count = 1;
+  while (count < n && std::chrono::duration<double>(clock::now() - t0).count() < q.window_s) {
+    int flag = 0;
+    MPI_Status st;
+    MPI_Iprobe(MPI_ANY_SOURCE, detail::recovery_tag, w->ctl, &flag, &st);
+    if (!flag) {
+      sched_yield();
+      continue;
+    }
+    detail::roll_message m;
+    MPI_Recv(&m, sizeof m, MPI_BYTE, st.MPI_SOURCE, detail::recovery_tag, w->ctl, MPI_STATUS_IGNORE);
+    const auto src = static_cast<std::size_t>(st.MPI_SOURCE);
+    if (m.generation == w->generation && !heard[src]) {
+      heard[src] = true;
+      got[src] = m;
+      ++count;
+    }
+  }
+  for (int r = 0; r < n; ++r) {
+    const auto& m = got[static_cast<std::size_t>(r)];
+    const auto& peer = w->peers[static_cast<std::size_t>(r)];
+    recovery_roll_entry e{.rank = r, .world_rank = peer.world_rank, .pid = peer.pid, .host = peer.host,
+                          .answered = heard[static_cast<std::size_t>(r)], .committed_step = m.committed_step,
+                          .last_op = m.last_op,
+                          .last_done = {m.last_step, static_cast<fault_phase>(m.last_phase), m.last_bucket},
+                          .now = {m.now_step, static_cast<fault_phase>(m.now_phase), m.now_bucket}};
+    res.roll_call.push_back(std::move(e));
+  }
+
+  // 2. The verdict: the first proposal linked in the shared directory.
+  std::string proposal = "members";
+  for (int r = 0; r < n; ++r)
+    if (heard[static_cast<std::size_t>(r)]) proposal += " " + std::to_string(r);
+  proposal += "\nby " + std::to_string(me) + "\nworld_ranks";
+  for (int r = 0; r < n; ++r)
+    if (heard[static_cast<std::size_t>(r)]) proposal += " " + std::to_string(w->peers[static_cast<std::size_t>(r)].world_rank);
+  proposal += "\n";
+  const std::filesystem::path dir = q.verdict_dir / ("job-" + w->job_id);
+  res.verdict = dir / ("epoch-" + std::to_string(res.epoch));
+  const std::string verdict = detail::link_verdict(dir, res.verdict, proposal, me);
+  std::vector<int> members;
+  {
+    std::istringstream in(verdict);
+    std::string word;
+    in >> word;  // "members"
+    int r = 0;
+    while (in >> r) members.push_back(r);
+    in.clear();
+    in >> word >> res.verdict_by;  // "by"
+  }
+  if (members.empty() || std::any_of(members.begin(), members.end(), [n](int r) { return r < 0 || r >= n; }))
+    throw communication_error("loom::recover_world: rank " + std::to_string(me) + ": the verdict " + res.verdict.string() +
+                              " is not one this job wrote (expected 'members <ranks of 0.." + std::to_string(n - 1) +
+                              ">', found '" + verdict.substr(0, 80) + "')");
+  for (int r = 0; r < n; ++r)
+    if (std::find(members.begin(), members.end(), r) == members.end()) res.lost.push_back(r);
+  res.excluded = std::find(members.begin(), members.end(), me) == members.end();
+  res.agree_s = std::chrono::duration<double>(clock::now() - t0).count();
+  if (res.excluded) return res;
+
+  // Fencing: the first member on a left-out rank's host ends that rank's process.
+  for (const int lost : res.lost) {
+    const auto& peer = w->peers[static_cast<std::size_t>(lost)];
+    int first_here = -1;
+    for (const int m : members)
+      if (w->peers[static_cast<std::size_t>(m)].host == peer.host) {
+        first_here = m;
+        break;
+      }
+    if (first_here == me && detail::runs_this_program(peer.pid) && ::kill(static_cast<pid_t>(peer.pid), SIGKILL) == 0)
+      res.fenced.push_back(peer.pid);
+  }
+
+  // 3. The survivors' communicator.
+  const auto t1 = clock::now();
+  {
+    detail::rebuild_watchdog watchdog(q.rebuild_timeout_s, me);
+    MPI_Group old_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
+    MPI_Comm_group(c.boost_communicator(), &old_group);
+    MPI_Group_incl(old_group, static_cast<int>(members.size()), members.data(), &group);
+    MPI_Comm nc = MPI_COMM_NULL;
+    const int tag = static_cast<int>(1000 + res.epoch % 30000);
+    detail::check_mpi(MPI_Comm_create_group(c.boost_communicator(), group, tag, &nc), "recover_world", me);
+    MPI_Group_free(&group);
+    MPI_Group_free(&old_group);
+    mpi_comm fresh(boost::mpi::communicator(nc, boost::mpi::comm_take_ownership));
+    auto nw = std::make_shared<detail::mpi_watch>();
+    detail::check_mpi(MPI_Comm_dup(nc, &nw->ctl), "recover_world", me);
+    MPI_Comm_set_errhandler(nw->ctl, MPI_ERRORS_RETURN);
+    for (const int m : members) nw->peers.push_back(w->peers[static_cast<std::size_t>(m)]);
+    nw->job_id = w->job_id;
+    nw->generation = res.epoch;
+    nw->deadline_s = w->deadline_s;
+    fresh.attach_watch(std::move(nw));
+    c.replace_after_recovery(std::move(fresh));
+  }
+  res.rebuild_s = std::chrono::duration<double>(clock::now() - t1).count();
+  res.new_rank = c.rank();
+  res.new_size = c.size();
+  return res;
+}
+
+}  // namespace loom

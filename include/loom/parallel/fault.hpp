@@ -1,0 +1,184 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Fault tolerance's vocabulary, free of MPI: the options of fit (fault_options), the failure a
+// communicator raises when a collective cannot finish (rank_failure), and where this rank is in
+// its step (fault_marker), which every rank reports when the survivors of a failure take their
+// roll call. The detection and the recovery protocol are loom/comm/mpi_watch.hpp and
+// loom/comm/mpi_recovery.hpp; the trainer drives them (docs/fault-tolerance.md).
+
+#include <csignal>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "loom/core/error.hpp"
+
+namespace loom {
+
+/// Whether fit continues on the survivors when a rank fails (fault_options::recovery).
+enum class recovery_mode {
+  /// On when the job runs under `mpirun --enable-recovery` (or loomrun, which passes it): then
+  /// the runtime keeps the survivors alive; off otherwise.
+  automatic,
+  /// Always on (a runtime that kills the survivors makes it moot).
+  on,
+  /// Never: a failed or hung rank ends the job cleanly (after an emergency checkpoint).
+  off,
+};
+
+/// How fit detects and survives a failed or hung rank (fit_options::fault). The deadlines
+/// apply to every collective of a data-parallel fit over loom::mpi_comm.
+struct fault_options {
+  /// Deadlines on every collective (false: none; a dead peer then blocks the others until the
+  /// runtime ends the job).
+  bool detect = true;
+  recovery_mode recovery = recovery_mode::automatic;
+  /// A collective that has not finished after this many seconds means a peer is dead or hung
+  /// (0: derived from the step times measured: deadline_steps times the median of the last
+  /// 16 steps, at least min_deadline_s).
+  double deadline_s = 0;
+  double deadline_steps = 20;
+  double min_deadline_s = 0.5;
+  /// The deadline before enough steps are measured (start, the first steps after a recovery,
+  /// whose new batch shapes compile new kernels), and of synchronous checkpoint writes.
+  double startup_deadline_s = 60;
+  /// When no recovery is possible (plain mpirun, which kills the survivors a second after a
+  /// rank dies; SIGTERM), a survivor that holds a whole replica writes an emergency checkpoint
+  /// of the last step every rank finished, so that no step is lost (needs a checkpoint
+  /// directory and checkpoint_options::on_signal).
+  bool emergency_checkpoint = true;
+  /// Where the survivors of a failure record their verdict (who goes on) with an exclusive
+  /// create, so that the world can never split into two groups that both go on. Every rank
+  /// must see the same directory. Empty: `.loom-recovery` in the checkpoint directory, else
+  /// $LOOM_RECOVERY_DIR, else /tmp/loom-recovery (one host only).
+  std::string verdict_dir;
+};
+
+/// Whether the runtime keeps survivors alive after a rank dies: mpirun --enable-recovery sets
+/// OMPI_MCA_orte_enable_recovery=1 in every rank's environment.
+inline bool runtime_keeps_survivors() {
+  const char* v = std::getenv("OMPI_MCA_orte_enable_recovery");
+  return v && (std::string(v) == "1" || std::string(v) == "true");
+}
+
+/// What a rank was doing, in the order of a step.
+enum class fault_phase : std::uint8_t {
+  start, data, forward_backward, gradient_allreduce, loss_sums, optimizer, checkpoint, bookkeeping, evaluation,
+  end_of_fit, recovery
+};
+constexpr const char* to_string(fault_phase p) noexcept {
+  switch (p) {
+    case fault_phase::start: return "start";
+    case fault_phase::data: return "data";
+    case fault_phase::forward_backward: return "forward/backward";
+    case fault_phase::gradient_allreduce: return "gradient allreduce";
+    case fault_phase::loss_sums: return "loss sums";
+    case fault_phase::optimizer: return "optimizer step";
+    case fault_phase::checkpoint: return "checkpoint";
+    case fault_phase::bookkeeping: return "step bookkeeping";
+    case fault_phase::evaluation: return "evaluation";
+    case fault_phase::end_of_fit: return "end of fit";
+    case fault_phase::recovery: return "recovery";
+  }
+  return "?";
+}
+
+/// Where this rank is: the optimizer step (the one being computed), its phase, and the
+/// gradient bucket (-1: none). Plain stores by the trainer and the gradient allreduce; read by
+/// the communicator's deadline check for the roll call.
+struct fault_marker {
+  std::uint64_t step = 0;
+  fault_phase phase = fault_phase::start;
+  std::int32_t bucket = -1;
+};
+namespace detail {
+inline fault_marker fault_here{};
+inline void set_phase(fault_phase p, std::int32_t bucket = -1) noexcept {
+  fault_here.phase = p;
+  fault_here.bucket = bucket;
+}
+}  // namespace detail
+inline std::string to_string(const fault_marker& m) {
+  return "step " + std::to_string(m.step) + ", " + to_string(m.phase) +
+         (m.bucket >= 0 ? " (bucket " + std::to_string(m.bucket) + ")" : "");
+}
+
+/// The signal that asked fit to stop (SIGUSR1 or SIGTERM while checkpoint_options::on_signal),
+/// 0 when none did. Set by the handler fit installs for its duration; a communicator waiting in
+/// a collective that does not finish reads it too (SIGTERM from mpirun after a rank died).
+namespace detail {
+inline volatile std::sig_atomic_t preemption_signal = 0;
+}
+
+/// Where the verdicts of a job go (fault_options::verdict_dir's rule).
+inline std::filesystem::path verdict_directory(const fault_options& f, const std::string& checkpoint_dir) {
+  if (!f.verdict_dir.empty()) return f.verdict_dir;
+  if (!checkpoint_dir.empty()) return std::filesystem::path(checkpoint_dir) / ".loom-recovery";
+  if (const char* e = std::getenv("LOOM_RECOVERY_DIR"); e && *e) return e;
+  return "/tmp/loom-recovery";
+}
+
+/// What a survivor brings to a recovery (loom::recover_world).
+struct recovery_request {
+  /// The optimizer steps this rank has finished (its state is the one after them).
+  std::uint64_t committed_step = 0;
+  /// How long to wait for the others' messages: who has not answered by then is left out.
+  double window_s = 1;
+  /// The shared directory of the verdicts (fault_options::verdict_dir).
+  std::filesystem::path verdict_dir;
+  /// A rebuild of the communicator that has not finished after this long (a survivor died
+  /// during it) ends this process with status 75, so that the launcher restarts the job.
+  double rebuild_timeout_s = 30;
+};
+
+/// One rank of the old communicator in the roll call of a recovery.
+struct recovery_roll_entry {
+  int rank = 0;        // in the old communicator
+  int world_rank = 0;  // in MPI_COMM_WORLD
+  long pid = 0;
+  std::string host;
+  bool answered = false;
+  std::uint64_t committed_step = 0;
+  std::string last_op;  // the last operation that completed there
+  fault_marker last_done{}, now{};
+};
+
+/// What a recovery decided and how long it took.
+struct recovery_result {
+  std::uint64_t epoch = 0;  // the new membership epoch
+  int old_rank = 0, old_size = 0, new_rank = 0, new_size = 0;
+  std::vector<recovery_roll_entry> roll_call;  // every rank of the old communicator
+  std::vector<int> lost;                       // old ranks left out
+  bool excluded = false;                       // this rank is left out: it must leave
+  int verdict_by = -1;                         // the old rank whose verdict was taken
+  std::filesystem::path verdict;
+  std::vector<long> fenced;                    // processes this rank killed (same host, left out)
+  double agree_s = 0, rebuild_s = 0;
+};
+
+/// A collective could not finish: a peer died or hangs (the deadline passed), a peer started a
+/// recovery, MPI reported an error, or the job is being ended (SIGTERM) while this rank waited.
+/// The communicator it came from is broken: its pending operations are abandoned.
+class rank_failure : public communication_error {
+ public:
+  enum class kind { deadline, peer_recovery, mpi_error, terminating };
+  rank_failure(kind k, std::string op, double waited_s, int peer, const std::string& message)
+      : communication_error(message), kind_(k), op_(std::move(op)), waited_s_(waited_s), peer_(peer) {}
+  kind why() const noexcept { return kind_; }
+  /// The operation that was waiting ("allreduce", "iallreduce", "recv", ...).
+  const std::string& operation() const noexcept { return op_; }
+  /// How long it waited, in seconds.
+  double waited_s() const noexcept { return waited_s_; }
+  /// The peer that started the recovery (peer_recovery), else -1.
+  int peer() const noexcept { return peer_; }
+
+ private:
+  kind kind_;
+  std::string op_;
+  double waited_s_;
+  int peer_;
+};
+
+}  // namespace loom
