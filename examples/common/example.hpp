@@ -294,9 +294,20 @@ int guarded(const char* program, Body&& body) {
     return body();
   } catch (const loom::error& e) {
 #if LOOM_HAS_MPI
-    if (loom::mpi_comm::world().size() > 1) loom::mpi_comm::world().abort(1, std::string(program) + ": " + e.what());
+    if (loom::mpi_comm::world().size() > 1) {
+      // Under mpirun --enable-recovery MPI_Abort does not end the job (the runtime keeps the
+      // others alive); they have deadlines and end by themselves: leave alone.
+      if (loom::runtime_keeps_survivors()) {
+        std::fprintf(stderr, "loom: rank %d: %s: %s\n", loom::mpi_comm::world().rank(), program, e.what());
+        std::fflush(stderr);
+        loom::detail::write_exit_status("failed 1");
+        std::_Exit(1);
+      }
+      loom::mpi_comm::world().abort(1, std::string(program) + ": " + e.what());
+    }
 #endif
     std::cerr << program << ": " << e.what() << "\n";
+    loom::detail::write_exit_status("failed 1");
     return 1;
   }
 }

@@ -17,7 +17,10 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <filesystem>
+#include <fstream>
 #include <memory>
+#include <thread>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
@@ -74,6 +77,32 @@ struct mpi_peer {
   std::string host;
 };
 
+/// Whether process pid (on this host) runs this very program: a left-out peer, not a stranger
+/// that took a dead peer's pid.
+inline bool runs_this_program(long pid) {
+  std::error_code ec;
+  const auto mine = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return false;
+  const auto theirs = std::filesystem::read_symlink("/proc/" + std::to_string(pid) + "/exe", ec);
+  return !ec && theirs == mine;
+}
+
+/// What this host knows of a silent peer: gone (no such process, or a zombie), stopped
+/// (SIGSTOP, a debugger), alive (running or sleeping), or unknown (on another host).
+enum class local_evidence { unknown, gone, stopped, alive };
+inline local_evidence evidence_of(const mpi_peer& p, const std::string& my_host) {
+  if (p.host != my_host) return local_evidence::unknown;
+  std::ifstream in("/proc/" + std::to_string(p.pid) + "/stat");
+  std::string stat;
+  if (!in || !std::getline(in, stat)) return local_evidence::gone;
+  const std::size_t close = stat.rfind(')');
+  const char state = close != std::string::npos && close + 2 < stat.size() ? stat[close + 2] : '?';
+  if (state == 'Z' || state == 'X' || state == 'x') return local_evidence::gone;
+  if (!runs_this_program(p.pid)) return local_evidence::gone;  // the pid is another program's now
+  if (state == 'T' || state == 't') return local_evidence::stopped;
+  return local_evidence::alive;
+}
+
 /// The failure detector of a loom::mpi_comm (mpi_comm::watch_for_failures): every operation's
 /// wait has a deadline; while waiting it also looks, about every millisecond, for a peer's
 /// recovery message on a control communicator (a duplicate of the data communicator, used for
@@ -102,7 +131,7 @@ class mpi_watch {
                          std::string("loom::mpi_comm::") + op + ": rank " + std::to_string(rank) +
                              ": the communicator is broken by an earlier failure (recover first)");
     const auto t0 = clock::now();
-    auto next_look = t0 + std::chrono::milliseconds(1);
+    auto next_look = t0 + std::chrono::milliseconds(1), next_local = t0;
     for (unsigned spins = 0;; ++spins) {
       int done = 0;
       const int rc = MPI_Testall(n, r, &done, st);
@@ -130,9 +159,19 @@ class mpi_watch {
           // alive: their collectives finish within this grace.
           if (preemption_signal == SIGTERM && waited > 0.1)
             fail(rank_failure::kind::terminating, op, rank, t0, -1, "SIGTERM arrived while it waited");
-          if (waited > deadline_s)
+          const double deadline = deadline_s > 0 ? deadline_s : shared_deadline_s;
+          if (deadline > 0 && waited > deadline)
             fail(rank_failure::kind::deadline, op, rank, t0, -1,
-                 "not finished within its deadline of " + std::to_string(deadline_s) + " s");
+                 "not finished within its deadline of " + std::to_string(deadline) + " s");
+          // A peer on this host whose process is gone will never come: no need to wait out the
+          // deadline (looked at every 10 ms once a wait is long).
+          if (waited > 0.05 && now >= next_local && static_cast<std::size_t>(rank) < peers.size()) {
+            next_local = now + std::chrono::milliseconds(10);
+            for (std::size_t p = 0; p < peers.size(); ++p)
+              if (static_cast<int>(p) != rank && evidence_of(peers[p], peers[static_cast<std::size_t>(rank)].host) == local_evidence::gone)
+                fail(rank_failure::kind::peer_gone, op, rank, t0, static_cast<int>(p),
+                     "rank " + std::to_string(p) + " (pid " + std::to_string(peers[p].pid) + ", this host) is gone");
+          }
         }
       }
       if (spins > 256) sched_yield();  // let a rank that shares this core compute
@@ -176,6 +215,20 @@ class environment {
   environment() : env_(boost::mpi::threading::funneled, true) { set_up(); }
   environment(const environment&) = delete;
   environment& operator=(const environment&) = delete;
+  /// Records "finished" for a launcher (detail::write_exit_status) unless the process already
+  /// said how it ends.
+  ~environment() {
+    detail::write_exit_status(std::uncaught_exceptions() ? "failed (exception)" : "finished");
+    if (detail::recovered) {
+      // MPI_Finalize's fence may include the dead and never end: give it two seconds.
+      std::fflush(nullptr);
+      std::thread([] {
+        std::this_thread::sleep_for(std::chrono::seconds(2));
+        std::fflush(nullptr);
+        std::_Exit(0);
+      }).detach();
+    }
+  }
 
   /// The thread support MPI provides: funneled or more.
   boost::mpi::threading::level thread_level() const { return boost::mpi::environment::thread_level(); }
@@ -187,6 +240,8 @@ class environment {
     if (boost::mpi::environment::thread_level() < boost::mpi::threading::funneled)
       throw communication_error("loom::mpi::environment: MPI does not provide MPI_THREAD_FUNNELED");
     detail::check_mpi(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "environment", 0);
+    // The runtime keeps survivors alive: no communicator may wait forever for a dead peer.
+    if (runtime_keeps_survivors() && detail::shared_deadline_s == 0) detail::shared_deadline_s = 60;
   }
 
   boost::mpi::environment env_;
@@ -201,6 +256,7 @@ class environment {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     std::fprintf(stderr, "loom: rank %d: %s\n", rank, message.c_str());
     std::fflush(stderr);
+    detail::write_exit_status("failed " + std::to_string(code));
     MPI_Abort(MPI_COMM_WORLD, code);
   } else {
     std::fprintf(stderr, "loom: %s\n", message.c_str());
@@ -238,6 +294,11 @@ class mpi_comm {
     detail::check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "mpi_comm", 0);
     detail::check_mpi(MPI_Comm_rank(comm_, &rank_), "mpi_comm", 0);
     detail::check_mpi(MPI_Comm_size(comm_, &size_), "mpi_comm", rank_);
+    if (detail::shared_deadline_s > 0) {
+      // Deadlines only (detail::shared_deadline_s): no control communicator, no roll call.
+      watch_ = std::make_shared<detail::mpi_watch>();
+      watch_->deadline_s = 0;
+    }
   }
 
   /// Every process of the job (MPI_COMM_WORLD). Throws communication_error when MPI is not
@@ -301,7 +362,7 @@ class mpi_comm {
   /// communicator for the survivors' messages, gathers every rank's host and process id, and
   /// agrees on a job id). Copies of this communicator share the detector.
   void watch_for_failures(double deadline_s) {
-    if (watch_) return set_deadline(deadline_s);
+    if (watch_ && watch_->ctl != MPI_COMM_NULL) return set_deadline(deadline_s);
     auto w = std::make_shared<detail::mpi_watch>();
     detail::check_mpi(MPI_Comm_dup(comm_, &w->ctl), "watch_for_failures", rank_);
     MPI_Comm_set_errhandler(w->ctl, MPI_ERRORS_RETURN);
@@ -352,6 +413,7 @@ class mpi_comm {
   [[noreturn]] void abort(int code, const std::string& message) const {
     std::fprintf(stderr, "loom: rank %d: %s\n", rank_, message.c_str());
     std::fflush(stderr);
+    detail::write_exit_status("failed " + std::to_string(code));
     MPI_Abort(comm_, code);
     std::_Exit(code);
   }

@@ -104,16 +104,6 @@ inline std::string link_verdict(const std::filesystem::path& dir, const std::fil
   return read_small_file(final);
 }
 
-/// Whether process pid (on this host) runs this very program: a left-out peer, not a stranger
-/// that took a dead peer's pid.
-inline bool runs_this_program(long pid) {
-  std::error_code ec;
-  const auto mine = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (ec) return false;
-  const auto theirs = std::filesystem::read_symlink("/proc/" + std::to_string(pid) + "/exe", ec);
-  return !ec && theirs == mine;
-}
-
 /// Ends the process when a rebuild does not finish in time (see the file comment).
 class rebuild_watchdog {
  public:
@@ -126,6 +116,7 @@ class rebuild_watchdog {
                    "its newest checkpoint\n",
                    rank, timeout_s);
       std::fflush(stderr);
+      write_exit_status("failed 75");
       std::_Exit(75);
     }
   }) {}
@@ -163,89 +154,206 @@ inline recovery_result recover_world(mpi_comm& c, const recovery_request& q) {
   res.old_size = n;
   res.epoch = w->generation + 1;
 
-  // 1. The roll call.
-  detail::roll_message mine;
-  mine.generation = w->generation;
-  mine.committed_step = q.committed_step;
-  mine.last_step = w->last_done.step;
-  mine.last_phase = static_cast<std::uint8_t>(w->last_done.phase);
-  mine.last_bucket = w->last_done.bucket;
-  mine.now_step = detail::fault_here.step;
-  mine.now_phase = static_cast<std::uint8_t>(detail::fault_here.phase);
-  mine.now_bucket = detail::fault_here.bucket;
-  std::snprintf(mine.last_op, sizeof mine.last_op, "%s", w->last_op);
-  // The sends' buffer outlives them: one per recovery, kept for the program's life.
-  static std::vector<std::unique_ptr<detail::roll_message>> sent;
-  sent.push_back(std::make_unique<detail::roll_message>(mine));
-  for (int p = 0; p < n; ++p) {
-    if (p == me) continue;
-    MPI_Request r;
-    if (MPI_Isend(sent.back().get(), sizeof mine, MPI_BYTE, p, detail::recovery_tag, w->ctl, &r) == MPI_SUCCESS)
-      MPI_Request_free(&r);
-  }
-  std::vector<bool> heard(static_cast<std::size_t>(n), false);
-  std::vector<detail::roll_message> got(static_cast<std::size_t>(n));
-  heard[static_cast<std::size_t>(me)] = true;
-  got[static_cast<std::size_t>(me)] = mine;
-  int count = 1;
-  while (count < n && std::chrono::duration<double>(clock::now() - t0).count() < q.window_s) {
-    int flag = 0;
-    MPI_Status st;
-    MPI_Iprobe(MPI_ANY_SOURCE, detail::recovery_tag, w->ctl, &flag, &st);
-    if (!flag) {
-      sched_yield();
-      continue;
-    }
-    detail::roll_message m;
-    MPI_Recv(&m, sizeof m, MPI_BYTE, st.MPI_SOURCE, detail::recovery_tag, w->ctl, MPI_STATUS_IGNORE);
-    const auto src = static_cast<std::size_t>(st.MPI_SOURCE);
-    if (m.generation == w->generation && !heard[src]) {
-      heard[src] = true;
-      got[src] = m;
-      ++count;
-    }
-  }
-  for (int r = 0; r < n; ++r) {
-    const auto& m = got[static_cast<std::size_t>(r)];
-    const auto& peer = w->peers[static_cast<std::size_t>(r)];
-    recovery_roll_entry e{.rank = r, .world_rank = peer.world_rank, .pid = peer.pid, .host = peer.host,
-                          .answered = heard[static_cast<std::size_t>(r)], .committed_step = m.committed_step,
-                          .last_op = m.last_op,
-                          .last_done = {m.last_step, static_cast<fault_phase>(m.last_phase), m.last_bucket},
-                          .now = {m.now_step, static_cast<fault_phase>(m.now_phase), m.now_bucket}};
-    res.roll_call.push_back(std::move(e));
-  }
-
-  // 2. The verdict: the first proposal linked in the shared directory.
-  std::string proposal = "members";
-  for (int r = 0; r < n; ++r)
-    if (heard[static_cast<std::size_t>(r)]) proposal += " " + std::to_string(r);
-  proposal += "\nby " + std::to_string(me) + "\nworld_ranks";
-  for (int r = 0; r < n; ++r)
-    if (heard[static_cast<std::size_t>(r)]) proposal += " " + std::to_string(w->peers[static_cast<std::size_t>(r)].world_rank);
-  proposal += "\n";
-  const std::filesystem::path dir = q.verdict_dir / ("job-" + w->job_id);
-  res.verdict = dir / ("epoch-" + std::to_string(res.epoch));
-  const std::string verdict = detail::link_verdict(dir, res.verdict, proposal, me);
+  // Rounds of the protocol: a member that is gone (this host) before the rebuild starts makes
+  // the next epoch's round, so that no survivor waits for it inside MPI_Comm_create_group.
   std::vector<int> members;
-  {
-    std::istringstream in(verdict);
-    std::string word;
-    in >> word;  // "members"
-    int r = 0;
-    while (in >> r) members.push_back(r);
-    in.clear();
-    in >> word >> res.verdict_by;  // "by"
+  // Messages of a later round than this rank's, kept until it gets there.
+  struct early_message {
+    MPI_Comm ctl;
+    int from;
+    detail::roll_message message;
+  };
+  static std::vector<early_message> early;
+  struct early_ready_message {
+    MPI_Comm ctl;
+    int from;
+    std::uint64_t epoch;
+  };
+  static std::vector<early_ready_message> early_ready;
+  const std::string my_host = w->peers[static_cast<std::size_t>(me)].host;
+  for (;;) {
+    // 1. The roll call.
+    const auto round_start = clock::now();
+    detail::roll_message mine;
+    mine.generation = w->generation;
+    mine.committed_step = q.committed_step;
+    mine.last_step = w->last_done.step;
+    mine.last_phase = static_cast<std::uint8_t>(w->last_done.phase);
+    mine.last_bucket = w->last_done.bucket;
+    mine.now_step = detail::fault_here.step;
+    mine.now_phase = static_cast<std::uint8_t>(detail::fault_here.phase);
+    mine.now_bucket = detail::fault_here.bucket;
+    std::snprintf(mine.last_op, sizeof mine.last_op, "%s", w->last_op);
+    // The sends' buffer outlives them: one per recovery, kept for the program's life.
+    static std::vector<std::unique_ptr<detail::roll_message>> sent;
+    sent.push_back(std::make_unique<detail::roll_message>(mine));
+    for (int p = 0; p < n; ++p) {
+      if (p == me) continue;
+      MPI_Request r;
+      if (MPI_Isend(sent.back().get(), sizeof mine, MPI_BYTE, p, detail::recovery_tag, w->ctl, &r) == MPI_SUCCESS)
+        MPI_Request_free(&r);
+    }
+    std::vector<bool> heard(static_cast<std::size_t>(n), false);
+    std::vector<detail::roll_message> got(static_cast<std::size_t>(n));
+    heard[static_cast<std::size_t>(me)] = true;
+    got[static_cast<std::size_t>(me)] = mine;
+    int count = 1;
+    for (const auto& e : early)
+      if (e.ctl == w->ctl && e.message.generation == w->generation && !heard[static_cast<std::size_t>(e.from)]) {
+        heard[static_cast<std::size_t>(e.from)] = true;
+        got[static_cast<std::size_t>(e.from)] = e.message;
+        ++count;
+      }
+    // Listen until every rank answered, or the window passed — but a silent peer on this host
+    // is looked at: a process that is gone or stopped will not answer (no need to wait for it),
+    // one that runs is only slow (wait for it up to four windows).
+    auto next_look = clock::now();
+    for (;;) {
+      if (count == n) break;
+      const double waited = std::chrono::duration<double>(clock::now() - round_start).count();
+      if (clock::now() >= next_look) {
+        next_look = clock::now() + std::chrono::milliseconds(5);
+        bool wait_more = false;
+        for (int p = 0; p < n && !wait_more; ++p) {
+          if (heard[static_cast<std::size_t>(p)]) continue;
+          const auto e = detail::evidence_of(w->peers[static_cast<std::size_t>(p)], my_host);
+          if (e == detail::local_evidence::alive) wait_more = waited < 4 * q.window_s;
+          else if (e == detail::local_evidence::unknown) wait_more = waited < q.window_s;
+        }
+        if (!wait_more) break;
+      }
+      int flag = 0;
+      MPI_Status st;
+      MPI_Iprobe(MPI_ANY_SOURCE, detail::recovery_tag, w->ctl, &flag, &st);
+      if (!flag) {
+        sched_yield();
+        continue;
+      }
+      detail::roll_message m;
+      MPI_Recv(&m, sizeof m, MPI_BYTE, st.MPI_SOURCE, detail::recovery_tag, w->ctl, MPI_STATUS_IGNORE);
+      const auto src = static_cast<std::size_t>(st.MPI_SOURCE);
+      if (m.generation == w->generation && !heard[src]) {
+        heard[src] = true;
+        got[src] = m;
+        ++count;
+      } else if (m.generation > w->generation) {
+        early.push_back({w->ctl, static_cast<int>(src), m});  // a peer already in a later round
+      }
+    }
+    for (int r = 0; r < n; ++r) {
+      const auto& m = got[static_cast<std::size_t>(r)];
+      const auto& peer = w->peers[static_cast<std::size_t>(r)];
+      recovery_roll_entry e{.rank = r, .world_rank = peer.world_rank, .pid = peer.pid, .host = peer.host,
+                            .answered = heard[static_cast<std::size_t>(r)], .committed_step = m.committed_step,
+                            .last_op = m.last_op,
+                            .last_done = {m.last_step, static_cast<fault_phase>(m.last_phase), m.last_bucket},
+                            .now = {m.now_step, static_cast<fault_phase>(m.now_phase), m.now_bucket}};
+      res.roll_call.push_back(std::move(e));
+    }
+
+    // 2. The verdict: the first proposal linked in the shared directory. A rank heard from whose
+    // process is gone by now (this host) is not proposed.
+    for (int r = 0; r < n; ++r)
+      if (r != me && heard[static_cast<std::size_t>(r)] &&
+          detail::evidence_of(w->peers[static_cast<std::size_t>(r)], my_host) == detail::local_evidence::gone)
+        heard[static_cast<std::size_t>(r)] = false;
+    std::string proposal = "members";
+    for (int r = 0; r < n; ++r)
+      if (heard[static_cast<std::size_t>(r)]) proposal += " " + std::to_string(r);
+    proposal += "\nby " + std::to_string(me) + "\nworld_ranks";
+    for (int r = 0; r < n; ++r)
+      if (heard[static_cast<std::size_t>(r)]) proposal += " " + std::to_string(w->peers[static_cast<std::size_t>(r)].world_rank);
+    proposal += "\n";
+    const std::filesystem::path dir = q.verdict_dir / ("job-" + w->job_id);
+    res.verdict = dir / ("epoch-" + std::to_string(res.epoch));
+    const std::string verdict = detail::link_verdict(dir, res.verdict, proposal, me);
+    members.clear();
+    {
+      std::istringstream in(verdict);
+      std::string word;
+      in >> word;  // "members"
+      int r = 0;
+      while (in >> r) members.push_back(r);
+      in.clear();
+      in >> word >> res.verdict_by;  // "by"
+    }
+    if (members.empty() || std::any_of(members.begin(), members.end(), [n](int r) { return r < 0 || r >= n; }))
+      throw communication_error("loom::recover_world: rank " + std::to_string(me) + ": the verdict " + res.verdict.string() +
+                                " is not one this job wrote (expected 'members <ranks of 0.." + std::to_string(n - 1) +
+                                ">', found '" + verdict.substr(0, 80) + "')");
+    for (int r = 0; r < n; ++r)
+      if (std::find(members.begin(), members.end(), r) == members.end()) res.lost.push_back(r);
+    res.agree_s = std::chrono::duration<double>(clock::now() - t0).count();
+    res.excluded = std::find(members.begin(), members.end(), me) == members.end();
+    if (res.excluded) break;
+    // Ready: every member tells the others it is about to rebuild, and waits until every member
+    // said so — one that does not (gone, or silent for the window) makes the next round. So
+    // a member that dies between the roll call and the rebuild is left out by the next verdict
+    // instead of blocking MPI_Comm_create_group; only a death within the microseconds between
+    // its last ready message and the rebuild still can (the watchdog's case).
+    static std::vector<std::unique_ptr<std::uint64_t>> ready_sent;
+    ready_sent.push_back(std::make_unique<std::uint64_t>(res.epoch));
+    for (const int m : members) {
+      if (m == me) continue;
+      MPI_Request r;
+      if (MPI_Isend(ready_sent.back().get(), 1, MPI_UINT64_T, m, detail::recovery_tag + 1, w->ctl, &r) == MPI_SUCCESS)
+        MPI_Request_free(&r);
+    }
+    std::vector<bool> ready(static_cast<std::size_t>(n), false);
+    auto is_member = [&](int r) { return std::find(members.begin(), members.end(), r) != members.end(); };
+    ready[static_cast<std::size_t>(me)] = true;
+    std::size_t have = 1;
+    for (const auto& e : early_ready)
+      if (e.ctl == w->ctl && e.epoch == res.epoch && is_member(e.from) && !ready[static_cast<std::size_t>(e.from)]) {
+        ready[static_cast<std::size_t>(e.from)] = true;
+        ++have;
+      }
+    const auto ready_start = clock::now();
+    auto look = ready_start;
+    bool all_ready = false;
+    for (;;) {
+      if (have == members.size()) {
+        all_ready = true;
+        break;
+      }
+      if (clock::now() >= look) {
+        look = clock::now() + std::chrono::milliseconds(5);
+        const double waited = std::chrono::duration<double>(clock::now() - ready_start).count();
+        bool wait_more = true;
+        for (const int m : members) {
+          if (ready[static_cast<std::size_t>(m)]) continue;
+          const auto e = detail::evidence_of(w->peers[static_cast<std::size_t>(m)], my_host);
+          if (e == detail::local_evidence::gone || e == detail::local_evidence::stopped) wait_more = false;
+          else if (e == detail::local_evidence::alive && waited >= 4 * q.window_s) wait_more = false;
+          else if (e == detail::local_evidence::unknown && waited >= q.window_s) wait_more = false;
+        }
+        if (!wait_more) break;
+      }
+      int flag = 0;
+      MPI_Status st;
+      MPI_Iprobe(MPI_ANY_SOURCE, detail::recovery_tag + 1, w->ctl, &flag, &st);
+      if (!flag) {
+        sched_yield();
+        continue;
+      }
+      std::uint64_t epoch = 0;
+      MPI_Recv(&epoch, 1, MPI_UINT64_T, st.MPI_SOURCE, detail::recovery_tag + 1, w->ctl, MPI_STATUS_IGNORE);
+      const auto src = static_cast<std::size_t>(st.MPI_SOURCE);
+      if (epoch == res.epoch && is_member(st.MPI_SOURCE) && !ready[src]) {
+        ready[src] = true;
+        ++have;
+      } else if (epoch > res.epoch) {
+        early_ready.push_back({w->ctl, st.MPI_SOURCE, epoch});
+      }
+    }
+    if (all_ready) break;
+    w->generation = res.epoch;
+    res.epoch = w->generation + 1;
+    res.roll_call.clear();
+    res.lost.clear();
   }
-  if (members.empty() || std::any_of(members.begin(), members.end(), [n](int r) { return r < 0 || r >= n; }))
-    throw communication_error("loom::recover_world: rank " + std::to_string(me) + ": the verdict " + res.verdict.string() +
-                              " is not one this job wrote (expected 'members <ranks of 0.." + std::to_string(n - 1) +
-                              ">', found '" + verdict.substr(0, 80) + "')");
-  for (int r = 0; r < n; ++r)
-    if (std::find(members.begin(), members.end(), r) == members.end()) res.lost.push_back(r);
-  res.excluded = std::find(members.begin(), members.end(), me) == members.end();
-  res.agree_s = std::chrono::duration<double>(clock::now() - t0).count();
   if (res.excluded) return res;
+  detail::recovered = true;
 
   // Fencing: the first member on a left-out rank's host ends that rank's process.
   for (const int lost : res.lost) {

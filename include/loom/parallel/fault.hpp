@@ -8,6 +8,7 @@
 
 #include <csignal>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -110,6 +111,34 @@ inline std::string to_string(const fault_marker& m) {
 /// a collective that does not finish reads it too (SIGTERM from mpirun after a rank died).
 namespace detail {
 inline volatile std::sig_atomic_t preemption_signal = 0;
+
+/// The deadline of the communicators without a failure detector of their own (0: none): set
+/// while the runtime keeps survivors alive (mpirun --enable-recovery), so that a pipeline or a
+/// tensor-parallel group whose peer died ends instead of waiting forever; the trainer keeps it
+/// at its step-derived deadline.
+inline double shared_deadline_s = 0;
+
+/// Whether this process went through a recovery (loom::recover_world): MPI_Finalize may then
+/// wait forever for the dead (Open MPI's fence includes them), so the end of the program
+/// does not wait for it (loom::mpi::environment).
+inline bool recovered = false;
+
+/// Records how this process ends for a launcher (loomrun exports LOOM_STATUS_DIR; under
+/// `mpirun --enable-recovery` mpirun's own exit status is 0 whatever the ranks do): writes
+/// `<dir>/rank-<world rank>.status` holding `what` ("finished", "failed <code>", "left"); the
+/// first call wins. Never throws.
+inline void write_exit_status(const std::string& what) noexcept {
+  static bool written = false;
+  const char* dir = std::getenv("LOOM_STATUS_DIR");
+  if (written || !dir || !*dir) return;
+  written = true;
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  const std::string path = std::string(dir) + "/rank-" + (rank && *rank ? rank : "0") + ".status";
+  if (std::FILE* f = std::fopen(path.c_str(), "w")) {
+    std::fprintf(f, "%s\n", what.c_str());
+    std::fclose(f);
+  }
+}
 }
 
 /// Where the verdicts of a job go (fault_options::verdict_dir's rule).
@@ -163,7 +192,7 @@ struct recovery_result {
 /// The communicator it came from is broken: its pending operations are abandoned.
 class rank_failure : public communication_error {
  public:
-  enum class kind { deadline, peer_recovery, mpi_error, terminating };
+  enum class kind { deadline, peer_gone, peer_recovery, mpi_error, terminating };
   rank_failure(kind k, std::string op, double waited_s, int peer, const std::string& message)
       : communication_error(message), kind_(k), op_(std::move(op)), waited_s_(waited_s), peer_(peer) {}
   kind why() const noexcept { return kind_; }

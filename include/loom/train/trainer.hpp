@@ -416,6 +416,10 @@ class trainer {
     std::size_t saved_step = start_at.valid ? step_ : static_cast<std::size_t>(-1);
     monitor::live_view live(opts.live_every_s, fig, engine_.rank() == 0 ? opts.progress : nullptr, opts.progress_style);
     step_clock steps_timed(fo);
+    // The communicators of a policy that cannot recover (pipelines, tensor parallelism) wait at
+    // most the step-derived deadline too, where the runtime keeps survivors alive: a dead peer
+    // then ends the job (loomrun restarts it from its checkpoint) instead of hanging it.
+    const bool shared_deadlines = !can_watch && fo.detect && detail::shared_deadline_s > 0;
     const auto start = monitor::clock::now();
     bool stop = false;
     // The report of the last recovery, printed once the first step after it is good.
@@ -478,12 +482,14 @@ class trainer {
         cur_ = {.valid = true, .epoch = epoch, .batch = k, .batches = batches, .sums = {sums[0], sums[1], sums[2]}};
         const auto step_end = monitor::clock::now();
         monitor::record_span(monitor::step_span, step_start, step_end);
+        if (shared_deadlines) detail::shared_deadline_s = steps_timed.add(monitor::seconds_between(step_start, step_end));
         if (watching_) {
           if constexpr (can_watch) engine_.world_comm().set_deadline(steps_timed.add(monitor::seconds_between(step_start, step_end)));
           if (!recovery_report.empty()) {
             if (engine_.rank() == 0)
-              std::fprintf(stderr, "%s; first good step (%zu) done %.3f s after the failure was seen\n", recovery_report.c_str(),
-                           step_, monitor::seconds_between(failure_seen, step_end));
+              std::fprintf(stderr, "%s\nloom: recovery: first good step (%zu) done %.3f s after the wait that failed began "
+                           "(unix time %.3f)\n", recovery_report.c_str(), step_, monitor::seconds_between(failure_seen, step_end),
+                           std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
             std::fflush(stderr);
             recovery_report.clear();
           }
@@ -1005,13 +1011,13 @@ class trainer {
       detail::set_phase(fault_phase::recovery);
       const auto t0 = monitor::clock::now();
       auto& comm = engine_.world_comm();
-      // The survivors wait in collectives, or compute for at most a step: they answer within
-      // half a deadline (at least 0.2 s).
-      const double window = std::max(0.2, comm.watch()->deadline_s / 2);
+      // The survivors wait in collectives, or compute for at most a step: they answer within a
+      // deadline (at least 0.2 s; a silent peer on this host is looked at instead).
+      const double window = std::max(0.2, comm.watch()->deadline_s);
       if (ckpt_) ckpt_->abandon();
       const recovery_request q{.committed_step = step_, .window_s = window,
                                .verdict_dir = verdict_directory(opts.fault, opts.checkpoint.directory),
-                               .rebuild_timeout_s = std::max(30.0, 4 * window)};
+                               .rebuild_timeout_s = std::max(5.0, 4 * window)};
       const int old_rank = comm.rank();
       const recovery_result res = recover_world(comm, q);
       auto who = [&](const recovery_roll_entry& e) {
@@ -1033,6 +1039,7 @@ class trainer {
                      "time): this process leaves the job, which goes on without it. Roll call:%s\n",
                      number, old_rank, res.verdict.c_str(), roll.c_str());
         std::fflush(stderr);
+        detail::write_exit_status("left");
         std::_Exit(0);
       }
       engine_.after_recovery();
@@ -1067,7 +1074,7 @@ class trainer {
                     "agreement %.3f s, rebuild %.3f s, state from rank %d (%zu steps; this rank had %zu) %.3f s",
                     number, step_, lost.empty() ? "no rank lost (all answered: a deadline expired on a slow peer)" : ("lost " + lost).c_str(),
                     res.new_size, res.old_size, f.operation().c_str(),
-                    f.why() == rank_failure::kind::deadline ? "timed out" : f.why() == rank_failure::kind::peer_recovery ? "was interrupted by a peer's recovery" : "failed",
+                    f.why() == rank_failure::kind::deadline ? "timed out" : f.why() == rank_failure::kind::peer_recovery ? "was interrupted by a peer's recovery" : f.why() == rank_failure::kind::peer_gone ? "found a peer's process gone" : "failed",
                     f.waited_s(), to_string(failed_at_).c_str(), res.agree_s, res.rebuild_s, root,
                     step_, static_cast<std::size_t>(behind),
                     monitor::seconds_between(t0, monitor::clock::now()) - res.agree_s - res.rebuild_s);
