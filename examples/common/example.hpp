@@ -50,6 +50,10 @@ struct flags {
   double checkpoint_every_s = 0;
   std::size_t checkpoint_keep = 3;
   bool resume = false;
+  // Failures (docs/fault-tolerance.md).
+  bool fault_detection = true;
+  double fault_deadline = 0;
+  std::string recovery = "auto";
 };
 
 inline constexpr const char* common_usage = R"(  --model mlp|cnn        network to train (default mlp: 784-256-128-10 with ReLU;
@@ -87,6 +91,11 @@ inline constexpr const char* common_usage = R"(  --model mlp|cnn        network 
   --resume               continue from the newest valid checkpoint in --checkpoint-dir (none: start
                          afresh); --epochs and --max-steps count the whole run, so a resumed run
                          ends where an uninterrupted one would
+  --recovery auto|on|off when a rank dies or hangs, go on with the others (auto: under
+                         mpirun --enable-recovery or loomrun; docs/fault-tolerance.md)
+  --fault-deadline S     a collective unfinished after S seconds means a failed peer (default:
+                         20 x the median step time, at least 0.5 s)
+  --no-fault-detection   no deadlines: a dead peer blocks the others until mpirun ends the job
   --load-weights FILE    start from the weights in FILE (safetensors, PyTorch's names)
   --save-weights FILE    after training, write the weights to FILE (one safetensors file)
   --tensorboard DIR      TensorBoard event files, each rank's under DIR/rank<r>/ (tensorboard
@@ -135,6 +144,10 @@ class parser {
         f.resume = true;
         continue;
       }
+      if (a == "--no-fault-detection") {
+        f.fault_detection = false;
+        continue;
+      }
       if (a.substr(0, 2) != "--") fail("unexpected argument '" + std::string(a) + "'");
       std::string_view name = a.substr(2), value;
       if (auto eq = name.find('='); eq != std::string_view::npos) {
@@ -176,6 +189,15 @@ class parser {
       else if (name == "checkpoint-every") f.checkpoint_every = number<std::size_t>(name, value);
       else if (name == "checkpoint-every-s") f.checkpoint_every_s = number<double>(name, value);
       else if (name == "checkpoint-keep") f.checkpoint_keep = number<std::size_t>(name, value);
+      else if (name == "fault-deadline") {
+        f.fault_deadline = number<double>(name, value);
+        if (!(f.fault_deadline > 0)) fail("--fault-deadline must be a number of seconds above 0, got " + std::string(value));
+      }
+      else if (name == "recovery") {
+        f.recovery = value;
+        if (f.recovery != "auto" && f.recovery != "on" && f.recovery != "off")
+          fail("--recovery must be auto, on or off, got '" + f.recovery + "'");
+      }
       else if (!extra || !extra(name, value)) fail("unknown flag --" + std::string(name));
     }
     if (f.model != "mlp" && f.model != "cnn") fail("--model must be mlp or cnn, got '" + f.model + "'");
@@ -244,6 +266,10 @@ inline loom::fit_options fit_options_of(const flags& f) {
   fo.trace = f.trace;
   fo.checkpoint = {.directory = f.checkpoint_dir, .every_steps = f.checkpoint_every, .every_s = f.checkpoint_every_s,
                    .keep = f.checkpoint_keep, .resume = f.resume};
+  fo.fault.detect = f.fault_detection;
+  fo.fault.deadline_s = f.fault_deadline;
+  fo.fault.recovery = f.recovery == "on" ? loom::recovery_mode::on : f.recovery == "off" ? loom::recovery_mode::off
+                                                                                        : loom::recovery_mode::automatic;
   fo.progress = f.quiet ? nullptr : &std::cerr;
   fo.progress_style = f.progress;
   fo.live_every_s = f.quiet ? 0 : f.live_every;  // nothing to draw on: no exchanges

@@ -137,6 +137,10 @@ struct nccl_state {
   int rank = 0;
   cudaStream_t stream = nullptr;
   std::vector<p2p> queued;
+  // Failure detection (nccl_comm::watch_for_failures): the host communicator's detector, whose
+  // deadline and control communicator every wait also watches; set once a wait failed.
+  std::shared_ptr<mpi_watch> watch;
+  bool broken = false;
 
   nccl_state() = default;
   nccl_state(const nccl_state&) = delete;
@@ -180,7 +184,9 @@ struct nccl_state {
   /// Blocks until `e` is reached, watching for NCCL's asynchronous errors (a failed peer)
   /// instead of hanging on them.
   void wait_for(const cuda_event& e, const char* op) const {
+    const auto t0 = std::chrono::steady_clock::now();
     for (unsigned spins = 0; !cuda_for_nccl(op, rank, [&] { return e.done(); }); ++spins) {
+      if (watch && spins % 16 == 0) watch_failures(op, t0);
       ncclResult_t async = ncclSuccess;
       check_nccl(ncclCommGetAsyncError(comm, &async), comm, op, rank);
       if (async != ncclSuccess && async != ncclInProgress) {
@@ -191,6 +197,28 @@ struct nccl_state {
       }
       if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
+  }
+
+  /// Under failure detection: the deadline, and a peer's recovery message on the control
+  /// communicator. Throws loom::rank_failure (the operations in flight are left to the
+  /// recovery: ncclCommShrink with NCCL_SHRINK_ABORT, or ncclCommAbort).
+  void watch_failures(const char* op, std::chrono::steady_clock::time_point t0) const {
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    auto fail = [&](rank_failure::kind k, int peer, const std::string& why) {
+      const_cast<nccl_state*>(this)->broken = true;
+      throw rank_failure(k, op, waited, peer,
+                         std::string("loom::nccl_comm::") + op + ": rank " + std::to_string(rank) + " (" +
+                             to_string(fault_here) + "): " + why);
+    };
+    if (watch->ctl != MPI_COMM_NULL) {
+      int flag = 0;
+      MPI_Status st;
+      MPI_Iprobe(MPI_ANY_SOURCE, recovery_tag, watch->ctl, &flag, &st);
+      if (flag) fail(rank_failure::kind::peer_recovery, st.MPI_SOURCE, "rank " + std::to_string(st.MPI_SOURCE) + " started a recovery");
+    }
+    const double deadline = watch->deadline_s > 0 ? watch->deadline_s : shared_deadline_s;
+    if (deadline > 0 && waited > deadline)
+      fail(rank_failure::kind::deadline, -1, "not finished within its deadline of " + std::to_string(deadline) + " s");
   }
 };
 
@@ -248,6 +276,53 @@ class nccl_comm {
   cudaStream_t stream() const noexcept { return state_->stream; }
   /// The MPI communicator beside it (host memory).
   mpi_comm& host() noexcept { return host_; }
+
+  /// Failure detection on both sides (see mpi_comm::watch_for_failures): the host
+  /// communicator's detector, whose deadline every wait for a GPU operation also keeps.
+  /// Collective.
+  void watch_for_failures(double deadline_s) {
+    host_.watch_for_failures(deadline_s);
+    state_->watch = host_.watch_shared();
+  }
+  void set_deadline(double deadline_s) noexcept { host_.set_deadline(deadline_s); }
+  detail::mpi_watch* watch() const noexcept { return host_.watch(); }
+
+  /// The recovery protocol of loom/comm/mpi_recovery.hpp on the host communicator, then the
+  /// GPU side over the survivors: ncclCommShrink of the old communicator with
+  /// NCCL_SHRINK_ABORT (which ends its operations in flight) where NCCL >= 2.27, else
+  /// ncclCommAbort and a new communicator from a unique id broadcast over the survivors' MPI
+  /// communicator. Collective over the survivors. Compiled here; run only where a GPU is lent.
+  friend recovery_result recover_world(nccl_comm& c, const recovery_request& q) {
+    recovery_result res = recover_world(c.host_, q);
+    if (res.excluded) return res;
+    const std::shared_ptr<detail::nccl_state> old = c.state_;
+    auto fresh = std::make_shared<detail::nccl_state>();
+    fresh->rank = c.host_.rank();
+    fresh->device = old->device;
+    detail::check_cuda_for_nccl(cudaSetDevice(fresh->device), "cudaSetDevice", "recover_world", fresh->rank);
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+    std::vector<int> lost = res.lost;
+    detail::check_nccl(ncclCommShrink(old->comm, lost.data(), static_cast<int>(lost.size()), &fresh->comm, nullptr,
+                                      NCCL_SHRINK_ABORT),
+                       old->comm, "recover_world", fresh->rank);
+    (void)ncclCommAbort(old->comm);
+#else
+    (void)ncclCommAbort(old->comm);
+    ncclUniqueId id{};
+    if (c.host_.rank() == 0) detail::check_nccl(ncclGetUniqueId(&id), nullptr, "recover_world", 0);
+    c.host_.broadcast(reinterpret_cast<char*>(&id), sizeof(id), 0);
+    detail::check_nccl(ncclCommInitRank(&fresh->comm, c.host_.size(), id, c.host_.rank()), nullptr, "recover_world",
+                       fresh->rank);
+#endif
+    // The old stream may hold a kernel that never ends: left as it is, never synchronised.
+    old->comm = nullptr;
+    old->stream = nullptr;
+    detail::check_cuda_for_nccl(cudaStreamCreateWithFlags(&fresh->stream, cudaStreamNonBlocking), "cudaStreamCreate",
+                                "recover_world", fresh->rank);
+    fresh->watch = c.host_.watch_shared();
+    c.state_ = std::move(fresh);
+    return res;
+  }
 
   /// Collective: the ranks passing the same colour (>= 0) form a new communicator, ranked by
   /// (key, old rank): MPI_Comm_split for the host side, ncclCommSplit for the GPU side.
@@ -456,6 +531,11 @@ class nccl_comm::request {
   friend class nccl_comm;
 
   void finish() noexcept {
+    if (state_ && state_->broken) {  // abandoned: a failure broke its communicator
+      state_.reset();
+      done_.reset();
+      return;
+    }
     try {
       wait();
     } catch (const std::exception& e) {

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# What surviving a failed rank costs (docs/fault-tolerance.md), with examples/fashion_mnist (mlp,
+# batch 64) data parallel under mpirun --enable-recovery on this machine:
+#   recovery  TRIALS runs of 4 ranks, each losing a random rank (kill -9, or SIGSTOP: a hang) at a
+#             random moment: per failure, the wait that failed (detection), the agreement (roll
+#             call, verdict, ready round), the communicator rebuild, the healing (state from the
+#             most advanced survivor) and the time from the signal to the first good step after it;
+#             medians and maxima. Three kinds: kill -9 seen through this host's /proc (the one-host
+#             path), kill -9 with that evidence off (LOOM_FAULT_NO_LOCAL_EVIDENCE=1: the deadline
+#             path a failure on another host takes), and SIGSTOP.
+#   deadline  the steady-state cost of failure detection: ROUNDS paired runs of 2 ranks with and
+#             without it (--no-fault-detection), median ratio of samples/s (target >= 0.99).
+#   after     throughput after a recovery: a 4-rank run that loses a rank early against a clean
+#             3-rank run of the same steps, median ratio of samples/s over ROUNDS pairs.
+#   run.sh [--part recovery,deadline,after] [--trials 10] [--rounds 5] [--steps 1500]
+# Environment: LOOM_BUILD_DIR (default build/), LOOM_JOBS (default 1), QUIET_WAIT (see lib.sh).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+jobs=${LOOM_JOBS:-1}
+source "$repo/benchmarks/common/lib.sh"
+case ${1:-} in -h | --help) sed -n '3,/^set -e/{/^set -e/!s/^# \{0,1\}//p}' "$0"; exit 0 ;; esac
+args=("$@")
+flag() { local i; for ((i = 0; i + 1 < ${#args[@]}; i++)); do [ "${args[i]}" != "--$1" ] || { echo "${args[i + 1]}"; return; }; done; echo "$2"; }
+parts=$(flag part recovery,deadline,after)
+trials=$(flag trials 10)
+rounds=$(flag rounds 5)
+steps=$(flag steps 1500)
+build fashion_mnist
+program=$build_dir/examples/fashion_mnist/fashion_mnist
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+common=(--epochs 100 --train-samples 12800 --test-samples 500 --threads 1 --quiet --max-steps "$steps")
+mpi() { local n=$1; shift; "${strip_env[@]}" OMP_NUM_THREADS=1 mpirun $(mpi_flags "$n") --bind-to none "$@"; }
+median() { sort -g | awk '{ a[NR] = $1 } END { if (NR) print a[int((NR + 1) / 2)]; else print "-" }'; }
+maxof() { sort -g | tail -1; }
+sps() { sed -n 's/.*samples_per_s=\([0-9]*\).*/\1/p' "$1"; }
+
+echo "Fault tolerance, $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, $(cpu_line)"
+
+if [[ $parts == *recovery* ]]; then
+  for kind in kill-local kill-deadline stop; do
+    : > "$work/$kind.txt"
+    for t in $(seq 1 "$trials"); do
+      quiet_wait
+      d=$work/$kind-$t
+      mkdir -p "$d"
+      env_extra=()
+      [ "$kind" = kill-deadline ] && env_extra=(-x LOOM_FAULT_NO_LOCAL_EVIDENCE=1)
+      LOOM_FAULT_NO_LOCAL_EVIDENCE=$([ "$kind" = kill-deadline ] && echo 1 || echo 0) \
+        mpi 4 --enable-recovery -x LOOM_FAULT_NO_LOCAL_EVIDENCE "$program" "${common[@]}" --checkpoint-dir "$d/ck" \
+        --checkpoint-every 50 > "$d/out" 2> "$d/err" &
+      job=$!
+      for _ in $(seq 1 6000); do [ -d "$d/ck/step-50" ] && break; kill -0 $job 2>/dev/null || break; sleep 0.01; done
+      sleep "$(awk -v r=$RANDOM 'BEGIN { printf "%.3f", r / 32767 }')"
+      mapfile -t pids < <(pgrep -P $job | sort -n)
+      victim=${pids[$((RANDOM % ${#pids[@]}))]}
+      if [ "$kind" = stop ]; then kill -STOP "$victim"; else kill -9 "$victim"; fi
+      at=$(date +%s.%N)
+      wait $job || true
+      line=$(grep -m1 '^loom: recovery 1 at step' "$d/err" || true)
+      good=$(sed -n 's/.*first good step.*(unix time \([0-9.]*\)).*/\1/p' "$d/err" | head -1)
+      kill -9 "$victim" 2>/dev/null || true
+      [ -n "$line" ] && [ -n "$good" ] || { echo "  $kind trial $t: no recovery report (see below)"; tail -3 "$d/err"; continue; }
+      det=$(sed -n 's/.* after \([0-9.]*\) s waiting.*/\1/p' <<< "$line")
+      agr=$(sed -n 's/.*agreement \([0-9.]*\) s.*/\1/p' <<< "$line")
+      reb=$(sed -n 's/.*rebuild \([0-9.]*\) s.*/\1/p' <<< "$line")
+      heal=$(sed -n 's/.*this rank had [0-9]*) \([0-9.]*\) s.*/\1/p' <<< "$line")
+      first=$(awk -v g="$good" -v a="$at" 'BEGIN { printf "%.3f", g - a }')
+      echo "$det $agr $reb $heal $first" >> "$work/$kind.txt"
+    done
+  done
+  echo
+  echo "Per failure, 4 ranks -> 3, mlp batch 64, seconds: median / max over the trials"
+  printf '  %-14s %6s | %13s %13s %13s %13s | %15s\n' failure trials detection agreement rebuild healing "signal->1st good"
+  for kind in kill-local kill-deadline stop; do
+    f=$work/$kind.txt
+    n=$(wc -l < "$f")
+    row=()
+    for c in 1 2 3 4 5; do row+=("$(cut -d' ' -f$c "$f" | median) / $(cut -d' ' -f$c "$f" | maxof)"); done
+    printf '  %-14s %6s | %13s %13s %13s %13s | %15s\n' "$kind" "$n" "${row[@]}"
+  done
+fi
+
+if [[ $parts == *deadline* ]]; then
+  : > "$work/deadline.txt"
+  for r in $(seq 1 "$rounds"); do
+    quiet_wait
+    mpi 2 "$program" "${common[@]}" > "$work/on.out" 2>/dev/null
+    mpi 2 "$program" "${common[@]}" --no-fault-detection > "$work/off.out" 2>/dev/null
+    echo "$(sps "$work/on.out") $(sps "$work/off.out")" >> "$work/deadline.txt"
+  done
+  echo
+  echo "Failure detection in steady state: 2 ranks, $steps steps, $rounds paired rounds (samples/s)"
+  awk '{ printf "  round %d: on %s, off %s, ratio %.3f\n", NR, $1, $2, $1 / $2 }' "$work/deadline.txt"
+  echo "  median ratio on/off: $(awk '{ print $1 / $2 }' "$work/deadline.txt" | median)"
+fi
+
+if [[ $parts == *after* ]]; then
+  : > "$work/after.txt"
+  for r in $(seq 1 "$rounds"); do
+    quiet_wait
+    d=$work/after-$r
+    mkdir -p "$d"
+    mpi 4 --enable-recovery "$program" "${common[@]}" --checkpoint-dir "$d/ck" --checkpoint-every 50 > "$d/out" 2> "$d/err" &
+    job=$!
+    for _ in $(seq 1 6000); do [ -d "$d/ck/step-50" ] && break; kill -0 $job 2>/dev/null || break; sleep 0.01; done
+    mapfile -t pids < <(pgrep -P $job | sort -n)
+    kill -9 "${pids[1]}"
+    wait $job || true
+    mpi 3 --enable-recovery "$program" "${common[@]}" > "$d/clean.out" 2>/dev/null
+    echo "$(sps "$d/out") $(sps "$d/clean.out")" >> "$work/after.txt"
+  done
+  echo
+  echo "Throughput of a run that lost 1 of 4 ranks at step ~50 against a clean 3-rank run, $steps steps (samples/s)"
+  awk '{ printf "  round %d: recovered %s, clean 3 ranks %s, ratio %.3f\n", NR, $1, $2, $1 / $2 }' "$work/after.txt"
+  echo "  median ratio: $(awk '{ print $1 / $2 }' "$work/after.txt" | median)"
+fi
