@@ -19,12 +19,12 @@ l2() { sed -n 's/^result: .* params_l2=\([0-9.]*\) .*/\1/p' "$1"; }
 
 echo "== one host: 4 ranks, plain mpirun"
 t0=$(date +%s.%N)
-mpirun --allow-run-as-root --oversubscribe --bind-to none -np 4 "$program" "${flags[@]}" > "$CLUSTER_DIR/one.out" 2> "$CLUSTER_DIR/one.err" ||
+mpirun --allow-run-as-root --oversubscribe --bind-to none -np 4 "$program" "${flags[@]}" --save-weights "$CLUSTER_DIR/one.safetensors" > "$CLUSTER_DIR/one.out" 2> "$CLUSTER_DIR/one.err" ||
   { cat "$CLUSTER_DIR/one.err"; fail "the one-host run failed"; }
 t1=$(date +%s.%N)
 grep "^result:" "$CLUSTER_DIR/one.out"
 echo "== 2 hosts x 2 ranks across the namespaces"
-cluster_mpirun --hostfile "$CLUSTER_DIR/hosts" -np 4 "$program" "${flags[@]}" > "$CLUSTER_DIR/two.out" 2> "$CLUSTER_DIR/two.err" ||
+cluster_mpirun --hostfile "$CLUSTER_DIR/hosts" -np 4 "$program" "${flags[@]}" --save-weights "$CLUSTER_DIR/two.safetensors" > "$CLUSTER_DIR/two.out" 2> "$CLUSTER_DIR/two.err" ||
   { cat "$CLUSTER_DIR/two.err"; fail "the run across 2 hosts failed"; }
 t2=$(date +%s.%N)
 grep "^result:" "$CLUSTER_DIR/two.out"
@@ -35,4 +35,6 @@ echo "wall time: one host $(awk "BEGIN { printf \"%.2f\", $t1 - $t0 }") s, 2 hos
 awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-5 * a) }' ||
   fail "params_l2 differs by more than 1e-5 relative: across the hosts $b, on one host $a"
 [ "$a" = "$b" ] && same="the same to the 6 decimals printed" || same="within 1e-5 relative"
+cmp -s "$CLUSTER_DIR/one.safetensors" "$CLUSTER_DIR/two.safetensors" && same="$same (the weights files are bitwise equal)" ||
+  same="$same (the weights files differ in bits)"
 echo "PASS: params_l2 across 2 hosts ($b) is $same as on one host ($a)"
