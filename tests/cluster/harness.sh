@@ -12,7 +12,7 @@
 #   cluster_exec I CMD...   run CMD inside host I's namespace
 #   cluster_kill_host I     kill -9 every process whose network namespace is host I's
 #   cluster_link I up|down  bring host I's link up or down (down: a partition)
-#   cluster_limit I RATE    limit host I's link to RATE (tc tbf), e.g. 100mbit
+#   cluster_limit I RATE [BURST]  limit host I's link to RATE (tc tbf), e.g. 100mbit
 #   cluster_check_orted     an orted in every host connects back to mpirun in host 0
 # CLUSTER_MCA (array): the mpirun options of the harness (agent, TCP interfaces, binding).
 
@@ -127,8 +127,8 @@ cluster_link() {
   ip -n "${CLUSTER_PREFIX}-br" link set "v$1" "$2"
 }
 
-cluster_limit() {
-  tc -n "${CLUSTER_PREFIX}-br" qdisc replace dev "v$1" root tbf rate "$2" burst 64kbit latency 50ms
+cluster_limit() {  # cluster_limit I RATE [BURST]: BURST default 64kbit (raise it for high rates)
+  tc -n "${CLUSTER_PREFIX}-br" qdisc replace dev "v$1" root tbf rate "$2" burst "${3:-64kbit}" latency 50ms
 }
 
 # Every host's orted connects back: mpirun in host 0 runs `hostname -I` (the addresses of the

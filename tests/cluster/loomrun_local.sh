@@ -50,8 +50,13 @@ run_killed() {  # run_killed NAME LOOMRUN-FLAGS...: loomrun's run, one rank kill
     sleep 0.01
   done
   [ -d "$work/$name.ck/step-$every" ] || { cat "$work/$name.err"; fail "no checkpoint step-$every appeared"; }
-  rank=$(pgrep -x "$(basename "$program" | cut -c1-15)" | tail -1)
-  [ -n "$rank" ] || fail "found no rank process of $program"
+  # Only this job's ranks: the children of the mpirun that this loomrun started (never a
+  # process of the same name elsewhere on the machine).
+  local mp
+  mp=$(pgrep -P "$job" -x mpirun | head -1)
+  [ -n "$mp" ] || fail "found no mpirun under loomrun ($job)"
+  rank=$(pgrep -P "$mp" -x "$(basename "$program" | cut -c1-15)" | tail -1)
+  [ -n "$rank" ] || fail "found no rank process of $program under mpirun ($mp)"
   killed_at=$(date +%s.%N)
   kill -9 "$rank"
   echo "kill -9 of rank process $rank after step-$every's checkpoint"
