@@ -34,7 +34,7 @@ a=$(l2 "$CLUSTER_DIR/one.out") b=$(l2 "$CLUSTER_DIR/two.out")
 echo "wall time: one host $(awk "BEGIN { printf \"%.2f\", $t1 - $t0 }") s, 2 hosts x 2 ranks $(awk "BEGIN { printf \"%.2f\", $t2 - $t1 }") s"
 awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-5 * a) }' ||
   fail "params_l2 differs by more than 1e-5 relative: across the hosts $b, on one host $a"
-[ "$a" = "$b" ] && same="the same to the 6 decimals printed" || same="within 1e-5 relative"
+[ "$a" = "$b" ] && same="equal to the 6 decimals printed" || same="within 1e-5 relative"
 cmp -s "$CLUSTER_DIR/one.safetensors" "$CLUSTER_DIR/two.safetensors" && same="$same (the weights files are bitwise equal)" ||
   same="$same (the weights files differ in bits)"
-echo "PASS: params_l2 across 2 hosts ($b) is $same as on one host ($a)"
+echo "PASS: params_l2 across 2 hosts ($b) and on one host ($a): $same"
