@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Data parallel on 2 hosts x 2 ranks under loomrun; once the first checkpoint is committed, every
+# process of host 1 is killed (kill -9). The survivors on host 0 must continue in the process
+# (the trainer's in-process recovery: a line `loom: recovery ...` on stderr) and finish with
+# ranks=2 and status 0 — without loomrun restarting the job (no `loomrun: restart` line), which
+# would also finish with ranks=2, from the checkpoint.
+# usage: dp_host_failure.sh LOOMRUN PROGRAM TOTAL EVERY -- flags...
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+loomrun=$1 program=$2 total=$3 every=$4
+shift 4
+[ "$1" = "--" ] && shift
+flags=("$@")
+source "$here/harness.sh"
+fail() { echo "FAIL: $*"; exit 1; }
+cluster_up 2
+cluster_hostfile "$CLUSTER_DIR/hosts" 2
+w=$CLUSTER_DIR
+through=()
+for a in "${CLUSTER_MCA[@]}"; do through+=(--mpirun-arg "$a"); done
+(exec ip netns exec "$(cluster_ns 0)" "$loomrun" -np 4 --hostfile "$w/hosts" --recovery-timeout 30 "${through[@]}" -- \
+   "$program" "${flags[@]}" --max-steps "$total" --checkpoint-dir "$w/ck" --checkpoint-every "$every" \
+   > "$w/run.out" 2> "$w/run.err") &
+job=$!
+for _ in $(seq 1 6000); do
+  [ -d "$w/ck/step-$every" ] && break
+  kill -0 $job 2> /dev/null || break
+  sleep 0.01
+done
+[ -d "$w/ck/step-$every" ] || { cat "$w/run.err"; fail "no checkpoint step-$every appeared"; }
+n=$(cluster_kill_host 1)
+echo "kill -9 of the $n processes of host 1 after step-$every's checkpoint"
+wait $job
+status=$?
+grep -E "^loom: recovery|^loomrun|Peer host|resumed from" "$w/run.err"
+[ "$status" -eq 0 ] || fail "loomrun ended with status $status, not 0"
+grep "^result: .* ranks=2 " "$w/run.out" || fail "no result line with ranks=2"
+grep -q "^loomrun: restart" "$w/run.err" &&
+  fail "loomrun restarted the job from the checkpoint: the survivors did not recover in the process"
+grep -q "^loom: recovery" "$w/run.err" || fail "no 'loom: recovery' line: the survivors did not recover in the process"
+echo "PASS: host 1 died; host 0's 2 ranks recovered in the process and finished"

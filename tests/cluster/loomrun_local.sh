@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# loomrun on one host, no namespaces: NP ranks of PROGRAM with checkpoints every EVERY steps;
+# kill -9 of one rank once the first checkpoint is committed. The trainer has no in-process
+# recovery on this branch, so loomrun stops the hung job (--recovery-timeout) and restarts it on
+# the same host with the same NP, from the newest checkpoint; it must end with status 0 and
+# weights byte for byte those of a clean run. Then --max-restarts 0 gives up with its message
+# and mpirun's non-zero status, and bad arguments exit 2 with theirs.
+# usage: loomrun_local.sh LOOMRUN MPIEXEC NP PROGRAM WORKDIR TOTAL EVERY -- flags...
+set -u
+loomrun=$1 mpiexec=$2 np=$3 program=$4 work=$5 total=$6 every=$7
+shift 7
+[ "$1" = "--" ] && shift
+flags=("$@")
+rm -rf "$work" && mkdir -p "$work"
+fail() { echo "FAIL: $*"; exit 1; }
+
+echo "== bad arguments exit 2 with a message"
+check_bad() {  # check_bad EXPECTED-MESSAGE ARGS...
+  local want=$1 out status
+  shift
+  out=$("$loomrun" "$@" 2>&1)
+  status=$?
+  [ "$status" -eq 2 ] || fail "loomrun $* exited with $status, not 2 ($out)"
+  grep -qF -e "$want" <<< "$out" || fail "loomrun $*: expected a message with '$want', found: $out"
+  echo "loomrun $*: $(head -1 <<< "$out")"
+}
+check_bad "missing -- before the program" -np 2 true
+check_bad "needs a number of ranks >= 1, not 'x'" -np x -- true
+check_bad "unknown option '--frobnicate'" -np 2 --frobnicate -- true
+check_bad "cannot read the hostfile '$work/none'" -np 2 --hostfile "$work/none" -- true
+check_bad "-np N is required" -- true
+check_bad "no program" -np 2 --
+"$loomrun" --help | grep -q "^usage: loomrun" || fail "loomrun --help prints no usage"
+
+echo "== the clean run ($np ranks, plain mpirun)"
+"$mpiexec" --allow-run-as-root --oversubscribe --bind-to none -np "$np" "$program" "${flags[@]}" --max-steps "$total" \
+  --save-weights "$work/full.safetensors" > "$work/full.out" 2> "$work/full.err" || { cat "$work/full.err"; fail "the clean run failed"; }
+tail -1 "$work/full.out"
+
+run_killed() {  # run_killed NAME LOOMRUN-FLAGS...: loomrun's run, one rank killed after the first checkpoint
+  local name=$1 rank
+  shift
+  (exec "$loomrun" -np "$np" "$@" -- "$program" "${flags[@]}" --max-steps "$total" --checkpoint-dir "$work/$name.ck" \
+     --checkpoint-every "$every" --save-weights "$work/$name.safetensors" > "$work/$name.out" 2> "$work/$name.err") &
+  job=$!
+  for _ in $(seq 1 6000); do
+    [ -d "$work/$name.ck/step-$every" ] && break
+    kill -0 $job 2> /dev/null || break
+    sleep 0.01
+  done
+  [ -d "$work/$name.ck/step-$every" ] || { cat "$work/$name.err"; fail "no checkpoint step-$every appeared"; }
+  # Only this job's ranks: the children of the mpirun that this loomrun started (never a
+  # process of the same name elsewhere on the machine).
+  local mp
+  mp=$(pgrep -P "$job" -x mpirun | head -1)
+  [ -n "$mp" ] || fail "found no mpirun under loomrun ($job)"
+  rank=$(pgrep -P "$mp" -x "$(basename "$program" | cut -c1-15)" | tail -1)
+  [ -n "$rank" ] || fail "found no rank process of $program under mpirun ($mp)"
+  killed_at=$(date +%s.%N)
+  kill -9 "$rank"
+  echo "kill -9 of rank process $rank after step-$every's checkpoint"
+}
+
+echo "== loomrun, one rank killed: restarted from the checkpoint"
+run_killed restarted --recovery-timeout 10
+for _ in $(seq 1 3000); do grep -q "resumed from" "$work/restarted.err" && break; sleep 0.05; done
+resumed_at=$(date +%s.%N)
+wait $job
+status=$?
+cat "$work/restarted.err" | grep -E "^loomrun|resumed from|PMIX|exited on"
+[ "$status" -eq 0 ] || fail "loomrun ended with status $status, not 0"
+grep -q "^loomrun: restart 1 of 3: .*, $np ranks on localhost, from the newest checkpoint" "$work/restarted.err" ||
+  fail "loomrun did not report 'restart 1 of 3: ..., $np ranks on localhost, from the newest checkpoint'"
+grep -q "resumed from" "$work/restarted.err" || fail "the restarted job did not say where it resumed from"
+grep "result: .* ranks=$np " "$work/restarted.out" || fail "no result line with ranks=$np"
+echo "restart time (kill -9 -> the restarted job resumed): $(awk "BEGIN { printf \"%.2f\", $resumed_at - $killed_at }") s (includes --recovery-timeout 10)"
+cmp "$work/full.safetensors" "$work/restarted.safetensors" || fail "the restarted run's weights differ from the clean run's"
+echo "the restarted run's weights are bitwise the clean run's"
+
+echo "== loomrun --max-restarts 0, one rank killed: gives up"
+run_killed norestart --max-restarts 0 --recovery-timeout 5
+wait $job
+status=$?
+grep "^loomrun" "$work/norestart.err"
+[ "$status" -ne 0 ] || fail "loomrun --max-restarts 0 ended with status 0 after a rank was killed"
+grep -q "^loomrun: giving up after 0 restart(s) (--max-restarts 0): .*mpirun's exit status $status" "$work/norestart.err" ||
+  fail "no 'giving up after 0 restart(s) (--max-restarts 0): ... mpirun's exit status $status' message"
+grep -q "^loomrun: restart" "$work/norestart.err" && fail "loomrun restarted with --max-restarts 0"
+echo "PASS: loomrun restarted the killed job to the clean run's weights, gave up with --max-restarts 0, refused bad arguments"
+rm -rf "$work"
