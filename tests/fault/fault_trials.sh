@@ -19,6 +19,9 @@
 # accuracy is within 0.5 points of the same run without a failure. Prints every trial's time
 # from the signal to the first good step after it (the distribution's median and maximum).
 #
+#   bitwise  kill as above, with --deterministic-chunk among the flags: the weights at the end are
+#          byte for byte those of the run without a failure (the split-invariant sum is the same on
+#          N and N-1 ranks, and the interrupted step is computed again from the same state);
 #   plain  plain mpirun (no recovery: it kills the survivors a second after a rank dies), kill -9
 #          of one rank: a survivor writes an emergency checkpoint of the last step it finished,
 #          newer than the last periodic one, and a run resumed from it ends with the weights, byte
@@ -76,7 +79,8 @@ fi
 expect=$((np - 1))
 [ "$mode" = twice ] || [ "$mode" = during ] && expect=$((np - 2))
 echo "== the run without a failure ($np ranks)"
-"${mpi[@]}" --enable-recovery -np "$np" "$program" "${flags[@]}" > "$work/clean.out" 2> "$work/clean.err" ||
+"${mpi[@]}" --enable-recovery -np "$np" "$program" "${flags[@]}" --save-weights "$work/clean.safetensors" \
+  > "$work/clean.out" 2> "$work/clean.err" ||
   { cat "$work/clean.err"; fail "the clean run failed"; }
 clean=$(accuracy "$work/clean.out")
 [ -n "$clean" ] || { cat "$work/clean.out"; fail "the clean run printed no result line"; }
@@ -86,7 +90,7 @@ for t in $(seq 1 "$trials"); do
   d="$work/trial$t"
   mkdir -p "$d"
   (exec "${mpi[@]}" --enable-recovery -np "$np" "$program" "${flags[@]}" --checkpoint-dir "$d/ck" --checkpoint-every 50 \
-     > "$d/out" 2> "$d/err") &
+     --save-weights "$d/weights.safetensors" > "$d/out" 2> "$d/err") &
   job=$!
   for _ in $(seq 1 6000); do [ -d "$d/ck/step-50" ] && break; kill -0 $job 2>/dev/null || break; sleep 0.01; done
   [ -d "$d/ck/step-50" ] || { cat "$d/err"; fail "trial $t: no first checkpoint appeared"; }
@@ -95,7 +99,7 @@ for t in $(seq 1 "$trials"); do
   [ "${#pids[@]}" -eq "$np" ] || fail "trial $t: found ${#pids[@]} rank processes under mpirun, expected $np"
   i=$((RANDOM % np))
   case $mode in
-    kill|twice|during) kill -9 "${pids[$i]}"; what="kill -9" ;;
+    kill|twice|during|bitwise) kill -9 "${pids[$i]}"; what="kill -9" ;;
     stop) kill -STOP "${pids[$i]}"; what="SIGSTOP" ;;
   esac
   at=$(now)
@@ -130,6 +134,11 @@ for t in $(seq 1 "$trials"); do
   fi
   newest=$(ls "$d/ck" | grep -E '^step-[0-9]+$' | sed 's/step-//' | sort -n | tail -1)
   [ "$newest" = "$total" ] || fail "trial $t: the final checkpoint is step-$newest, expected step-$total: steps were lost"
+  if [ "$mode" = bitwise ]; then
+    cmp "$work/clean.safetensors" "$d/weights.safetensors" ||
+      fail "trial $t: the weights after the failure differ from the run without one"
+    echo "trial $t: the weights are byte for byte the clean run's"
+  fi
   acc=$(accuracy "$d/out")
   awk -v a="$acc" -v c="$clean" 'BEGIN { d = (a - c) * 100; if (d < 0) d = -d; exit !(d <= 0.5) }' ||
     fail "trial $t: test accuracy $acc is more than 0.5 points from the clean run's $clean"

@@ -42,6 +42,10 @@ struct fault_options {
   double deadline_s = 0;
   double deadline_steps = 20;
   double min_deadline_s = 0.5;
+  /// The least deadline where no recovery follows (plain mpirun, recovery off): a deadline
+  /// that expires there ends the job, so it is long; a dead peer on this host, or mpirun's
+  /// SIGTERM after a death, is seen at once anyway.
+  double min_deadline_without_recovery_s = 30;
   /// The deadline before enough steps are measured (start, the first steps after a recovery,
   /// whose new batch shapes compile new kernels), and of synchronous checkpoint writes.
   double startup_deadline_s = 60;

@@ -415,7 +415,7 @@ class trainer {
     auto last_checkpoint_time = monitor::clock::now();
     std::size_t saved_step = start_at.valid ? step_ : static_cast<std::size_t>(-1);
     monitor::live_view live(opts.live_every_s, fig, engine_.rank() == 0 ? opts.progress : nullptr, opts.progress_style);
-    step_clock steps_timed(fo);
+    step_clock steps_timed(fo, recovering ? fo.min_deadline_s : std::max(fo.min_deadline_s, fo.min_deadline_without_recovery_s));
     // The communicators of a policy that cannot recover (pipelines, tensor parallelism) wait at
     // most the step-derived deadline too, where the runtime keeps survivors alive: a dead peer
     // then ends the job (loomrun restarts it from its checkpoint) instead of hanging it.
@@ -962,7 +962,7 @@ class trainer {
   /// startup_deadline_s until 4 steps are measured.
   class step_clock {
    public:
-    explicit step_clock(const fault_options& f) : f_(f) {}
+    step_clock(const fault_options& f, double floor_s) : f_(f), floor_s_(floor_s) {}
     /// Adds a step's time; returns the deadline now.
     double add(double s) {
       times_[n_++ % times_.size()] = s;
@@ -974,12 +974,13 @@ class trainer {
       if (k < 4) return f_.startup_deadline_s;
       std::array<double, 16> t = times_;
       std::nth_element(t.begin(), t.begin() + k / 2, t.begin() + k);
-      return std::max(f_.min_deadline_s, f_.deadline_steps * t[k / 2]);
+      return std::max(floor_s_, f_.deadline_steps * t[k / 2]);
     }
     void restart() { n_ = 0; }
 
    private:
     const fault_options& f_;
+    double floor_s_;
     std::array<double, 16> times_{};
     std::size_t n_ = 0;
   };
