@@ -30,7 +30,7 @@
 
 #include "loom/comm/communicator.hpp"
 #include "loom/core/error.hpp"
-#include "loom/parallel/fault.hpp"
+#include "loom/core/fault.hpp"
 
 namespace loom {
 

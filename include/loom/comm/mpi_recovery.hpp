@@ -50,7 +50,7 @@
 #include <vector>
 
 #include "loom/comm/mpi.hpp"
-#include "loom/parallel/fault.hpp"
+#include "loom/core/fault.hpp"
 
 namespace loom {
 

@@ -18,7 +18,7 @@
 #include "loom/comm/communicator.hpp"
 #include "loom/core/error.hpp"
 #include "loom/parallel/bucket_plan.hpp"
-#include "loom/parallel/fault.hpp"
+#include "loom/core/fault.hpp"
 #include "loom/monitor/figures.hpp"
 #include "loom/monitor/timeline.hpp"
 #include "loom/parallel/shard_map.hpp"

@@ -47,7 +47,7 @@
 #include "loom/parallel/collectives.hpp"
 #include "loom/parallel/data_parallel.hpp"
 #include "loom/parallel/engine.hpp"
-#include "loom/parallel/fault.hpp"
+#include "loom/core/fault.hpp"
 #include "loom/parallel/hybrid.hpp"
 #include "loom/parallel/pipeline_engine.hpp"
 #include "loom/parallel/replica_engine.hpp"
