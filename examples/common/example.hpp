@@ -70,8 +70,8 @@ inline constexpr const char* common_usage = R"(  --model mlp|cnn        network 
   --test-samples N       evaluate on the first N test images (default: all 10000)
   --data DIR             directory with the IDX files (default /usr/share/datasets/fashion-mnist)
   --deterministic-chunk C  split-invariant mode: chunks of C samples summed in one fixed tree,
-                         so results are bitwise equal on 1, 2, 4, ... ranks (power-of-two ranks;
-                         single process and data parallel only; default 0: off)
+                         so results are bitwise equal on 1, 2, 3, ... ranks (at least one chunk
+                         per rank; single process and data parallel only; default 0: off)
   --metrics-file FILE    each rank's live metrics as a Prometheus textfile, rewritten atomically
                          (several ranks: FILE with .rank<r> before its extension)
   --metrics-jsonl FILE   each rank's metrics appended as JSON lines (likewise per rank)

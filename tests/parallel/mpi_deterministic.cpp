@@ -1,14 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 // Deterministic (split-invariant) data parallelism over loom::mpi_comm, run by CTest under
-// `mpirun -np N` (N = 2, 4): with fit_options::deterministic_chunk, N processes with global batch
-// B end bitwise where one process with batch B does — the mlp and the example's ReLU/max-pool
-// cnn over 50 steps, and a tail batch that leaves ranks without samples — and a chunk that
-// leaves ranks idle is refused on every rank. Exit status is non-zero on any rank's failure.
+// `mpirun -np N` (N = 2, 3, 4, 5, 6): the exchange of made-up chunk gradients gives every rank
+// the bits of one rank's tree, full batches and tails; with fit_options::deterministic_chunk,
+// N processes with global batch B end bitwise where one process with batch B does — the mlp
+// and the example's ReLU/max-pool cnn over 50 steps, and tail batches that leave ranks without
+// samples — and a chunk that leaves ranks idle is refused on every rank. B is 64 (4 chunks of
+// 16) up to 4 ranks, 112 (7 chunks) on more. Exit status is non-zero on any rank's failure.
 
 #include <cstdio>
 #include <string>
 
 #include "common.hpp"
+#include "exchange_check.hpp"
 #include "loom/comm/mpi.hpp"
 #include "mpi_check.hpp"
 
@@ -50,6 +53,30 @@ void equivalence(const char* name, const Dataset& data, const loom::fit_options&
                 comm.size(), o.max_steps, o.batch, o.deterministic_chunk, d, mine == ref ? " (bitwise equal)" : "");
 }
 
+/// The exchange alone, of chunk gradients made up alike on every rank: each rank's root must
+/// be bitwise one rank's tree over all chunks, for full batches and tails of 1 to K - 1 chunks.
+void exchange_against_one_rank(std::size_t batch) {
+  auto comm = loom::mpi_comm::world();
+  const auto plan = loom::chunk_plan::make(batch, 16, static_cast<std::size_t>(comm.size()));
+  loom::gradient_tree<float, loom::cpu> mine;
+  loom::chunk_exchange<float, loom::cpu> ex;
+  const std::size_t n = 100003;  // not a multiple of any world size
+  for (std::size_t global_n = batch; global_n >= 1; global_n = global_n > 16 ? global_n - 16 : 0) {
+    const std::size_t k = plan.chunks_in(global_n);
+    const auto ref = one_rank_root(k, n);
+    if (k >= 4) check(ref != running_sum(k, n), "the made-up gradients do not tell the tree from a running sum");
+    const auto got = exchanged(comm, plan, global_n, n, mine, ex);
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < n; ++i) differ += got[i] != ref[i];
+    check(differ == 0, "exchange of " + std::to_string(k) + " chunks (a global batch of " + std::to_string(global_n) +
+                           "): " + std::to_string(differ) + " of " + std::to_string(n) +
+                           " values differ from one rank's tree");
+  }
+  if (comm.rank() == 0)
+    std::printf("exchange: %d ranks, batches of 1 to %zu chunks: bitwise one rank's tree\n", comm.size(),
+                plan.chunks_per_batch);
+}
+
 void idle_ranks_refused() {
   auto comm = loom::mpi_comm::world();
   loom::trainer<mlp, loom::softmax_cross_entropy, loom::sgd, mpi_dp> t{momentum, {.seed = 1, .threads = 1}};
@@ -73,11 +100,17 @@ int main(int argc, char** argv) {
   loom::mpi::environment env{argc, argv};
   auto comm = loom::mpi_comm::world();
   try {
-    equivalence<mlp>("mlp", train_set(), chunked(50, 64, 16));
-    equivalence<cnn>("the example's cnn", train_set(), chunked(50, 64, 16));
+    const std::size_t batch = comm.size() <= 4 ? 64 : 112;
+    exchange_against_one_rank(batch);
+    equivalence<mlp>("mlp", train_set(), chunked(50, batch, 16));
+    equivalence<cnn>("the example's cnn", train_set(), chunked(50, batch, 16));
     // 656 = 10 x 64 + 16: each epoch ends with one chunk, rank 0's; 24 steps cross two epochs.
-    const auto tail = loom::data::fashion_mnist(loom::data::split::train).first(656);
-    equivalence<mlp>("mlp, a tail batch of one chunk", tail, chunked(24, 64, 16));
+    const auto all = loom::data::fashion_mnist(loom::data::split::train);
+    const auto tail = all.first(10 * batch + 16);
+    equivalence<mlp>("mlp, a tail batch of one chunk", tail, chunked(24, batch, 16));
+    // 10 B + 40: each epoch ends with chunks of 16, 16 and 8, the last ranks without samples.
+    const auto tail3 = all.first(10 * batch + 40);
+    equivalence<mlp>("mlp, a tail batch of three chunks", tail3, chunked(24, batch, 16));
     idle_ranks_refused();
   } catch (const loom::error& e) {
     check(false, e.what());

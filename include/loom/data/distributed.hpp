@@ -127,15 +127,19 @@ class distributed_loader {
   /// The most samples one rank gets in a step, ceil(global_batch / world): the room next()
   /// needs.
   std::size_t max_local_batch() const noexcept {
-    if (block_) return std::min(block_, batch_);
     const auto w = static_cast<std::size_t>(world_);
+    if (block_) return std::min(batch_, (blocks() + w - 1) / w * block_);
     return (batch_ + w - 1) / w;
   }
 
-  /// Splits every global batch in fixed blocks instead of evenly: rank r takes positions
-  /// [r block, (r + 1) block) of each global batch, cut at its end, so the first ranks fill up
-  /// first and the last may get none (deterministic training deals whole chunks this way; see
-  /// loom::chunk_plan). 0 restores the even split. Takes effect at the next next().
+  /// Deals every global batch in whole blocks of `block` positions instead of evenly: a full
+  /// batch has U = ceil(global_batch / block) blocks, and rank r takes the blocks [first(r),
+  /// first(r + 1)), first(r) = r floor(U / world) + min(r, U mod world) — the first U mod
+  /// world ranks one more — i.e. positions [first(r) block, first(r + 1) block) of each global
+  /// batch, cut at its end, so on a short batch the first ranks fill up first and the last may
+  /// get none (deterministic training deals its chunks this way, block = the chunk; see
+  /// loom::chunk_plan). When world blocks make a full batch, rank r takes [r block, (r + 1)
+  /// block). 0 restores the even split. Takes effect at the next next().
   void set_rank_block(std::size_t block) noexcept { block_ = block; }
 
   /// Makes this the loader of rank `rank` of `world` from the next next() on, at the same
@@ -171,8 +175,8 @@ class distributed_loader {
     const std::size_t n = std::min(batch_, order_.size() - pos_);
     const auto w = static_cast<std::size_t>(world_);
     const auto r = static_cast<std::size_t>(rank_);
-    const std::size_t lo = block_ ? std::min(n, r * block_) : n * r / w;
-    const std::size_t hi = block_ ? std::min(n, (r + 1) * block_) : n * (r + 1) / w;
+    const std::size_t lo = block_ ? std::min(n, first_block(r) * block_) : n * r / w;
+    const std::size_t hi = block_ ? std::min(n, first_block(r + 1) * block_) : n * (r + 1) / w;
     for (std::size_t k = lo; k < hi; ++k) {
       const std::size_t idx = order_[pos_ + k];
       if (x != nullptr && labels != nullptr) {
@@ -205,6 +209,13 @@ class distributed_loader {
   std::size_t local_offset() const noexcept { return last_.offset; }
 
  private:
+  // set_rank_block's dealing: the blocks of a full batch, and rank r's first one.
+  std::size_t blocks() const noexcept { return (batch_ + block_ - 1) / block_; }
+  std::size_t first_block(std::size_t r) const noexcept {
+    const auto w = static_cast<std::size_t>(world_);
+    return r * (blocks() / w) + std::min(r, blocks() % w);
+  }
+
   const Dataset* data_;
   std::size_t batch_;
   std::uint64_t seed_;

@@ -116,7 +116,8 @@ class replica_passes {
   {
     sync_.after_recovery();
     model_.renew_gradients();
-    tree_scratch_.abandon();
+    chunk_tree_.abandon();  // deterministic mode: subtrees in flight to their owners
+    exchange_.abandon();    // and the owners' receive buffer
     had_samples_ = false;
   }
 
@@ -221,9 +222,9 @@ class replica_passes {
   }
 
   /// micro_step in deterministic mode (chunks_ set): each chunk of this rank's samples runs
-  /// forward and backward alone from the same buffer; their gradients go into the chunk tree,
-  /// whose sum is finished across ranks by tree_allreduce, then into the tree over the group's
-  /// micro-steps, which gradients() gets on the last one.
+  /// forward and backward alone from the same buffer; their gradients go into the chunk tree
+  /// (from this rank's first chunk), whose sum is finished across ranks by chunk_exchange,
+  /// then into the tree over the group's micro-steps, which gradients() gets on the last one.
   loss_value chunked_micro_step(const batch_view<T>& b, std::size_t m, std::size_t group, std::uint64_t seed,
                                 std::uint64_t step) {
     constexpr std::size_t count = model_type::parameter_count;
@@ -235,7 +236,14 @@ class replica_passes {
     labels_chunk_.reserve_discard(c);
     dy_.reserve_discard(c * out_width);
     if (m == 0) step_tree_.reset(count);
-    chunk_tree_.reset(count);
+    const std::size_t rank = static_cast<std::size_t>(replica());
+    const std::size_t first = chunks_->chunks_of(rank, b.global_n).first;
+    if (b.n > 0 && b.offset != first * c)
+      throw invalid_argument("loom::trainer::fit: deterministic mode: replica " + std::to_string(rank) + " of " +
+                             std::to_string(replicas()) + " expected the samples from " + std::to_string(first * c) +
+                             " of the global batch, found them from " + std::to_string(b.offset) +
+                             " (the loader does not deal as the chunk plan says)");
+    chunk_tree_.reset(count, first);
     loss_value v;
     for (std::size_t at = 0; at < b.n; at += c) {
       // (k, input) from one buffer for every chunk, so each chunk is computed alike on any rank.
@@ -252,14 +260,14 @@ class replica_passes {
       model_.backward(ctx, dy_.data(), k);
       chunk_tree_.push(grads);
     }
-    chunk_tree_.fold(grads);  // this rank's subtree; nothing when it has no sample
+    bool alone = true;
+    if constexpr (detail::replica_comm_sync<Sync>) alone = replicas() == 1;
+    if (alone) chunk_tree_.fold(grads);  // the root: this rank holds every chunk
     compute.stop();
     if constexpr (detail::replica_comm_sync<Sync>) {
-      if (replicas() > 1) {
+      if (!alone) {
         monitor::timed comm(fig, &rank_figures::comm_s);
-        tree_scratch_.reserve_discard(count);
-        fig.bytes_sent += tree_allreduce<T, Backend>(sync_.comm(), grads, tree_scratch_.data(), count,
-                                                     [&](std::size_t first, std::size_t) { return chunks_->has_samples(first, b.global_n); });
+        fig.bytes_sent += exchange_.run(sync_.comm(), *chunks_, b.global_n, chunk_tree_, grads, count);
         fig.comm_exposed_s += comm.stop();
       }
     }
@@ -278,11 +286,12 @@ class replica_passes {
   loss_workspace<Backend> ws_;
   bool had_samples_ = false;  // gradients of the current optimizer step have been written
   // Deterministic mode: the plan of the current fit, one chunk's input, the sums over chunks
-  // and over micro-steps, and the exchange's receive buffer.
+  // and over micro-steps, and the exchange across ranks (buffers only, nothing of the plan).
   std::optional<chunk_plan> chunks_;
-  buffer<T, typename Backend::memory_space> x_chunk_, tree_scratch_;
+  buffer<T, typename Backend::memory_space> x_chunk_;
   buffer<std::int32_t, typename Backend::memory_space> labels_chunk_;
   gradient_tree<T, Backend> chunk_tree_, step_tree_;
+  chunk_exchange<T, Backend> exchange_;
 };
 
 /// Runs one rank of Network's training with Loss and Optimizer on Backend; Sync (see above)

@@ -233,10 +233,12 @@ struct fit_options {
   /// many consecutive samples, run each chunk's forward and backward on its own, and add the
   /// chunk gradients in one fixed binary tree over the chunk index, across ranks by send/recv
   /// instead of an allreduce — so the parameters after any number of steps are bitwise the same
-  /// on 1, 2, 4, ... ranks (at the same threads per rank). Ranks must be a power of two; rank r
-  /// takes whole chunks (loom::chunk_plan). Gradients are exchanged after every micro-step of
-  /// an accumulation group. Costs smaller gemms and an exchange without overlap
-  /// (docs/data-parallel.md). single_process and data_parallel only.
+  /// on 1, 2, 3, ... ranks (at the same threads per rank), and a run resumed on another number
+  /// of ranks ends as the one that never stopped. Any number of ranks, as long as a full batch
+  /// has at least one chunk per rank; rank r takes a contiguous range of whole chunks
+  /// (loom::chunk_plan). Gradients are exchanged after every micro-step of an accumulation
+  /// group. Costs smaller gemms and an exchange without overlap (docs/data-parallel.md).
+  /// single_process and data_parallel only.
   std::size_t deterministic_chunk = 0;
   /// Where progress goes (null: nowhere) and how.
   std::ostream* progress = &std::cerr;
