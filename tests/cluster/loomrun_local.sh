@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # loomrun on one host, no namespaces: NP ranks of PROGRAM with checkpoints every EVERY steps;
-# kill -9 of one rank once the first checkpoint is committed. The trainer has no in-process
-# recovery on this branch, so loomrun stops the hung job (--recovery-timeout) and restarts it on
-# the same host with the same NP, from the newest checkpoint; it must end with status 0 and
+# kill -9 of one rank once the first checkpoint is committed. The program runs with --recovery
+# off (no in-process recovery: its survivors write an emergency checkpoint and end), so loomrun
+# sees every rank fail after mpirun's failure notice and restarts the job on the same host with
+# the same NP, from the newest checkpoint; it must end with status 0 and
 # weights byte for byte those of a clean run. Then --max-restarts 0 gives up with its message
 # and mpirun's non-zero status, and bad arguments exit 2 with theirs.
 # usage: loomrun_local.sh LOOMRUN MPIEXEC NP PROGRAM WORKDIR TOTAL EVERY -- flags...
@@ -41,7 +42,7 @@ tail -1 "$work/full.out"
 run_killed() {  # run_killed NAME LOOMRUN-FLAGS...: loomrun's run, one rank killed after the first checkpoint
   local name=$1 rank
   shift
-  (exec "$loomrun" -np "$np" "$@" -- "$program" "${flags[@]}" --max-steps "$total" --checkpoint-dir "$work/$name.ck" \
+  (exec "$loomrun" -np "$np" "$@" -- "$program" "${flags[@]}" --recovery off --max-steps "$total" --checkpoint-dir "$work/$name.ck" \
      --checkpoint-every "$every" --save-weights "$work/$name.safetensors" > "$work/$name.out" 2> "$work/$name.err") &
   job=$!
   for _ in $(seq 1 6000); do
