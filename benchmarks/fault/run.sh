@@ -46,11 +46,11 @@ if [[ $parts == *recovery* ]]; then
       quiet_wait
       d=$work/$kind-$t
       mkdir -p "$d"
-      env_extra=()
-      [ "$kind" = kill-deadline ] && env_extra=(-x LOOM_FAULT_NO_LOCAL_EVIDENCE=1)
-      LOOM_FAULT_NO_LOCAL_EVIDENCE=$([ "$kind" = kill-deadline ] && echo 1 || echo 0) \
-        mpi 4 --enable-recovery -x LOOM_FAULT_NO_LOCAL_EVIDENCE "$program" "${common[@]}" --checkpoint-dir "$d/ck" \
-        --checkpoint-every 50 > "$d/out" 2> "$d/err" &
+      # (exec: $! is mpirun's own pid, whose children are the ranks)
+      (export LOOM_FAULT_NO_LOCAL_EVIDENCE=$([ "$kind" = kill-deadline ] && echo 1 || echo 0)
+       exec "${strip_env[@]}" OMP_NUM_THREADS=1 mpirun $(mpi_flags 4) --bind-to none --enable-recovery \
+         -x LOOM_FAULT_NO_LOCAL_EVIDENCE "$program" "${common[@]}" --checkpoint-dir "$d/ck" --checkpoint-every 50 \
+         > "$d/out" 2> "$d/err") &
       job=$!
       for _ in $(seq 1 6000); do [ -d "$d/ck/step-50" ] && break; kill -0 $job 2>/dev/null || break; sleep 0.01; done
       sleep "$(awk -v r=$RANDOM 'BEGIN { printf "%.3f", r / 32767 }')"
@@ -103,7 +103,8 @@ if [[ $parts == *after* ]]; then
     quiet_wait
     d=$work/after-$r
     mkdir -p "$d"
-    mpi 4 --enable-recovery "$program" "${common[@]}" --checkpoint-dir "$d/ck" --checkpoint-every 50 > "$d/out" 2> "$d/err" &
+    (exec "${strip_env[@]}" OMP_NUM_THREADS=1 mpirun $(mpi_flags 4) --bind-to none --enable-recovery "$program" "${common[@]}" \
+       --checkpoint-dir "$d/ck" --checkpoint-every 50 > "$d/out" 2> "$d/err") &
     job=$!
     for _ in $(seq 1 6000); do [ -d "$d/ck/step-50" ] && break; kill -0 $job 2>/dev/null || break; sleep 0.01; done
     mapfile -t pids < <(pgrep -P $job | sort -n)
