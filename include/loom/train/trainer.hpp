@@ -551,11 +551,12 @@ class trainer {
     };
 
     position from = start_at;
-    for (int recoveries = 0;; ++recoveries) {
+    for (int recoveries = 0;;) {
       try {
         run(from);
         break;
-      } catch (const rank_failure& f) {
+      } catch (const rank_failure& first) {
+        rank_failure f = first;
         failed_at_ = detail::fault_here;
         failure_seen = monitor::clock::now() - std::chrono::duration_cast<monitor::clock::duration>(
                                                    std::chrono::duration<double>(f.waited_s()));
@@ -563,13 +564,26 @@ class trainer {
           emergency_checkpoint(opts);
           throw;
         }
-        from = survive(f, opts, recoveries + 1, recovery_report);
+        // A survivor that dies during the recovery (its state broadcast) makes the next one.
+        for (;;) {
+          try {
+            from = survive(f, opts, ++recoveries, recovery_report);
+            break;
+          } catch (const rank_failure& again) {
+            if (engine_.rank() == 0)
+              std::fprintf(stderr, "loom: recovery %d at step %zu: lost %s; interrupted during its state exchange: %s\n",
+                           recoveries, step_, interrupted_lost_.empty() ? "no rank" : interrupted_lost_.c_str(), again.what());
+            std::fflush(stderr);
+            f = again;
+            failed_at_ = detail::fault_here;
+          }
+        }
         saved_step = static_cast<std::size_t>(-1);  // a checkpoint in flight was given up
         loader.reshard(engine_.replica(), engine_.replicas());
         loader.set_rank_block(engine_.prepare_fit(opts.batch, opts.deterministic_chunk));
         steps_timed.restart();
         if constexpr (can_watch) engine_.world_comm().set_deadline(steps_timed.deadline());
-        r.recoveries = recoveries + 1;
+        r.recoveries = recoveries;
       }
     }
     r.steps = step_ - first_step;
@@ -1045,6 +1059,11 @@ class trainer {
         detail::write_exit_status("left");
         std::_Exit(0);
       }
+      {
+        std::string lost;
+        for (const int l : res.lost) lost += (lost.empty() ? "" : ", ") + who(res.roll_call[static_cast<std::size_t>(l)]);
+        interrupted_lost_ = lost;  // reported if the state exchange below fails
+      }
       engine_.after_recovery();
       // The state of the survivor that finished the most steps (the first such): a rank whose
       // last allreduce finished holds a step the others had not taken yet.
@@ -1130,6 +1149,7 @@ class trainer {
   fit_record last_fit_{};
   bool watching_ = false;     // failure detection is on in this fit
   fault_marker failed_at_{};  // where the last rank_failure found this rank
+  std::string interrupted_lost_;  // the ranks the recovery in progress left out
   bool global_sums_ = false;  // the loss sums are the whole batch's on every rank, step by step
   buffer<value_type, staging_space> snapshot_stage_;  // checkpoints' host copy; empty unless staged
   std::unique_ptr<io::checkpointer> ckpt_;
