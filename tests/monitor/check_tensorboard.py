@@ -22,7 +22,7 @@ from tensorboard.plugins.hparams import api_pb2, metadata as hparams_metadata
 
 FIGURES = ["compute_s", "comm_s", "comm_exposed_s", "wait_s", "data_s", "bytes_sent", "samples", "seconds",
            "bubble_s", "peak_activation_bytes", "parameter_bytes", "stage", "replica", "step_s", "step_compute_s",
-           "step_data_s", "resident_bytes"]
+           "step_data_s", "resident_bytes", "comm_bytes", "bus_bytes", "flops", "peak_gflops"]
 
 
 def f32(x):
@@ -62,6 +62,18 @@ def expected_scalars(rows):
         add("process/rss_bytes", s, row["rss_bytes"])
         add("process/peak_rss_bytes", s, row["peak_rss_bytes"])
         add("process/cpu_s", s, row["cpu_s"])
+        add("process/cpu_percent", s, row["cpu_percent"])
+        add("comm/bus_gbps", s, row["bus_gbps"])
+        add("comm/overlap_percent", s, row["overlap_percent"])
+        add("compute/achieved_gflops", s, row["achieved_gflops"])
+        if row["peak_gflops"] > 0:
+            add("compute/peak_percent", s, 100.0 * row["achieved_gflops"] / row["peak_gflops"])
+        if "net_received_bytes_per_s" in row:  # the sampler read /proc/net/dev
+            add("network/received_bytes_per_s", s, row["net_received_bytes_per_s"])
+            add("network/sent_bytes_per_s", s, row["net_sent_bytes_per_s"])
+        if "gpu_memory_used_bytes" in row:  # NVML
+            add("gpu/memory_used_bytes", s, row["gpu_memory_used_bytes"])
+            add("gpu/utilization_percent", s, row["gpu_utilization_percent"])
     return out
 
 

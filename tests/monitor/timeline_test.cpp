@@ -137,3 +137,75 @@ TEST_CASE("Several ranks write their own timelines and rank 0 the merged one, ne
   CHECK(count(merged, "\"args\":{\"name\":\"rank 0\"}") == 1);
   CHECK(count(merged, "\"args\":{\"name\":\"rank 1\"}") == 1);
 }
+
+TEST_CASE("Each bucket's collective is on its own track, with bytes, bandwidth, arrival and a flow", "[monitor][timeline]") {
+  using net = example::mlp;
+  using policy = loom::data_parallel<loom::local_comm>;
+  using trainer_t = loom::trainer<net, loom::softmax_cross_entropy, loom::sgd, policy>;
+  constexpr std::size_t buckets = loom::bucket_plan<net, float, policy::bucket_cap_bytes>::count;
+  const fs::path trace = temp_path("buckets.json");
+  std::size_t steps = 0;
+  loom::local_world(2).run([&](loom::local_comm& c) {
+    trainer_t t{c, {.lr = 0.02f}, {.seed = 1, .threads = 1}};
+    loom::fit_options o = loom_test::one_epoch();
+    o.trace = trace.string();
+    steps = t.fit(small_set(), o).steps;
+  });
+  REQUIRE(steps == 10);
+  const std::size_t collectives = steps * buckets;
+  for (int r = 0; r < 2; ++r) {
+    const fs::path own = trace.parent_path() / (trace.stem().string() + ".rank" + std::to_string(r) + ".json");
+    const std::string json = text_of(own);
+    fs::remove(own);
+    INFO("rank " << r);
+    CHECK(count(json, "\"name\":\"allreduce bucket ") == collectives);
+    CHECK(count(json, "\"cat\":\"bucket\",\"ph\":\"s\"") == collectives);
+    CHECK(count(json, "\"cat\":\"bucket\",\"ph\":\"f\",\"bp\":\"e\"") == collectives);
+    CHECK(count(json, "\"busbw_GBps\":") == collectives);
+    CHECK(count(json, "\"name\":\"bus_GBps\",\"ph\":\"C\"") == collectives);
+    CHECK(count(json, "\"late_ms\"") == 0);  // one rank alone has no arrivals to compare
+    for (std::size_t b = 0; b < buckets; ++b)
+      CHECK(count(json, "\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" + std::to_string(r) + ",\"tid\":" +
+                            std::to_string(b + 1) + ",\"args\":{\"name\":\"bucket " + std::to_string(b) + "\"}") == 1);
+    // The passes: a forward, a backward (each layer's inside it) and an optimizer span a step.
+    CHECK(count(json, "\"name\":\"forward\"") == steps);
+    CHECK(count(json, "\"name\":\"backward\"") == steps);
+    CHECK(count(json, "\"name\":\"backward layer ") == steps * net::layer_count);
+    CHECK(count(json, "\"name\":\"optimizer\"") == steps);
+  }
+  const std::string merged = text_of(trace);
+  fs::remove(trace);
+  CHECK(count(merged, "\"name\":\"allreduce bucket ") == 2 * collectives);
+  CHECK(count(merged, "\"late_ms\":") == 2 * collectives);  // each rank's arrival at each collective
+  CHECK(count(merged, "\"late_ms\":0.000000") >= collectives);  // the first to arrive at each is 0 late
+  // Every flow's id is unique in the merged file: ids 1..2 x collectives, each begun and ended once.
+  for (std::size_t id : {std::size_t{1}, 2 * collectives}) {
+    CHECK(count(merged, "\"ph\":\"s\",\"id\":" + std::to_string(id) + ",") == 1);
+    CHECK(count(merged, "\"ph\":\"f\",\"bp\":\"e\",\"id\":" + std::to_string(id) + ",") == 1);
+  }
+  CHECK(count(merged, "\"id\":" + std::to_string(2 * collectives + 1) + ",") == 0);
+}
+
+TEST_CASE("Bucket payloads and bus bandwidth in the trace follow the plan", "[monitor][timeline]") {
+  // A hand-made collective: 8 MB in 2 ms over 4 ranks, posted 1 ms after the other rank's.
+  using loom::monitor::span_kind;
+  const auto k = static_cast<std::uint32_t>(span_kind::collective);
+  std::vector<std::vector<span_event>> ranks(2);
+  ranks[0].push_back({0, 5'000'000, loom::monitor::step_span, 3, -1, -1, 0});
+  ranks[0].push_back({1'000'000, 2'000'000, k, 3, 0, 4, 8e6});
+  ranks[1].push_back({0, 5'000'000, loom::monitor::step_span, 3, -1, -1, 0});
+  ranks[1].push_back({2'000'000, 1'000'000, k, 3, 0, 4, 8e6});
+  const std::string json = loom::monitor::chrome_trace(ranks, {0, 0});
+  CHECK_THAT(json, Catch::Contains("\"args\":{\"step\":3,\"bucket\":0,\"ranks\":4,\"bytes\":8000000,\"algbw_GBps\":4,"
+                                   "\"busbw_GBps\":6,\"late_ms\":0.000000}"));
+  CHECK_THAT(json, Catch::Contains("\"args\":{\"step\":3,\"bucket\":0,\"ranks\":4,\"bytes\":8000000,\"algbw_GBps\":8,"
+                                   "\"busbw_GBps\":12,\"late_ms\":1.000000}"));
+  // A counter and a pipeline send.
+  std::vector<span_event> one{{7000, 0, static_cast<std::uint32_t>(span_kind::counter), 0,
+                               static_cast<std::int32_t>(loom::monitor::counter::rss_bytes), -1, 123456789},
+                              {9000, 500, static_cast<std::uint32_t>(span_kind::send), 2, 1, 3, 4096}};
+  const std::string j1 = loom::monitor::chrome_trace({one}, {0});
+  CHECK_THAT(j1, Catch::Contains("{\"name\":\"rss_bytes\",\"ph\":\"C\",\"pid\":0,\"tid\":0,\"ts\":7.000,\"args\":{\"value\":123456789}}"));
+  CHECK_THAT(j1, Catch::Contains("\"name\":\"send\",\"cat\":\"loom\",\"ph\":\"X\",\"pid\":0,\"tid\":0,\"ts\":9.000,\"dur\":0.500,"
+                                 "\"args\":{\"step\":2,\"micro_batch\":1,\"stage\":3,\"bytes\":4096}"));
+}

@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <string>
 #include <type_traits>
 
 #include "loom/backend/cuda/check.hpp"
@@ -91,6 +92,17 @@ struct cuda {
   }
   /// Waits for everything this thread queued.
   static void synchronize() { cuda_synchronize(); }
+  /// The PCI bus id of the device this thread computes on ("0000:3b:00.0"), by which NVML
+  /// finds the same device whatever CUDA_VISIBLE_DEVICES renumbered; empty when unknown.
+  static std::string pci_bus_id() {
+    int d = 0;
+    char id[32] = {};
+    if (cudaGetDevice(&d) != cudaSuccess || cudaDeviceGetPCIBusId(id, sizeof id, d) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return "";
+    }
+    return id;
+  }
 
   /// Layout conversions: CUDA activations are always plain, so these pass through or copy.
   class layout_converter {

@@ -40,8 +40,22 @@ struct rank_figures {
   double step_compute_s = 0;  ///< median compute per step
   double step_data_s = 0;     ///< median data per step
   double resident_bytes = 0;  ///< resident memory (RSS) at the last live exchange, or when fit ended
+  // What the collectives carried and what compute did:
+  double comm_bytes = 0;   ///< payload bytes of the gradient collectives (their algorithm bytes)
+  double bus_bytes = 0;    ///< bytes this rank's collectives moved over its links (allreduce: 2 (n-1)/n x comm_bytes, as a ring sends them)
+  double flops = 0;        ///< floating-point operations of this rank's passes: 3 x its layers' forward FLOPs (known at compile time) per sample
+  double peak_gflops = 0;  ///< this rank's measured ceiling, GFLOP/s (monitor::measure_peak_gflops; 0: not measured)
 
   double samples_per_s() const { return seconds > 0 ? samples / seconds : 0; }
+  /// Algorithm and bus bandwidth of the gradient collectives while they were in flight, GB/s
+  /// (bus = algorithm x 2 (n-1)/n for an allreduce: what each rank's links carried).
+  double algorithm_gbps() const { return comm_s > 0 ? comm_bytes / comm_s / 1e9 : 0; }
+  double bus_gbps() const { return comm_s > 0 ? bus_bytes / comm_s / 1e9 : 0; }
+  /// Share of the gradient communication hidden behind compute, percent (0 without any).
+  double overlap_percent() const { return comm_s > 0 ? 100.0 * std::max(0.0, comm_s - comm_exposed_s) / comm_s : 0; }
+  /// GFLOP/s achieved while computing, and as a share of the measured ceiling (0 unknown).
+  double achieved_gflops() const { return compute_s > 0 ? flops / compute_s / 1e9 : 0; }
+  double peak_percent() const { return peak_gflops > 0 ? 100.0 * achieved_gflops() / peak_gflops : 0; }
 };
 
 namespace monitor {
@@ -54,7 +68,7 @@ struct figure_field {
 
 /// Every field of rank_figures, in declaration order: the one list that gathering, sums and
 /// the writers go through, so a field added above and here is carried everywhere.
-inline constexpr std::array<figure_field, 17> figure_fields{{
+inline constexpr std::array<figure_field, 21> figure_fields{{
     {"compute_s", &rank_figures::compute_s},
     {"comm_s", &rank_figures::comm_s},
     {"comm_exposed_s", &rank_figures::comm_exposed_s},
@@ -72,6 +86,10 @@ inline constexpr std::array<figure_field, 17> figure_fields{{
     {"step_compute_s", &rank_figures::step_compute_s},
     {"step_data_s", &rank_figures::step_data_s},
     {"resident_bytes", &rank_figures::resident_bytes},
+    {"comm_bytes", &rank_figures::comm_bytes},
+    {"bus_bytes", &rank_figures::bus_bytes},
+    {"flops", &rank_figures::flops},
+    {"peak_gflops", &rank_figures::peak_gflops},
 }};
 static_assert(sizeof(rank_figures) == figure_fields.size() * sizeof(double),
               "loom::monitor::figure_fields must name every field of loom::rank_figures");

@@ -2,8 +2,9 @@
 #pragma once
 // The live view: every few seconds rank 0 shows a row per rank (past 16 ranks, the minimum,
 // median and maximum of each column and which rank has it) — samples/s, compute, exposed
-// communication, waiting and data as shares of the time, resident memory, the median step and
-// the straggler score — and a line naming the straggler when there is one. Redrawn in place on
+// communication, waiting and data as shares of the time, the share of gradient communication
+// hidden behind compute (overlap), the collectives' bus bandwidth, the GFLOP/s achieved in
+// compute, resident memory, the median step and the straggler score — and a line naming the straggler when there is one. Redrawn in place on
 // a terminal, printed as lines otherwise. Also the step recorder whose medians the straggler
 // score is computed from (loom::find_straggler, monitor/figures.hpp), kept on every fit.
 //
@@ -26,6 +27,7 @@
 #include <iostream>
 #include <ostream>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -113,7 +115,8 @@ inline rank_figures window_of(const rank_figures& now, const rank_figures& befor
   rank_figures w = now;
   for (double rank_figures::* m : {&rank_figures::compute_s, &rank_figures::comm_s, &rank_figures::comm_exposed_s,
                                    &rank_figures::wait_s, &rank_figures::data_s, &rank_figures::bytes_sent,
-                                   &rank_figures::samples, &rank_figures::seconds, &rank_figures::bubble_s})
+                                   &rank_figures::samples, &rank_figures::seconds, &rank_figures::bubble_s,
+                                   &rank_figures::comm_bytes, &rank_figures::bus_bytes, &rank_figures::flops})
     w.*m = now.*m - before.*m;
   return w;
 }
@@ -124,16 +127,22 @@ struct live_column {
   const char* format;  // printf format of one value
   double (*value)(const rank_figures&, double score);
 };
-inline constexpr std::array<live_column, 8> live_columns{{
+inline constexpr std::array<live_column, 11> live_columns{{
     {"samples/s", "%.0f", [](const rank_figures& f, double) { return f.seconds > 0 ? f.samples / f.seconds : 0.0; }},
     {"compute%", "%.1f", [](const rank_figures& f, double) { return percent_of(f, f.compute_s); }},
     {"exposed%", "%.1f", [](const rank_figures& f, double) { return percent_of(f, f.comm_exposed_s); }},
+    {"overlap%", "%.1f", [](const rank_figures& f, double) { return f.overlap_percent(); }},
     {"wait%", "%.1f", [](const rank_figures& f, double) { return percent_of(f, f.wait_s + f.bubble_s); }},
     {"data%", "%.1f", [](const rank_figures& f, double) { return percent_of(f, f.data_s); }},
+    {"bus_GB/s", "%.2f", [](const rank_figures& f, double) { return f.bus_gbps(); }},
+    {"GFLOP/s", "%.1f", [](const rank_figures& f, double) { return f.achieved_gflops(); }},
     {"RSS_MB", "%.1f", [](const rank_figures& f, double) { return f.resident_bytes / 1e6; }},
     {"step_ms", "%.2f", [](const rank_figures& f, double) { return 1e3 * f.step_s; }},
     {"score", "%.2f", [](const rank_figures&, double s) { return s; }},
 }};
+
+/// Characters a column's values take: its name's, at least 6.
+inline int column_width(const live_column& c) { return std::max(6, static_cast<int>(std::string_view(c.name).size())); }
 
 /// The live view's table of a window's figures (rank order): a row per rank, or past
 /// `fold_above` ranks three rows (min, median, max) whose cells say which rank has the value;
@@ -145,7 +154,7 @@ inline constexpr std::array<live_column, 8> live_columns{{
   char cell[64];
   if (n <= fold_above) {
     out = "rank";
-    for (const auto& c : live_columns) std::snprintf(cell, sizeof cell, "  %9s", c.name), out += cell;
+    for (const auto& c : live_columns) std::snprintf(cell, sizeof cell, "  %*s", column_width(c), c.name), out += cell;
     out += "\n";
     for (std::size_t r = 0; r < n; ++r) {
       std::snprintf(cell, sizeof cell, "%4zu", r);
@@ -153,7 +162,7 @@ inline constexpr std::array<live_column, 8> live_columns{{
       for (const auto& c : live_columns) {
         char v[32];
         std::snprintf(v, sizeof v, c.format, c.value(window[r], score[r]));
-        std::snprintf(cell, sizeof cell, "  %9s", v);
+        std::snprintf(cell, sizeof cell, "  %*s", column_width(c), v);
         out += cell;
       }
       out += "\n";

@@ -3,9 +3,9 @@
 // Live metrics of one rank while it trains, in the formats tools read: a Prometheus text
 // exposition file (a node_exporter textfile, rewritten atomically), JSON lines for scripts and
 // TensorBoard event files (their encoding is in tensorboard.hpp). Each rank writes its own files
-// every few seconds from its own figures — no communication, so a slow or stuck rank still
-// reports, and nothing waits for it. Also the process sampler (RSS, peak RSS, CPU time) the
-// files carry. Not here: the live view across ranks and timelines.
+// every few seconds from its own figures and the sampler's latest sample (monitor/sampler.hpp:
+// memory, CPU, network, device) — no communication, so a slow or stuck rank still reports,
+// and nothing waits for it. Not here: the live view across ranks and timelines.
 
 #include <sys/resource.h>
 #include <unistd.h>
@@ -22,6 +22,7 @@
 
 #include "loom/core/error.hpp"
 #include "loom/monitor/figures.hpp"
+#include "loom/monitor/sampler.hpp"
 #include "loom/monitor/tensorboard.hpp"
 #include "loom/monitor/timeline.hpp"
 
@@ -50,30 +51,6 @@ struct metrics_options {
 };
 
 namespace monitor {
-
-/// What the process uses, read in about a microsecond from /proc/self/statm and getrusage.
-struct process_sample {
-  double rss_bytes = 0;       ///< resident set now
-  double peak_rss_bytes = 0;  ///< the most resident at once since the process started
-  double cpu_s = 0;           ///< user + system CPU time of every thread
-};
-
-inline process_sample sample_process() {
-  process_sample s;
-  if (std::FILE* f = std::fopen("/proc/self/statm", "r")) {
-    unsigned long size = 0, resident = 0;
-    if (std::fscanf(f, "%lu %lu", &size, &resident) == 2)
-      s.rss_bytes = static_cast<double>(resident) * static_cast<double>(::sysconf(_SC_PAGESIZE));
-    std::fclose(f);
-  }
-  rusage u{};
-  if (::getrusage(RUSAGE_SELF, &u) == 0) {
-    s.peak_rss_bytes = static_cast<double>(u.ru_maxrss) * 1024.0;  // Linux: KiB
-    s.cpu_s = static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
-              1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
-  }
-  return s;
-}
 
 /// The training state a metrics write reports besides the figures.
 struct training_point {
@@ -173,8 +150,9 @@ class metrics_writer {
   std::string tensorboard_path() const { return tb_ ? tb_->path() : std::string(); }
 
   /// Writes when every_s has passed since the last write (or force); one clock read otherwise.
-  void tick(const rank_figures& f, const training_point& p, bool force = false) {
-    if (enabled()) write_if_due(f, p, force);
+  /// `m`: the sampler's latest sample (memory, CPU, network, device).
+  void tick(const rank_figures& f, const training_point& p, const machine_sample& m, bool force = false) {
+    if (enabled()) write_if_due(f, p, m, force);
   }
 
   /// At the end of fit, after the last tick: the TensorBoard text summaries (`run/figures`:
@@ -190,12 +168,11 @@ class metrics_writer {
   }
 
  private:
-  [[gnu::noinline]] void write_if_due(const rank_figures& f, const training_point& p, bool force) {
+  [[gnu::noinline]] void write_if_due(const rank_figures& f, const training_point& p, const machine_sample& s, bool force) {
     const auto now = clock::now();
     if (!force && written_ && seconds_between(last_, now) < every_s_) return;
     last_ = now;
     written_ = true;
-    const process_sample s = sample_process();
     if (!prom_.empty()) write_prometheus(f, p, s);
     if (!jsonl_.empty()) write_jsonl(f, p, s);
     if (tb_) write_tensorboard(f, p, s);
@@ -207,7 +184,8 @@ class metrics_writer {
     return b;
   }
 
-  void write_prometheus(const rank_figures& f, const training_point& p, const process_sample& s) {
+  void write_prometheus(const rank_figures& f, const training_point& p, const machine_sample& m) {
+    const process_sample& s = m.process;
     std::string out;
     const std::string label = "{rank=\"" + std::to_string(rank_) + "\"}";
     auto metric = [&](std::string_view name, std::string_view type, std::string_view help, double v) {
@@ -243,11 +221,36 @@ class metrics_writer {
     metric("peak_resident_memory_bytes", "gauge", "Most resident memory at once since the process started.",
            s.peak_rss_bytes);
     metric("cpu_seconds_total", "counter", "User and system CPU time of the process.", s.cpu_s);
+    metric("comm_bytes_total", "counter", "Payload bytes of the gradient collectives.", f.comm_bytes);
+    metric("bus_bytes_total", "counter", "Bytes the collectives moved over this rank's links (allreduce: 2(n-1)/n of the payload).",
+           f.bus_bytes);
+    metric("bus_bandwidth_gbytes_per_second", "gauge", "Bus bandwidth of the gradient collectives while in flight, GB/s.",
+           f.bus_gbps());
+    metric("comm_overlap_ratio", "gauge", "Share of gradient communication hidden behind compute (0 to 1).",
+           f.overlap_percent() / 100);
+    metric("flops_total", "counter", "Floating-point operations of the passes (3x the layers' forward FLOPs per sample).",
+           f.flops);
+    metric("achieved_gflops", "gauge", "GFLOP/s achieved while computing.", f.achieved_gflops());
+    if (f.peak_gflops > 0)
+      metric("peak_gflops", "gauge", "This rank's measured GEMM ceiling, GFLOP/s.", f.peak_gflops);
+    if (m.network) {
+      metric("network_receive_bytes_per_second", "gauge", "Bytes per second received by the host's interfaces (not lo).",
+             m.received_bytes_per_s);
+      metric("network_transmit_bytes_per_second", "gauge", "Bytes per second sent by the host's interfaces (not lo).",
+             m.sent_bytes_per_s);
+    }
+    if (m.device) {
+      metric("gpu_memory_used_bytes", "gauge", "Device memory in use (NVML).", m.device->memory_used_bytes);
+      metric("gpu_memory_total_bytes", "gauge", "Device memory in all (NVML).", m.device->memory_total_bytes);
+      metric("gpu_utilization_ratio", "gauge", "Share of time a kernel ran on the device (NVML, 0 to 1).",
+             m.device->utilization_percent / 100);
+    }
     // Atomically: a reader (node_exporter) sees the old file or the new one, never half of one.
     write_file_atomically(prom_, out);
   }
 
-  void write_jsonl(const rank_figures& f, const training_point& p, const process_sample& s) {
+  void write_jsonl(const rank_figures& f, const training_point& p, const machine_sample& m) {
+    const process_sample& s = m.process;
     std::string line = "{\"rank\":" + std::to_string(rank_) + ",\"step\":" + std::to_string(p.step) +
                        ",\"epoch\":" + std::to_string(p.epoch) + ",\"loss\":" + num(p.loss) +
                        ",\"accuracy\":" + num(p.accuracy) + ",\"lr\":" + num(p.lr) +
@@ -258,7 +261,16 @@ class metrics_writer {
       line += "\":" + num(f.*field.member);
     }
     line += ",\"rss_bytes\":" + num(s.rss_bytes) + ",\"peak_rss_bytes\":" + num(s.peak_rss_bytes) +
-            ",\"cpu_s\":" + num(s.cpu_s) + "}\n";
+            ",\"cpu_s\":" + num(s.cpu_s) + ",\"cpu_percent\":" + num(m.cpu_percent) +
+            ",\"bus_gbps\":" + num(f.bus_gbps()) + ",\"overlap_percent\":" + num(f.overlap_percent()) +
+            ",\"achieved_gflops\":" + num(f.achieved_gflops());
+    if (m.network)
+      line += ",\"net_received_bytes_per_s\":" + num(m.received_bytes_per_s) +
+              ",\"net_sent_bytes_per_s\":" + num(m.sent_bytes_per_s);
+    if (m.device)
+      line += ",\"gpu_memory_used_bytes\":" + num(m.device->memory_used_bytes) +
+              ",\"gpu_utilization_percent\":" + num(m.device->utilization_percent);
+    line += "}\n";
     jsonl_out_ << line << std::flush;
     if (!jsonl_out_) throw io_error("loom::metrics: cannot append to " + jsonl_ + ": " + std::strerror(errno));
   }
@@ -266,7 +278,8 @@ class metrics_writer {
   // One event of scalars per write, flushed. train/step_time_s is the mean over the steps since
   // the previous write (the first write follows the fit's first step; a write without a new
   // step repeats the last value); percent/* are shares of the fit's wall time so far.
-  void write_tensorboard(const rank_figures& f, const training_point& p, const process_sample& s) {
+  void write_tensorboard(const rank_figures& f, const training_point& p, const machine_sample& m) {
+    const process_sample& s = m.process;
     if (!tb_written_) tb_step_time_s_ = p.elapsed_s;
     else if (p.step > tb_step_)
       tb_step_time_s_ = (p.elapsed_s - tb_elapsed_s_) / static_cast<double>(p.step - tb_step_);
@@ -288,7 +301,15 @@ class metrics_writer {
     t.scalar("percent/wait", percent(f.wait_s)).scalar("percent/data", percent(f.data_s));
     t.scalar("percent/bubble", percent(f.bubble_s));
     t.scalar("process/rss_bytes", s.rss_bytes).scalar("process/peak_rss_bytes", s.peak_rss_bytes);
-    t.scalar("process/cpu_s", s.cpu_s);
+    t.scalar("process/cpu_s", s.cpu_s).scalar("process/cpu_percent", m.cpu_percent);
+    t.scalar("comm/bus_gbps", f.bus_gbps()).scalar("comm/overlap_percent", f.overlap_percent());
+    t.scalar("compute/achieved_gflops", f.achieved_gflops());
+    if (f.peak_gflops > 0) t.scalar("compute/peak_percent", f.peak_percent());
+    if (m.network)
+      t.scalar("network/received_bytes_per_s", m.received_bytes_per_s).scalar("network/sent_bytes_per_s", m.sent_bytes_per_s);
+    if (m.device)
+      t.scalar("gpu/memory_used_bytes", m.device->memory_used_bytes)
+          .scalar("gpu/utilization_percent", m.device->utilization_percent);
     tb_->write(static_cast<std::int64_t>(p.step), t);
     tb_->flush();
   }

@@ -1,24 +1,30 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The timeline of a run: the spans every engine already times (monitor::timed: compute, data,
-// exposed communication, waits, a stage's bubble) and the trainer's steps, recorded per rank
-// while a timeline is attached to the thread (timeline_scope), and written as Chrome trace JSON
-// (the `traceEvents` format that Perfetto and chrome://tracing open): one file per rank and one
-// merged file with every rank as a process, their clocks aligned on the collective that starts
-// fit. Nothing is recorded, and nothing costs more than a thread-local load, when none is
-// attached.
+// exposed communication, waits, a stage's bubble), the trainer's steps and checkpoints, the
+// passes (forward, backward and backward per layer, the optimizer), each gradient bucket's
+// collective from post to completion, pipeline sends and receives, and sampled counters —
+// recorded per rank while a timeline is attached to the thread (timeline_scope), and written as
+// Chrome trace JSON (the `traceEvents` format that Perfetto and chrome://tracing open): one file
+// per rank and one merged file with every rank as a process, their clocks aligned on the
+// collective that starts fit. Nothing is recorded, and nothing costs more than a thread-local
+// load, when none is attached.
 
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <set>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "loom/core/error.hpp"
@@ -26,15 +32,49 @@
 
 namespace loom::monitor {
 
-/// What a span is: a figure of rank_figures (its index in figure_fields) or a whole step.
-inline constexpr std::uint32_t step_span = static_cast<std::uint32_t>(figure_fields.size());
+/// What a span is: a figure of rank_figures (its index in figure_fields: the seconds it adds
+/// to), or one of these, recorded on the timeline only.
+enum class span_kind : std::uint32_t {
+  step = static_cast<std::uint32_t>(figure_fields.size()),  ///< one optimizer step, all of it
+  forward,          ///< a forward pass (and the loss)
+  backward,         ///< a backward pass
+  layer_backward,   ///< backward through one layer (index: the layer), where the engine sees it: the last micro-step
+  optimizer,        ///< clipping and the optimizer's update
+  checkpoint,       ///< writing (or starting to write) a checkpoint
+  collective,       ///< a gradient bucket's allreduce from its post to its completion (index: bucket; peer: ranks; value: bytes)
+  send,             ///< posting a pipeline send (index: micro-batch; peer: the stage; value: bytes)
+  receive,          ///< posting a pipeline receive (likewise)
+  counter,          ///< a sampled value at one instant (index: a monitor::counter; value)
+  end_
+};
+inline constexpr std::uint32_t step_span = static_cast<std::uint32_t>(span_kind::step);
+
+/// The values the timeline samples as counters (Chrome trace "C" events), by index.
+enum class counter : std::uint32_t {
+  rss_bytes,             ///< resident memory
+  peak_rss_bytes,        ///< the most resident at once so far
+  cpu_percent,           ///< the process's CPU time over the last sample's interval, percent of one core
+  nic_received_bytes_per_s,  ///< bytes per second received by the host's network interfaces (loopback excluded)
+  nic_sent_bytes_per_s,      ///< likewise sent
+  gpu_memory_bytes,      ///< the device's memory in use (NVML), where there is one
+  gpu_utilization_percent,  ///< the device's utilisation (NVML)
+  bus_gbps,              ///< a collective's bus bandwidth, GB/s, at its completion
+  gflops,                ///< FLOP/s achieved in compute over the last sample's interval, in GFLOP/s
+  end_
+};
+inline constexpr std::array<std::string_view, static_cast<std::size_t>(counter::end_)> counter_names{
+    "rss_bytes", "peak_rss_bytes", "cpu_percent", "nic_received_bytes_per_s", "nic_sent_bytes_per_s",
+    "gpu_memory_bytes", "gpu_utilization_percent", "bus_GBps", "GFLOPs"};
 
 /// One span of one rank, in nanoseconds since the rank's zero (the exit of fit's first
-/// collective), and the optimizer step it belongs to.
+/// collective), the optimizer step it belongs to, and what the kind says of index, peer and
+/// value (-1, -1, 0 where it says nothing).
 struct span_event {
   std::int64_t start_ns = 0, duration_ns = 0;
-  std::uint32_t kind = 0;  // figure_fields index, or step_span
+  std::uint32_t kind = 0;  // figure_fields index, or a span_kind
   std::uint32_t step = 0;
+  std::int32_t index = -1, peer = -1;
+  double value = 0;
 };
 
 /// The spans of one rank during one fit. At most `capacity` are kept; later ones are counted
@@ -49,12 +89,21 @@ class timeline {
 
   // Out of line: every timed scope of every engine calls it, and a vector's growth inlined
   // into each would cost compile time and code size for nothing.
-  [[gnu::noinline]] void add(std::uint32_t kind, clock::time_point a, clock::time_point b) {
+  [[gnu::noinline]] void add(std::uint32_t kind, clock::time_point a, clock::time_point b, std::int32_t index = -1,
+                             std::int32_t peer = -1, double value = 0) {
     if (events_.size() >= capacity_) {
       ++dropped_;
       return;
     }
-    events_.push_back({ns(a), ns(b) - ns(a), kind, step_});
+    events_.push_back({ns(a), ns(b) - ns(a), kind, step_, index, peer, value});
+  }
+  void add(span_kind kind, clock::time_point a, clock::time_point b, std::int32_t index = -1, std::int32_t peer = -1,
+           double value = 0) {
+    add(static_cast<std::uint32_t>(kind), a, b, index, peer, value);
+  }
+  /// A counter's value at t.
+  void sample(counter c, clock::time_point t, double value) {
+    add(span_kind::counter, t, t, static_cast<std::int32_t>(c), -1, value);
   }
 
   const std::vector<span_event>& events() const noexcept { return events_; }
@@ -99,6 +148,43 @@ class timeline_scope {
 inline void record_span(std::uint32_t kind, clock::time_point a, clock::time_point b) {
   if (timeline* t = current_timeline()) t->add(kind, a, b);
 }
+inline void record_span(span_kind kind, clock::time_point a, clock::time_point b, std::int32_t index = -1,
+                        std::int32_t peer = -1, double value = 0) {
+  if (timeline* t = current_timeline()) t->add(kind, a, b, index, peer, value);
+}
+
+/// A gradient bucket's collective: posted at `posted`, seen complete at `done`, `bytes` of
+/// payload over `ranks` ranks. Recorded (as a span on the bucket's own track and its bus
+/// bandwidth as a counter) only while a timeline is attached.
+inline void record_collective(std::int32_t bucket, int ranks, double bytes, clock::time_point posted, clock::time_point done) {
+  timeline* t = current_timeline();
+  if (!t) return;
+  t->add(span_kind::collective, posted, done, bucket, ranks, bytes);
+  const double s = seconds_between(posted, done);
+  if (s > 0 && ranks > 1) t->sample(counter::bus_gbps, done, bytes / s * 2.0 * (ranks - 1) / ranks / 1e9);
+}
+
+/// A span on the timeline only (no figure): `{ monitor::span s(monitor::span_kind::forward); ... }`.
+/// With no timeline attached it costs a thread-local load and nothing else (no clock read).
+class span {
+ public:
+  explicit span(span_kind kind, std::int32_t index = -1) noexcept : t_(current_timeline()), kind_(kind), index_(index) {
+    if (t_) start_ = clock::now();
+  }
+  span(const span&) = delete;
+  span& operator=(const span&) = delete;
+  ~span() { stop(); }
+  void stop() {
+    if (t_) t_->add(kind_, start_, clock::now(), index_);
+    t_ = nullptr;
+  }
+
+ private:
+  timeline* t_;
+  span_kind kind_;
+  std::int32_t index_;
+  clock::time_point start_{};
+};
 
 /// Index of figure m in figure_fields.
 inline std::uint32_t field_index(double rank_figures::* m) noexcept {
@@ -136,27 +222,76 @@ class timed {
 };
 
 /// The name a span kind has in the trace: the figure's name without "_s" ("compute",
-/// "comm_exposed", "wait", "data", "bubble", ...) or "step".
+/// "comm_exposed", "wait", "data", "bubble", ...), or the span_kind's ("step", "forward",
+/// "backward", "optimizer", "checkpoint", "allreduce", "send", "receive", "counter").
 inline std::string span_name(std::uint32_t kind) {
-  if (kind >= figure_fields.size()) return "step";
-  std::string n(figure_fields[kind].name);
-  if (n.size() > 2 && n.compare(n.size() - 2, 2, "_s") == 0) n.resize(n.size() - 2);
-  return n;
+  if (kind < figure_fields.size()) {
+    std::string n(figure_fields[kind].name);
+    if (n.size() > 2 && n.compare(n.size() - 2, 2, "_s") == 0) n.resize(n.size() - 2);
+    return n;
+  }
+  switch (static_cast<span_kind>(kind)) {
+    case span_kind::step: return "step";
+    case span_kind::forward: return "forward";
+    case span_kind::backward: return "backward";
+    case span_kind::layer_backward: return "backward layer";
+    case span_kind::optimizer: return "optimizer";
+    case span_kind::checkpoint: return "checkpoint";
+    case span_kind::collective: return "allreduce";
+    case span_kind::send: return "send";
+    case span_kind::receive: return "receive";
+    case span_kind::counter: return "counter";
+    case span_kind::end_: break;
+  }
+  return "span " + std::to_string(kind);
 }
 
-/// Chrome trace JSON of several ranks' spans: ranks[r] is rank r's, shown as process r
-/// ("rank r"), its spans on one thread as complete ("X") events in microseconds, each with its
-/// step. Spans of one rank nest (a step holds its phases), as the format asks of one thread.
-inline std::string chrome_trace(const std::vector<std::vector<span_event>>& ranks, const std::vector<std::size_t>& dropped,
-                                int first_rank = 0) {
+namespace detail {
+/// The track (Chrome trace tid) of a bucket's collectives: its own, so that buckets in flight
+/// together do not overlap on one thread (the format wants complete events nested per thread).
+inline int bucket_track(std::int32_t bucket) { return 1 + bucket; }
+}  // namespace detail
+
+/// Chrome trace JSON of several ranks' spans: ranks[r] is rank first_rank + r's, shown as
+/// process first_rank + r ("rank r"). Per rank:
+/// - its spans on thread 0 ("steps") as complete ("X") events in microseconds, each with its
+///   step (a step holds its phases; spans of one thread nest, as the format asks);
+/// - each gradient bucket's collectives on a thread of their own ("bucket b"): X events from
+///   post to completion with the step, bytes, algorithm and bus bandwidth (bus = algorithm ×
+///   2 (n-1)/n for an allreduce) and, where several ranks are in the file, the rank's arrival:
+///   how much later than the earliest rank it posted that collective (`late_ms`, on clocks
+///   aligned at fit's first collective), and a flow ("s" to "f") from the post to where the
+///   rank saw it complete, on thread 0;
+/// - pipeline sends and receives as the X events of their posts, with micro-batch, peer stage
+///   and bytes;
+/// - the sampled counters ("C" events: memory, CPU, network, device, bus bandwidth, GFLOP/s).
+[[gnu::noinline]] inline std::string chrome_trace(const std::vector<std::vector<span_event>>& ranks,
+                                                  const std::vector<std::size_t>& dropped, int first_rank = 0) {
   std::string out = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
   bool first = true;
-  char buf[256];
-  auto emit = [&](const std::string& event) {
+  char buf[512];
+  auto emit = [&](const char* event) {
     if (!first) out += ",\n";
     first = false;
     out += event;
   };
+  constexpr auto collective = static_cast<std::uint32_t>(span_kind::collective);
+  // Arrivals: the earliest post of each (step, bucket, occurrence) over the ranks in the file
+  // (a step redone after a recovery is a second occurrence).
+  using key = std::tuple<std::uint32_t, std::int32_t, std::uint32_t>;
+  std::map<key, std::int64_t> earliest;
+  auto occurrences = [](const std::vector<span_event>& ev, auto&& each) {
+    std::map<std::pair<std::uint32_t, std::int32_t>, std::uint32_t> seen;
+    for (const span_event& e : ev)
+      if (e.kind == collective) each(e, key{e.step, e.index, seen[{e.step, e.index}]++});
+  };
+  if (ranks.size() > 1)
+    for (const auto& ev : ranks)
+      occurrences(ev, [&](const span_event& e, const key& k) {
+        auto [it, fresh] = earliest.try_emplace(k, e.start_ns);
+        if (!fresh) it->second = std::min(it->second, e.start_ns);
+      });
+  std::uint64_t flow_id = 0;
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     const int pid = first_rank + static_cast<int>(i);
     std::snprintf(buf, sizeof buf,
@@ -165,6 +300,18 @@ inline std::string chrome_trace(const std::vector<std::vector<span_event>>& rank
     std::snprintf(buf, sizeof buf,
                   "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"sort_index\":%d}}", pid, pid);
     emit(buf);
+    std::snprintf(buf, sizeof buf, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"steps\"}}",
+                  pid);
+    emit(buf);
+    std::set<std::int32_t> buckets;
+    for (const span_event& e : ranks[i])
+      if (e.kind == collective) buckets.insert(e.index);
+    for (std::int32_t b : buckets) {
+      std::snprintf(buf, sizeof buf,
+                    "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"bucket %d\"}}", pid,
+                    detail::bucket_track(b), b);
+      emit(buf);
+    }
     if (i < dropped.size() && dropped[i] > 0) {
       std::snprintf(buf, sizeof buf,
                     "{\"name\":\"spans_dropped\",\"ph\":\"C\",\"pid\":%d,\"tid\":0,\"ts\":0,\"args\":{\"count\":%zu}}", pid,
@@ -176,13 +323,67 @@ inline std::string chrome_trace(const std::vector<std::vector<span_event>>& rank
     std::stable_sort(ev.begin(), ev.end(), [](const span_event& a, const span_event& b) {
       return a.start_ns != b.start_ns ? a.start_ns < b.start_ns : a.duration_ns > b.duration_ns;
     });
+    std::map<const span_event*, double> late_ms;
+    if (!earliest.empty())
+      occurrences(ev, [&](const span_event& e, const key& k) { late_ms[&e] = static_cast<double>(e.start_ns - earliest[k]) / 1e6; });
     for (const span_event& e : ev) {
-      std::snprintf(buf, sizeof buf,
-                    "{\"name\":\"%s\",\"cat\":\"loom\",\"ph\":\"X\",\"pid\":%d,\"tid\":0,\"ts\":%.3f,\"dur\":%.3f,"
-                    "\"args\":{\"step\":%u}}",
-                    span_name(e.kind).c_str(), pid, static_cast<double>(e.start_ns) / 1e3,
-                    static_cast<double>(e.duration_ns) / 1e3, e.step);
-      emit(buf);
+      const double ts = static_cast<double>(e.start_ns) / 1e3, dur = static_cast<double>(e.duration_ns) / 1e3;
+      switch (e.kind < figure_fields.size() ? span_kind::end_ : static_cast<span_kind>(e.kind)) {
+        case span_kind::counter: {
+          const auto c = static_cast<std::size_t>(e.index);
+          if (c >= counter_names.size()) break;
+          std::snprintf(buf, sizeof buf,
+                        "{\"name\":\"%.*s\",\"ph\":\"C\",\"pid\":%d,\"tid\":0,\"ts\":%.3f,\"args\":{\"value\":%.9g}}",
+                        static_cast<int>(counter_names[c].size()), counter_names[c].data(), pid, ts, e.value);
+          emit(buf);
+          break;
+        }
+        case span_kind::collective: {
+          const double s = static_cast<double>(e.duration_ns) / 1e9, n = e.peer;
+          const double alg = s > 0 ? e.value / s / 1e9 : 0, bus = n > 1 ? alg * 2 * (n - 1) / n : 0;
+          std::string late;
+          if (const auto it = late_ms.find(&e); it != late_ms.end()) late = ",\"late_ms\":" + std::to_string(it->second);
+          std::snprintf(buf, sizeof buf,
+                        "{\"name\":\"allreduce bucket %d\",\"cat\":\"bucket\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,"
+                        "\"dur\":%.3f,\"args\":{\"step\":%u,\"bucket\":%d,\"ranks\":%d,\"bytes\":%.0f,\"algbw_GBps\":%.6g,"
+                        "\"busbw_GBps\":%.6g%s}}",
+                        e.index, pid, detail::bucket_track(e.index), ts, dur, e.step, e.index, e.peer, e.value, alg, bus,
+                        late.c_str());
+          emit(buf);
+          ++flow_id;
+          std::snprintf(buf, sizeof buf,
+                        "{\"name\":\"bucket %d\",\"cat\":\"bucket\",\"ph\":\"s\",\"id\":%llu,\"pid\":%d,\"tid\":0,\"ts\":%.3f}",
+                        e.index, static_cast<unsigned long long>(flow_id), pid, ts);
+          emit(buf);
+          std::snprintf(buf, sizeof buf,
+                        "{\"name\":\"bucket %d\",\"cat\":\"bucket\",\"ph\":\"f\",\"bp\":\"e\",\"id\":%llu,\"pid\":%d,"
+                        "\"tid\":0,\"ts\":%.3f}",
+                        e.index, static_cast<unsigned long long>(flow_id), pid, ts + dur);
+          emit(buf);
+          break;
+        }
+        case span_kind::send:
+        case span_kind::receive:
+          std::snprintf(buf, sizeof buf,
+                        "{\"name\":\"%s\",\"cat\":\"loom\",\"ph\":\"X\",\"pid\":%d,\"tid\":0,\"ts\":%.3f,\"dur\":%.3f,"
+                        "\"args\":{\"step\":%u,\"micro_batch\":%d,\"stage\":%d,\"bytes\":%.0f}}",
+                        span_name(e.kind).c_str(), pid, ts, dur, e.step, e.index, e.peer, e.value);
+          emit(buf);
+          break;
+        case span_kind::layer_backward:
+          std::snprintf(buf, sizeof buf,
+                        "{\"name\":\"backward layer %d\",\"cat\":\"loom\",\"ph\":\"X\",\"pid\":%d,\"tid\":0,\"ts\":%.3f,"
+                        "\"dur\":%.3f,\"args\":{\"step\":%u,\"layer\":%d}}",
+                        e.index, pid, ts, dur, e.step, e.index);
+          emit(buf);
+          break;
+        default:
+          std::snprintf(buf, sizeof buf,
+                        "{\"name\":\"%s\",\"cat\":\"loom\",\"ph\":\"X\",\"pid\":%d,\"tid\":0,\"ts\":%.3f,\"dur\":%.3f,"
+                        "\"args\":{\"step\":%u}}",
+                        span_name(e.kind).c_str(), pid, ts, dur, e.step);
+          emit(buf);
+      }
     }
   }
   out += "\n]}\n";
@@ -220,14 +421,13 @@ std::vector<std::vector<span_event>> gather_timelines(Comm& comm, const timeline
   comm.allgather(counts_mine, counts.data(), 2);
   std::size_t longest = 0;
   for (std::size_t r = 0; r < ranks; ++r) longest = std::max(longest, static_cast<std::size_t>(counts[2 * r]));
-  constexpr std::size_t k = 4;  // start, duration, kind, step
+  constexpr std::size_t k = 7;  // start, duration, kind, step, index, peer, value
   std::vector<double> flat(k * std::max<std::size_t>(longest, 1), 0.0), all(flat.size() * ranks);
   for (std::size_t i = 0; i < mine.events().size(); ++i) {
     const span_event& e = mine.events()[i];
-    flat[k * i] = static_cast<double>(e.start_ns);
-    flat[k * i + 1] = static_cast<double>(e.duration_ns);
-    flat[k * i + 2] = e.kind;
-    flat[k * i + 3] = e.step;
+    double* v = flat.data() + k * i;
+    v[0] = static_cast<double>(e.start_ns), v[1] = static_cast<double>(e.duration_ns), v[2] = e.kind, v[3] = e.step;
+    v[4] = e.index, v[5] = e.peer, v[6] = e.value;
   }
   comm.allgather(flat.data(), all.data(), flat.size());
   std::vector<std::vector<span_event>> out;
@@ -237,10 +437,13 @@ std::vector<std::vector<span_event>> gather_timelines(Comm& comm, const timeline
   for (std::size_t r = 0; r < ranks; ++r) {
     const std::size_t n = static_cast<std::size_t>(counts[2 * r]);
     dropped.push_back(static_cast<std::size_t>(counts[2 * r + 1]));
-    const double* v = all.data() + r * flat.size();
-    for (std::size_t i = 0; i < n; ++i)
-      out[r].push_back({static_cast<std::int64_t>(v[k * i]), static_cast<std::int64_t>(v[k * i + 1]),
-                        static_cast<std::uint32_t>(v[k * i + 2]), static_cast<std::uint32_t>(v[k * i + 3])});
+    const double* all_r = all.data() + r * flat.size();
+    for (std::size_t i = 0; i < n; ++i) {
+      const double* v = all_r + k * i;
+      out[r].push_back({static_cast<std::int64_t>(v[0]), static_cast<std::int64_t>(v[1]), static_cast<std::uint32_t>(v[2]),
+                        static_cast<std::uint32_t>(v[3]), static_cast<std::int32_t>(v[4]), static_cast<std::int32_t>(v[5]),
+                        v[6]});
+    }
   }
   return out;
 }

@@ -179,7 +179,8 @@ class gradient_allreduce {
     // MPI 4.1, 2 ranks: MPI_Iallreduce + wait reaches 0.4-0.5x MPI_Allreduce's bandwidth from
     // 1 MiB up; benchmarks/allreduce). finish() runs it.
     if (b + 1 < plan::count) start(b, grads);
-    for (auto& r : requests_) r.test();
+    for (std::size_t i = 0; i < requests_.size(); ++i)
+      if (!flights_[i].done && requests_[i].test()) completed(i);
   }
 
   /// Starts the buckets not yet started (all of them when this rank had no samples), runs the
@@ -193,13 +194,21 @@ class gradient_allreduce {
       const auto& last = plan::buckets[plan::count - 1];
       if (started_ == 0) first_start_ = exposed.start();
       account(last);
+      const auto posted = clock::now();
       comm_.allreduce(grads + last.offset, last.count, reduce_op::sum);
+      monitor::record_collective(static_cast<std::int32_t>(plan::count - 1), world(), double(last.count * sizeof(T)), posted,
+                                 clock::now());
       ++started_;
     }
-    for (auto& r : requests_) r.wait();
+    for (std::size_t i = 0; i < requests_.size(); ++i)
+      if (!flights_[i].done) {
+        requests_[i].wait();
+        completed(i);
+      }
     exposed.stop();
     if (started_ > 0) figures_.comm_s += monitor::seconds_between(first_start_, clock::now());
     requests_.clear();
+    flights_.clear();
     started_ = 0;
   }
 
@@ -207,6 +216,7 @@ class gradient_allreduce {
   /// (abandoned: never waited for).
   void after_recovery() {
     requests_.clear();
+    flights_.clear();
     started_ = 0;
   }
 
@@ -234,18 +244,37 @@ class gradient_allreduce {
       const auto& bk = plan::buckets[started_];
       if (started_ == 0) first_start_ = clock::now();
       detail::fault_here.bucket = static_cast<std::int32_t>(started_);
+      const auto posted = clock::now();
       requests_.push_back(comm_.iallreduce(grads + bk.offset, bk.count, reduce_op::sum));
+      flights_.push_back({static_cast<std::int32_t>(started_), posted});
       account(bk);
       ++started_;
     }
   }
   void account(const gradient_bucket& bk) {
     const std::size_t n = static_cast<std::size_t>(world());
-    figures_.bytes_sent += n > 1 ? 2.0 * double(n - 1) / double(n) * double(bk.count * sizeof(T)) : 0.0;
+    const double bus = n > 1 ? 2.0 * double(n - 1) / double(n) * double(bk.count * sizeof(T)) : 0.0;
+    figures_.bytes_sent += bus;
+    figures_.bus_bytes += bus;
+    figures_.comm_bytes += n > 1 ? double(bk.count * sizeof(T)) : 0.0;
   }
+  /// Request i was seen complete now: onto the timeline (when one is attached).
+  void completed(std::size_t i) {
+    flights_[i].done = true;
+    const auto& bk = plan::buckets[static_cast<std::size_t>(flights_[i].bucket)];
+    monitor::record_collective(flights_[i].bucket, world(), double(bk.count * sizeof(T)), flights_[i].posted, clock::now());
+  }
+
+  /// A bucket in flight: which, when it was posted, whether it was seen complete.
+  struct flight {
+    std::int32_t bucket;
+    clock::time_point posted;
+    bool done = false;
+  };
 
   comm_t comm_;
   std::vector<typename comm_t::request> requests_;
+  std::vector<flight> flights_;  // one per request
   std::size_t started_ = 0;
   clock::time_point first_start_{};
   rank_figures figures_;

@@ -115,6 +115,7 @@ concept engine = requires(E& e, const E& ce, const batch_view<typename E::value_
   e.reset_figures();
   { e.gather_figures() } -> std::same_as<std::vector<rank_figures>>;
   { e.gather_timelines(t, d) } -> std::same_as<std::vector<std::vector<monitor::span_event>>>;
+  { ce.flops_per_sample() } -> std::convertible_to<double>;
   { ce.shard() } -> std::same_as<shard_map>;
   { e.parameters_l2() } -> std::same_as<double>;
   { e.gather_parameters() } -> std::same_as<std::vector<typename E::value_type>>;

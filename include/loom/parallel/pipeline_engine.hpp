@@ -416,6 +416,8 @@ class pipeline_stages {
   }
 
   rank_figures& figures() { return figures_; }
+  /// Forward FLOPs per sample of this rank's stage.
+  double flops_per_sample() const { return partition::flops[static_cast<std::size_t>(stage_)]; }
   /// Clears the figures (and the data-parallel engine's) for a new fit().
   void reset_figures() {
     figures_ = {};
@@ -437,6 +439,8 @@ class pipeline_stages {
         f.comm_s += d.comm_s;
         f.comm_exposed_s += d.comm_exposed_s;
         f.bytes_sent += d.bytes_sent;
+        f.comm_bytes += d.comm_bytes;
+        f.bus_bytes += d.bus_bytes;
       }
     });
     return loom::gather_figures(world_, f);
@@ -594,7 +598,10 @@ class pipeline_stages {
         case recv_activation: {
           auto& sl = acquire(st, m, n);
           sl.x = sl.input.data();
+          const auto posted = monitor::clock::now();
           receives.push_back(pipe_.irecv(message_data(sl.input.data(), n), n * State::in_size, stage_ - 1, tag_of(m, op.kind)));
+          monitor::record_span(monitor::span_kind::receive, posted, monitor::clock::now(), static_cast<std::int32_t>(m),
+                               stage_ - 1, static_cast<double>(n * State::in_size * sizeof(T)));
           break;
         }
         case forward: {
@@ -603,6 +610,7 @@ class pipeline_stages {
           sl.y = nullptr;
           if (n > 0) {
             monitor::timed compute(figures_, &rank_figures::compute_s);
+            monitor::span fw(monitor::span_kind::forward, static_cast<std::int32_t>(m));
             const auto y = sl.seq.forward(ctx, params, activation<const T, Backend>{sl.x}, n);
             sl.y_format = y.format;
             sl.y = sl.conv.template to_plain<T, typename State::out_shape>(y.data, y.format, n);
@@ -612,25 +620,33 @@ class pipeline_stages {
               total.sum += v.sum;
               total.correct += v.correct;
             }
+            fw.stop();
             compute.stop();
           }
           break;
         }
         case send_activation: {
           auto& sl = slot_of(st, m);
+          const auto posted = monitor::clock::now();
           sl.sends.push_back(pipe_.isend(message_data(sl.y, n), n * State::out_size, stage_ + 1, tag_of(m, op.kind)));
           figures_.bytes_sent += static_cast<double>(n * State::out_size * sizeof(T));
+          monitor::record_span(monitor::span_kind::send, posted, monitor::clock::now(), static_cast<std::int32_t>(m),
+                               stage_ + 1, static_cast<double>(n * State::out_size * sizeof(T)));
           break;
         }
         case recv_gradient: {
           auto& sl = slot_of(st, m);
+          const auto posted = monitor::clock::now();
           receives.push_back(pipe_.irecv(message_data(sl.dy.data(), n), n * State::out_size, stage_ + 1, tag_of(m, op.kind)));
+          monitor::record_span(monitor::span_kind::receive, posted, monitor::clock::now(), static_cast<std::int32_t>(m),
+                               stage_ + 1, static_cast<double>(n * State::out_size * sizeof(T)));
           break;
         }
         case backward: {
           auto& sl = slot_of(st, m);
           if (n > 0) {
             monitor::timed compute(figures_, &rank_figures::compute_s);
+            monitor::span bw(monitor::span_kind::backward, static_cast<std::int32_t>(m));
             const T* d = sl.dy.data();
             if (!sl.y_format.plain()) {
               sl.dy_layout.reserve_discard(n * State::out_size);
@@ -646,6 +662,7 @@ class pipeline_stages {
               sl.seq.backward(ctx, params, activation<const T, Backend>{sl.x}, d, dx, grads);
             }
             grads_written_ = true;
+            bw.stop();
             compute.stop();
           }
           if constexpr (State::first) release(st, m);
@@ -653,9 +670,12 @@ class pipeline_stages {
         }
         case send_gradient: {
           auto& sl = slot_of(st, m);
+          const auto posted = monitor::clock::now();
           sl.sends.push_back(pipe_.isend(message_data(sl.dx.data(), n), n * State::in_size, stage_ - 1,
                                          tag_of(m, op.kind)));
           figures_.bytes_sent += static_cast<double>(n * State::in_size * sizeof(T));
+          monitor::record_span(monitor::span_kind::send, posted, monitor::clock::now(), static_cast<std::int32_t>(m),
+                               stage_ - 1, static_cast<double>(n * State::in_size * sizeof(T)));
           release(st, m);
           break;
         }
@@ -746,6 +766,7 @@ class pipeline_engine
   /// Clips the gradient norm of the whole model and steps this stage's optimizer on its own
   /// buffers.
   void optimizer_step(float lr, double clip) {
+    monitor::span span(monitor::span_kind::optimizer);
     base::clip_gradients(clip);
     monitor::timed compute(base::figures(), &rank_figures::compute_s);
     state_.step(base::parameters(), base::gradients(), base::parameter_count(), lr);

@@ -146,13 +146,30 @@ class replica_passes {
       dy_.reserve_discard(b.n * out_width);
       run_context ctx{.training = true, .accumulate = m > 0 && had_samples_, .seed = seed, .step = step,
                       .sample_offset = b.offset, .tensor = tensor_group(), .math = math_};
-      const T* y = model_.forward(ctx, b.x, b.n);
-      v = Loss::template compute<Backend, out_width, T>(y, b.labels, dy_.data(), b.n,
-                                                        T(1) / static_cast<T>(b.global_n * group), ws_);
-      if (last)
-        model_.backward(ctx, dy_.data(), b.n, [&](std::size_t layer) { sync_.layer_done(layer, grads); });
-      else
+      {
+        monitor::span fw(monitor::span_kind::forward);
+        const T* y = model_.forward(ctx, b.x, b.n);
+        v = Loss::template compute<Backend, out_width, T>(y, b.labels, dy_.data(), b.n,
+                                                          T(1) / static_cast<T>(b.global_n * group), ws_);
+      }
+      monitor::span bw(monitor::span_kind::backward);
+      if (last) {
+        // Each layer's backward as a span of its own, between the engine's calls (a clock read
+        // per layer, only while a timeline records).
+        monitor::timeline* const tl = monitor::current_timeline();
+        auto layer_start = tl ? monitor::clock::now() : monitor::clock::time_point{};
+        model_.backward(ctx, dy_.data(), b.n, [&](std::size_t layer) {
+          if (tl) {
+            const auto now = monitor::clock::now();
+            tl->add(monitor::span_kind::layer_backward, layer_start, now, static_cast<std::int32_t>(layer));
+            layer_start = now;
+          }
+          sync_.layer_done(layer, grads);
+        });
+      } else {
         model_.backward(ctx, dy_.data(), b.n);
+      }
+      bw.stop();
       had_samples_ = true;
     } else if (!(m > 0 && had_samples_)) {
       Backend::zero(grads, model_type::parameter_count);  // nothing of this batch here: contribute zeros
@@ -185,6 +202,8 @@ class replica_passes {
   void sum(double* values, std::size_t n) { sync_.sum(values, n); }
 
   rank_figures& figures() { return sync_.figures(); }
+  /// Forward FLOPs per sample of the network this rank runs (its slice under tensor parallelism).
+  static constexpr double flops_per_sample() { return rank_network::flops_per_sample; }
   void reset_figures() { sync_.figures() = {}; }
   std::vector<rank_figures> gather_figures() { return sync_.gather_figures(); }
   std::vector<std::vector<monitor::span_event>> gather_timelines(const monitor::timeline& t, std::vector<std::size_t>& dropped) {
@@ -252,12 +271,16 @@ class replica_passes {
       Backend::copy(labels_chunk_.data(), b.labels + at, k);
       run_context ctx{.training = true, .accumulate = false, .seed = seed, .step = step, .sample_offset = b.offset + at,
                       .math = math_};
+      monitor::span fw(monitor::span_kind::forward);
       const T* y = model_.forward(ctx, x_chunk_.data(), k);
       const loss_value u = Loss::template compute<Backend, out_width, T>(y, labels_chunk_.data(), dy_.data(), k,
                                                                         T(1) / static_cast<T>(b.global_n * group), ws_);
+      fw.stop();
       v.sum += u.sum;
       v.correct += u.correct;
+      monitor::span bw(monitor::span_kind::backward);
       model_.backward(ctx, dy_.data(), k);
+      bw.stop();
       chunk_tree_.push(grads);
     }
     bool alone = true;
@@ -267,7 +290,10 @@ class replica_passes {
     if constexpr (detail::replica_comm_sync<Sync>) {
       if (!alone) {
         monitor::timed comm(fig, &rank_figures::comm_s);
-        fig.bytes_sent += exchange_.run(sync_.comm(), *chunks_, b.global_n, chunk_tree_, grads, count);
+        const double sent = exchange_.run(sync_.comm(), *chunks_, b.global_n, chunk_tree_, grads, count);
+        fig.bytes_sent += sent;
+        fig.bus_bytes += sent;
+        fig.comm_bytes += static_cast<double>(count * sizeof(T));
         fig.comm_exposed_s += comm.stop();
       }
     }
@@ -315,6 +341,7 @@ class replica_engine : public replica_passes<Network, Loss, Backend, Sync> {
 
   /// Clips the whole model's gradient norm (over the tensor group when split) and steps.
   void optimizer_step(float lr, double clip) {
+    monitor::span span(monitor::span_kind::optimizer);
     base::clip_and_close_step(clip);
     monitor::timed compute(base::figures(), &rank_figures::compute_s);
     auto& m = base::model();

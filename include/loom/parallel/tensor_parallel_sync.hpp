@@ -156,6 +156,7 @@ class tensor_parallel_sync {
     f.comm_s += s;
     f.comm_exposed_s += s;
     f.bytes_sent += bytes;
+    f.bus_bytes += bytes;
   }
 
   /// Sums values over the replicas (each tensor group counted once: its ranks saw the same

@@ -257,6 +257,10 @@ struct fit_options {
   /// extension. Opens in Perfetto (ui.perfetto.dev) and chrome://tracing. Every rank must ask
   /// alike (checked).
   std::string trace;
+  /// Seconds between samples of the machine (memory, CPU, network, the GPU through NVML;
+  /// loom/monitor/sampler.hpp), which the metrics files carry and the timeline shows as
+  /// counters. A sample costs a few microseconds.
+  double sample_every_s = 1.0;
   /// Checkpoints: where, how often, how many kept, resuming, preemption by signal
   /// (loom/io/checkpoint.hpp, docs/checkpoints.md); none by default. Every rank must ask alike
   /// (checked).
@@ -410,6 +414,12 @@ class trainer {
     engine_.reset_figures();
     rank_figures& fig = engine_.figures();
     monitor::metrics_writer metrics(opts.metrics, engine_.rank(), engine_.world());
+    // The machine's ceiling, against which the achieved GFLOP/s are shown: measured once per
+    // process (about 0.1 s) when something shows it.
+    if (metrics.enabled() || opts.live_every_s > 0 || timeline) fig.peak_gflops = monitor::measure_peak_gflops<Backend>();
+    monitor::sampler sampler(fig, device_monitor(), opts.sample_every_s);
+    // Training FLOPs per sample of this rank: forward, and backward's two products (data and weights).
+    const double flops_per_sample = 3.0 * engine_.flops_per_sample();
     monitor::training_point point;
     // Preemption by signal and checkpoints by time: the ranks agree each step (one allreduce).
     detail::preemption_guard signals(checkpoints && co.on_signal);
@@ -465,6 +475,7 @@ class trainer {
           step_sums[1] += static_cast<double>(v.correct);
           step_sums[2] += static_cast<double>(b.n);
           fig.samples += static_cast<double>(b.n);
+          fig.flops += flops_per_sample * static_cast<double>(b.n);
           step_global += b.global_n;
         }
         // Under failure detection the sums come before the optimizer step, so that a rank's
@@ -501,7 +512,8 @@ class trainer {
                  .elapsed_s = monitor::seconds_between(start, monitor::clock::now())};
         point.samples_per_s = (r.samples + global_samples) / std::max(1e-9, point.elapsed_s);
         progress.update(epoch + 1, opts.epochs, k, batches, point.loss, point.accuracy, point.samples_per_s);
-        metrics.tick(fig, point);
+        sampler.tick();
+        metrics.tick(fig, point, sampler.latest());
         live.step(epoch, [&] { return engine_.gather_figures(); });
         if (checkpoints) {
           // The step boundary: a checkpoint when due, and a stop when a signal asked for one.
@@ -513,6 +525,7 @@ class trainer {
           if (agree_each_step) coll->max(flags, 2);
           due = due || flags[1] || flags[0];
           if (due) {
+            monitor::span writing(monitor::span_kind::checkpoint);
             save_current(*coll, opts, data.size(), /*async=*/co.async && !flags[0]);
             saved_step = step_;
             last_checkpoint_time = monitor::clock::now();
@@ -536,6 +549,7 @@ class trainer {
     if (checkpoints) {
       if (co.at_end && saved_step != step_) {
         // The run's end: the next epoch's start (or where max_steps stopped it, mid-epoch).
+        monitor::span writing(monitor::span_kind::checkpoint);
         save_current(*coll, opts, data.size(), co.async);
         saved_step = step_;
       }
@@ -546,7 +560,7 @@ class trainer {
     fig.seconds = r.seconds;
     point.elapsed_s = r.seconds;
     live.finish();
-    metrics.tick(fig, point, /*force=*/true);
+    metrics.tick(fig, point, sampler.sample_now(), /*force=*/true);
     r.figures = engine_.gather_figures();
     };
 
@@ -919,6 +933,20 @@ class trainer {
            ";math=" + to_string(options_.math) + ";policy=" + type_name<Policy>();
   }
 
+  /// NVML's view of the device this rank computes on (loom::cuda), or null: on the CPU, or
+  /// without NVML (monitor/sampler.hpp). Opened once per process.
+  static std::shared_ptr<const monitor::nvml> device_monitor() {
+    if constexpr (requires { Backend::pci_bus_id(); }) {
+      static const std::shared_ptr<const monitor::nvml> device = [] {
+        auto n = std::make_shared<const monitor::nvml>(Backend::pci_bus_id());
+        return n->available() ? n : nullptr;
+      }();
+      return device;
+    } else {
+      return nullptr;
+    }
+  }
+
   /// Writes this rank's timeline (own file under several ranks) and, on rank 0, every rank's
   /// in `path` (collective).
   void write_trace(const std::string& path, const monitor::timeline& t) {
@@ -939,6 +967,9 @@ class trainer {
     if (!(opts.clip_grad_norm >= 0) || !std::isfinite(opts.clip_grad_norm))
       throw invalid_argument("loom::trainer::fit: clip_grad_norm must be finite and >= 0 (0: no clipping), got " +
                              std::to_string(opts.clip_grad_norm));
+    if (!(opts.sample_every_s >= 0) || !std::isfinite(opts.sample_every_s))
+      throw invalid_argument("loom::trainer::fit: sample_every_s must be finite and >= 0 (0: after every step), got " +
+                             std::to_string(opts.sample_every_s));
   }
 
   /// Room for a batch of n samples: the samples where the engine reads them, the labels likewise.
