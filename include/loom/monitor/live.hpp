@@ -279,6 +279,8 @@ class live_view {
   std::size_t interval() const { return interval_; }
   /// The last window's figures (rank order; on every rank) and its table as drawn.
   const std::vector<rank_figures>& last_window() const { return window_; }
+  /// The straggler of the last window (none before the first exchange); the same on every rank.
+  const straggler& last_straggler() const { return straggler_; }
 
  private:
   /// This rank's part of the exchange: the window's medians, its memory, its seconds so far.
@@ -294,6 +296,7 @@ class live_view {
     if (before_.size() != all.size()) before_.assign(all.size(), rank_figures{});
     window_.resize(all.size());
     for (std::size_t r = 0; r < all.size(); ++r) window_[r] = window_of(all[r], before_[r]);
+    straggler_ = find_straggler(window_);
     before_ = std::move(all);
     const std::size_t steps = steps_ - last_step_;
     const double per_step = window_[0].seconds / static_cast<double>(steps);
@@ -354,6 +357,7 @@ class live_view {
   std::size_t exchanges_ = 0;
   double exchange_s_ = 0, gather_s_ = 0;
   std::vector<rank_figures> before_, window_;
+  straggler straggler_;
   std::size_t drawn_lines_ = 0, drawn_epoch_ = 0;
 };
 

@@ -155,6 +155,17 @@ class metrics_writer {
     if (enabled()) write_if_due(f, p, m, force);
   }
 
+  /// The live view's verdict at an exchange after optimizer step `step` (every rank has the
+  /// same): rank 0 writes it to TensorBoard at once as `live/straggler_rank` (-1: none) and
+  /// `live/straggler_score`.
+  void straggler_seen(std::size_t step, const straggler& s) {
+    if (!tb_ || rank_ != 0) return;
+    tb_summary_.clear();
+    tb_summary_.scalar("live/straggler_rank", s ? s.rank : -1).scalar("live/straggler_score", s.score);
+    tb_->write(static_cast<std::int64_t>(step), tb_summary_);
+    tb_->flush();
+  }
+
   /// At the end of fit, after the last tick: the TensorBoard text summaries (`run/figures`:
   /// every rank's figures as a Markdown table; `run/hparams`) and the hparams session's end.
   /// `ranks`: every rank's figures (loom::gather_figures); no collective here.

@@ -45,6 +45,7 @@ enum class span_kind : std::uint32_t {
   send,             ///< posting a pipeline send (index: micro-batch; peer: the stage; value: bytes)
   receive,          ///< posting a pipeline receive (likewise)
   counter,          ///< a sampled value at one instant (index: a monitor::counter; value)
+  straggler,        ///< the live view named a straggler at this instant (index: its rank; peer: 0 compute, 1 data; value: its score)
   end_
 };
 inline constexpr std::uint32_t step_span = static_cast<std::uint32_t>(span_kind::step);
@@ -241,6 +242,7 @@ inline std::string span_name(std::uint32_t kind) {
     case span_kind::send: return "send";
     case span_kind::receive: return "receive";
     case span_kind::counter: return "counter";
+    case span_kind::straggler: return "straggler";
     case span_kind::end_: break;
   }
   return "span " + std::to_string(kind);
@@ -338,6 +340,19 @@ inline int bucket_track(std::int32_t bucket) { return 1 + bucket; }
           emit(buf);
           break;
         }
+        case span_kind::straggler:
+          // An instant on the whole process, and the rank named as a counter (a track that
+          // shows when, and whom, the live view named).
+          std::snprintf(buf, sizeof buf,
+                        "{\"name\":\"straggler: rank %d\",\"cat\":\"loom\",\"ph\":\"i\",\"s\":\"p\",\"pid\":%d,\"tid\":0,"
+                        "\"ts\":%.3f,\"args\":{\"rank\":%d,\"score\":%.4f,\"cause\":\"%s\",\"step\":%u}}",
+                        e.index, pid, ts, e.index, e.value, e.peer == 1 ? "data" : "compute", e.step);
+          emit(buf);
+          std::snprintf(buf, sizeof buf,
+                        "{\"name\":\"straggler_rank\",\"ph\":\"C\",\"pid\":%d,\"tid\":0,\"ts\":%.3f,\"args\":{\"value\":%d}}",
+                        pid, ts, e.index);
+          emit(buf);
+          break;
         case span_kind::collective: {
           const double s = static_cast<double>(e.duration_ns) / 1e9, n = e.peer;
           const double alg = s > 0 ? e.value / s / 1e9 : 0, bus = n > 1 ? alg * 2 * (n - 1) / n : 0;

@@ -514,7 +514,17 @@ class trainer {
         progress.update(epoch + 1, opts.epochs, k, batches, point.loss, point.accuracy, point.samples_per_s);
         sampler.tick();
         metrics.tick(fig, point, sampler.latest());
+        const std::size_t exchanges = live.exchanges();
         live.step(epoch, [&] { return engine_.gather_figures(); });
+        if (live.exchanges() != exchanges) {  // an exchange: the straggler it found, if any, named
+          const straggler& s = live.last_straggler();
+          metrics.straggler_seen(step_, s);
+          if (s) {
+            const auto now = monitor::clock::now();
+            monitor::record_span(monitor::span_kind::straggler, now, now, s.rank, s.why == straggler::cause::data ? 1 : 0,
+                                 s.score);
+          }
+        }
         if (checkpoints) {
           // The step boundary: a checkpoint when due, and a stop when a signal asked for one.
           detail::set_phase(fault_phase::checkpoint);
