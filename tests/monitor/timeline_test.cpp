@@ -166,7 +166,7 @@ TEST_CASE("Each bucket's collective is on its own track, with bytes, bandwidth, 
     CHECK(count(json, "\"late_ms\"") == 0);  // one rank alone has no arrivals to compare
     for (std::size_t b = 0; b < buckets; ++b)
       CHECK(count(json, "\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" + std::to_string(r) + ",\"tid\":" +
-                            std::to_string(b + 1) + ",\"args\":{\"name\":\"bucket " + std::to_string(b) + "\"}") == 1);
+                            std::to_string(b + 1'000'000) + ",\"args\":{\"name\":\"bucket " + std::to_string(b) + "\"}") == 1);
     // The passes: a forward, a backward (each layer's inside it) and an optimizer span a step.
     CHECK(count(json, "\"name\":\"forward\"") == steps);
     CHECK(count(json, "\"name\":\"backward\"") == steps);

@@ -251,7 +251,11 @@ inline std::string span_name(std::uint32_t kind) {
 namespace detail {
 /// The track (Chrome trace tid) of a bucket's collectives: its own, so that buckets in flight
 /// together do not overlap on one thread (the format wants complete events nested per thread).
-inline int bucket_track(std::int32_t bucket) { return 1 + bucket; }
+/// Far from every pid: Perfetto's importer takes a process's tid 0 as its main thread, tid =
+/// pid, so a bucket on tid r of rank r would land on rank r's steps (measured with Perfetto
+/// v52: its spans dropped as overlapping).
+inline constexpr int first_bucket_track = 1'000'000;
+inline int bucket_track(std::int32_t bucket) { return first_bucket_track + bucket; }
 }  // namespace detail
 
 /// Chrome trace JSON of several ranks' spans: ranks[r] is rank first_rank + r's, shown as
