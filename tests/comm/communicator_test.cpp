@@ -4,6 +4,7 @@
 // test_comm_mpi on mpi_comm (processes started by mpirun); see harness.hpp.
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <numeric>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "harness.hpp"
+#include "loom/core/half.hpp"
 
 using namespace comm_test;
 using loom::reduce_op;
@@ -66,6 +68,40 @@ TEST_CASE("A communicator's allreduce sums and takes maxima as a serial loop ove
           k.equal(at(std::string("allreduce ") + loom::to_string(op) + " of " + type_name<T>(), n), data, want);
         }
       }
+    });
+  });
+}
+
+TEST_CASE("A communicator sums 16-bit floats (bf16, fp16) in float at every step, blocking and not", "[comm]") {
+  on_every_world([]<loom::communicator C>(C& c, checker& k) {
+    for_types<loom::bf16, loom::fp16>([&]<class H>(std::type_identity<H>) {
+      for (const std::size_t n : sizes) {
+        // Small integers and halves: every partial sum is exact in 16 bits, so any order of the
+        // reduction gives the serial sum exactly.
+        auto v = [](int r, std::size_t i) { return static_cast<float>(static_cast<int>((i * 7 + static_cast<std::size_t>(r) * 3) % 9) - 4) * 0.5f; };
+        std::vector<H> data(n), other(n);
+        for (std::size_t i = 0; i < n; ++i) data[i] = other[i] = H::from_float(v(c.rank(), i));
+        c.allreduce(data.data(), n, reduce_op::sum);
+        auto r = c.iallreduce(other.data(), n, reduce_op::sum);
+        r.wait();
+        std::vector<float> got(n), got_nb(n), want(n, 0.0f);
+        for (std::size_t i = 0; i < n; ++i) {
+          got[i] = data[i].to_float();
+          got_nb[i] = other[i].to_float();
+          for (int q = 0; q < c.size(); ++q) want[i] += v(q, i);
+        }
+        k.equal(at(std::string("allreduce of ") + H::name, n), got, want);
+        k.equal(at(std::string("iallreduce of ") + H::name, n), got_nb, want);
+      }
+      // A sum rounded to 16 bits once per step, not once in all: 1 + 2^-9 on every rank.
+      // bf16 (8 significant bits) cannot hold 1 + 2^-9, so each rank's value is 1; fp16 (11) can.
+      H one = H::from_float(1.0f + 1.0f / 512.0f);
+      c.allreduce(&one, 1, reduce_op::sum);
+      const float per_rank = H::from_float(1.0f + 1.0f / 512.0f).to_float();
+      const float exact = per_rank * static_cast<float>(c.size());
+      k.expect(std::abs(one.to_float() - exact) <= exact * (std::is_same_v<H, loom::bf16> ? 1.0f / 128 : 1.0f / 1024),
+               std::string(H::name) + ": the sum of " + std::to_string(c.size()) + " ranks' " + std::to_string(per_rank) +
+                   " is " + std::to_string(one.to_float()));
     });
   });
 }

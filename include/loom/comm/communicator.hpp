@@ -10,6 +10,8 @@
 #include <string>
 #include <type_traits>
 
+#include "loom/core/half.hpp"
+
 namespace loom {
 
 /// How a reduction (allreduce, reduce_scatter) combines the ranks' elements.
@@ -23,9 +25,11 @@ constexpr const char* to_string(reduce_op op) noexcept {
 namespace detail {
 
 /// An element type a communicator moves: an arithmetic type other than bool (float, double,
-/// std::int32_t, std::int64_t, std::uint64_t, char, ...). Every rank must pass the same type.
+/// std::int32_t, std::int64_t, std::uint64_t, char, ...) or a 16-bit wire float (loom::bf16,
+/// loom::fp16: reduced in float at each step, loom/core/half.hpp). Every rank must pass the
+/// same type.
 template <class T>
-concept comm_value = std::is_arithmetic_v<T> && !std::same_as<std::remove_cv_t<T>, bool>;
+concept comm_value = (std::is_arithmetic_v<T> && !std::same_as<std::remove_cv_t<T>, bool>) || is_half_v<T>;
 
 /// An element type a communicator can also reduce (sum, max): a comm_value other than plain
 /// char, which MPI treats as text and does not add.

@@ -31,6 +31,7 @@
 #include "loom/comm/communicator.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/fault.hpp"
+#include "loom/core/half.hpp"
 
 namespace loom {
 
@@ -54,10 +55,42 @@ inline void check_mpi(int code, const char* op, int rank) {
 
 template <class T>
 MPI_Datatype mpi_datatype() {
-  return boost::mpi::get_mpi_datatype<T>(T{});
+  if constexpr (is_half_v<T>) return MPI_UINT16_T;  // loom::bf16, loom::fp16: 16 bits, reduced by the ops below
+  else return boost::mpi::get_mpi_datatype<T>(T{});
 }
 
-inline MPI_Op mpi_op(reduce_op op) noexcept { return op == reduce_op::sum ? MPI_SUM : MPI_MAX; }
+/// MPI's reduction of 16-bit floats (loom::bf16, loom::fp16): each pair converted to float,
+/// combined there and rounded back — a sum in float at every step, 16 bits on the wire. MPI has
+/// no such types (MPI 4.0 has no bfloat16 at all), so they travel as MPI_UINT16_T with these
+/// user operations (commutative: the ring and tree algorithms may reorder).
+template <class H, bool Sum>
+void half_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
+  const H* a = static_cast<const H*>(in);
+  H* b = static_cast<H*>(inout);
+  if constexpr (Sum) add_half(a, b, static_cast<std::size_t>(*len));
+  else
+    for (int i = 0; i < *len; ++i) b[i] = b[i] < a[i] ? a[i] : b[i];
+}
+template <class H>
+MPI_Op half_op(reduce_op op) {
+  static const MPI_Op sum = [] {
+    MPI_Op o;
+    check_mpi(MPI_Op_create(&half_reduce<H, true>, 1, &o), "MPI_Op_create", -1);
+    return o;
+  }();
+  static const MPI_Op max = [] {
+    MPI_Op o;
+    check_mpi(MPI_Op_create(&half_reduce<H, false>, 1, &o), "MPI_Op_create", -1);
+    return o;
+  }();
+  return op == reduce_op::sum ? sum : max;
+}
+
+template <class T = double>
+MPI_Op mpi_op(reduce_op op) {
+  if constexpr (is_half_v<T>) return half_op<std::remove_cv_t<T>>(op);
+  else return op == reduce_op::sum ? MPI_SUM : MPI_MAX;
+}
 
 inline bool mpi_running() noexcept {
   int initialized = 0, finalized = 0;
@@ -458,13 +491,13 @@ class mpi_comm {
     if (watch_) {
       std::vector<MPI_Request> rs;
       for_chunks(count, [&](std::size_t at, int n) {
-        detail::check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data + at, n, type, detail::mpi_op(op), comm_, &rs.emplace_back()),
+        detail::check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data + at, n, type, detail::mpi_op<T>(op), comm_, &rs.emplace_back()),
                           "allreduce", rank_);
       });
       return complete(rs, "allreduce");
     }
     for_chunks(count, [&](std::size_t at, int n) {
-      detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, data + at, n, type, detail::mpi_op(op), comm_), "allreduce", rank_);
+      detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, data + at, n, type, detail::mpi_op<T>(op), comm_), "allreduce", rank_);
     });
   }
 
@@ -476,28 +509,28 @@ class mpi_comm {
     if (watch_) {
       std::vector<MPI_Request> rs;
       if (count <= max_count_) {
-        detail::check_mpi(MPI_Ireduce_scatter_block(in, out, static_cast<int>(count), type, detail::mpi_op(op), comm_,
+        detail::check_mpi(MPI_Ireduce_scatter_block(in, out, static_cast<int>(count), type, detail::mpi_op<T>(op), comm_,
                                                     &rs.emplace_back()),
                           "reduce_scatter", rank_);
       } else {
         for_chunks(count, [&](std::size_t at, int n) {
           for (int j = 0; j < size_; ++j)
             detail::check_mpi(MPI_Ireduce(in + static_cast<std::size_t>(j) * count + at, j == rank_ ? out + at : nullptr,
-                                          n, type, detail::mpi_op(op), j, comm_, &rs.emplace_back()),
+                                          n, type, detail::mpi_op<T>(op), j, comm_, &rs.emplace_back()),
                               "reduce_scatter", rank_);
         });
       }
       return complete(rs, "reduce_scatter");
     }
     if (count <= max_count_) {
-      detail::check_mpi(MPI_Reduce_scatter_block(in, out, static_cast<int>(count), type, detail::mpi_op(op), comm_),
+      detail::check_mpi(MPI_Reduce_scatter_block(in, out, static_cast<int>(count), type, detail::mpi_op<T>(op), comm_),
                         "reduce_scatter", rank_);
       return;
     }
     for_chunks(count, [&](std::size_t at, int n) {
       for (int j = 0; j < size_; ++j)
         detail::check_mpi(MPI_Reduce(in + static_cast<std::size_t>(j) * count + at, j == rank_ ? out + at : nullptr,
-                                     n, type, detail::mpi_op(op), j, comm_),
+                                     n, type, detail::mpi_op<T>(op), j, comm_),
                           "reduce_scatter", rank_);
     });
   }
@@ -762,7 +795,7 @@ mpi_comm::request mpi_comm::iallreduce(T* data, std::size_t count, reduce_op op)
   r.type_ = detail::mpi_datatype<T>();
   for_chunks(count, [&](std::size_t at, int n) {
     request::part p;
-    detail::check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data + at, n, r.type_, detail::mpi_op(op), comm_, &p.handle),
+    detail::check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data + at, n, r.type_, detail::mpi_op<T>(op), comm_, &p.handle),
                       "iallreduce", rank_);
     r.parts_.push_back(p);
   });

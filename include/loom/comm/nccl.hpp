@@ -67,7 +67,9 @@ decltype(auto) cuda_for_nccl(const char* op, int rank, F&& f) {
 template <class T>
 constexpr std::optional<ncclDataType_t> nccl_type() {
   using U = std::remove_cv_t<T>;
-  if constexpr (std::is_floating_point_v<U>) {
+  if constexpr (std::is_same_v<U, bf16>) return ncclBfloat16;  // NCCL sums 16-bit floats in float at each step
+  else if constexpr (std::is_same_v<U, fp16>) return ncclFloat16;
+  else if constexpr (std::is_floating_point_v<U>) {
     if constexpr (sizeof(U) == 4) return ncclFloat32;
     else if constexpr (sizeof(U) == 8) return ncclFloat64;
     else return std::nullopt;

@@ -17,8 +17,10 @@
 
 #include "loom/comm/communicator.hpp"
 #include "loom/core/error.hpp"
-#include "loom/parallel/bucket_plan.hpp"
 #include "loom/core/fault.hpp"
+#include "loom/core/half.hpp"
+#include "loom/core/memory.hpp"
+#include "loom/parallel/bucket_plan.hpp"
 #include "loom/monitor/figures.hpp"
 #include "loom/monitor/timeline.hpp"
 #include "loom/parallel/shard_map.hpp"
@@ -32,7 +34,46 @@ struct bucket_bytes {
   static constexpr std::size_t value = Bytes;
 };
 
+/// Option of data_parallel: gradients are sent as H (loom::bf16 or loom::fp16), summed in
+/// float at each step of the reduction and rounded back to 16 bits between steps — half the
+/// bytes of float, as PyTorch DDP's bf16_compress_hook, Horovod's Compression.fp16 and llm.c's
+/// bf16 gradients. The gradients themselves, the optimizer and the parameters stay float.
+/// bf16 keeps float's range (no overflow, no underflow to speak of) with 8 significant bits;
+/// fp16 has 11 but overflows past 65504 and loses gradients below 6e-8 (docs/data-parallel.md).
+template <class H>
+struct compress {
+  static_assert(is_half_v<H>, "loom::compress<H>: H must be loom::bf16 or loom::fp16");
+  using type = H;
+};
+
 namespace detail {
+template <class T>
+inline constexpr bool is_compress_v = false;
+template <class H>
+inline constexpr bool is_compress_v<compress<H>> = true;
+
+template <class... Options>
+struct wire_of {
+  using type = void;
+};
+template <class First, class... Rest>
+struct wire_of<First, Rest...> {
+  using type = std::conditional_t<is_compress_v<First>, typename First::type, typename wire_of<Rest...>::type>;
+};
+template <class... Options>
+constexpr bool compress_once() {
+  constexpr std::size_t n = (std::size_t{0} + ... + (is_compress_v<Options> ? 1 : 0));
+  static_assert(n <= 1, "loom::data_parallel: compress<...> is given more than once; keep one");
+  return true;
+}
+
+/// Whether X (a gradient_allreduce, or a sync holding one) sends its gradients compressed.
+template <class X>
+inline constexpr bool compresses_v = [] {
+  if constexpr (requires { X::compressed; }) return X::compressed;
+  else return false;
+}();
+
 template <class T>
 inline constexpr bool is_bucket_bytes_v = false;
 template <std::size_t B>
@@ -43,24 +84,32 @@ constexpr std::size_t bucket_cap_of() {
   constexpr std::size_t n = (std::size_t{0} + ... + (is_bucket_bytes_v<Options> ? 1 : 0));
   static_assert(n <= 1, "loom::data_parallel: bucket_bytes<...> is given more than once; keep one");
   std::size_t cap = std::size_t{25} << 20;
-  ((is_bucket_bytes_v<Options> ? (cap = Options::value, 0) : 0), ...);
+  (
+      [&] {
+        if constexpr (is_bucket_bytes_v<Options>) cap = Options::value;
+      }(),
+      ...);
   return cap;
 }
 template <class Option>
-inline constexpr bool is_data_parallel_option_v = is_bucket_bytes_v<Option>;
+inline constexpr bool is_data_parallel_option_v = is_bucket_bytes_v<Option> || is_compress_v<Option>;
 }  // namespace detail
 
 /// Data parallelism over communicator Comm (loom::mpi_comm, loom::local_comm). Options, in any
-/// order: bucket_bytes<N>.
+/// order: bucket_bytes<N>, compress<bf16> or compress<fp16>.
 template <class Comm, class... Options>
 struct data_parallel {
   static_assert(communicator<Comm>,
                 "loom::data_parallel<Comm>: Comm must be a loom communicator (loom::mpi_comm from "
                 "<loom/comm/mpi.hpp> or loom::local_comm from <loom/comm/local.hpp>)");
   static_assert((detail::is_data_parallel_option_v<Options> && ...),
-                "loom::data_parallel<Comm, Options...>: an option is not one of data_parallel's (bucket_bytes<N>)");
+                "loom::data_parallel<Comm, Options...>: an option is not one of data_parallel's (bucket_bytes<N>, "
+                "compress<bf16>, compress<fp16>)");
+  static_assert(detail::compress_once<Options...>());
   using comm_type = Comm;
   static constexpr std::size_t bucket_cap_bytes = detail::bucket_cap_of<Options...>();
+  /// What gradients travel as: loom::bf16 or loom::fp16 under compress<>, void (their own type) otherwise.
+  using wire_type = typename detail::wire_of<Options...>::type;
 };
 
 template <class T>
@@ -141,9 +190,14 @@ class gradient_allreduce {
   using comm_t = typename Policy::comm_type;
   using plan = bucket_plan<Network, T, Policy::bucket_cap_bytes>;
   using clock = monitor::clock;
+  using wire_type = typename Policy::wire_type;
 
  public:
   using rank_network = Network;
+  /// Whether gradients travel compressed (loom::compress<bf16 or fp16>): converted into a
+  /// 16-bit copy in host memory as each bucket starts, reduced there, converted back as it
+  /// completes.
+  static constexpr bool compressed = !std::is_void_v<wire_type>;
   explicit gradient_allreduce(comm_t comm) : comm_(std::move(comm)) {}
 
   /// This rank in the world and the world's size; every rank is a replica of the whole model.
@@ -180,7 +234,7 @@ class gradient_allreduce {
     // 1 MiB up; benchmarks/allreduce). finish() runs it.
     if (b + 1 < plan::count) start(b, grads);
     for (std::size_t i = 0; i < requests_.size(); ++i)
-      if (!flights_[i].done && requests_[i].test()) completed(i);
+      if (!flights_[i].done && requests_[i].test()) completed(i, grads);
   }
 
   /// Starts the buckets not yet started (all of them when this rank had no samples), runs the
@@ -195,15 +249,21 @@ class gradient_allreduce {
       if (started_ == 0) first_start_ = exposed.start();
       account(last);
       const auto posted = clock::now();
-      comm_.allreduce(grads + last.offset, last.count, reduce_op::sum);
-      monitor::record_collective(static_cast<std::int32_t>(plan::count - 1), world(), double(last.count * sizeof(T)), posted,
-                                 clock::now());
+      if constexpr (compressed) {
+        wire_type* w = wire(grads, last);
+        comm_.allreduce(w, last.count, reduce_op::sum);
+        from_half(w, grads + last.offset, last.count);
+      } else {
+        comm_.allreduce(grads + last.offset, last.count, reduce_op::sum);
+      }
+      monitor::record_collective(static_cast<std::int32_t>(plan::count - 1), world(), double(last.count * wire_bytes),
+                                 posted, clock::now());
       ++started_;
     }
     for (std::size_t i = 0; i < requests_.size(); ++i)
       if (!flights_[i].done) {
         requests_[i].wait();
-        completed(i);
+        completed(i, grads);
       }
     exposed.stop();
     if (started_ > 0) figures_.comm_s += monitor::seconds_between(first_start_, clock::now());
@@ -218,6 +278,7 @@ class gradient_allreduce {
     requests_.clear();
     flights_.clear();
     started_ = 0;
+    if constexpr (compressed) wire_.abandon();  // abandoned requests may still write it: a fresh one next time
   }
 
   /// Sums values over ranks (losses, counts for reporting). Collective.
@@ -245,7 +306,8 @@ class gradient_allreduce {
       if (started_ == 0) first_start_ = clock::now();
       detail::fault_here.bucket = static_cast<std::int32_t>(started_);
       const auto posted = clock::now();
-      requests_.push_back(comm_.iallreduce(grads + bk.offset, bk.count, reduce_op::sum));
+      if constexpr (compressed) requests_.push_back(comm_.iallreduce(wire(grads, bk), bk.count, reduce_op::sum));
+      else requests_.push_back(comm_.iallreduce(grads + bk.offset, bk.count, reduce_op::sum));
       flights_.push_back({static_cast<std::int32_t>(started_), posted});
       account(bk);
       ++started_;
@@ -253,17 +315,33 @@ class gradient_allreduce {
   }
   void account(const gradient_bucket& bk) {
     const std::size_t n = static_cast<std::size_t>(world());
-    const double bus = n > 1 ? 2.0 * double(n - 1) / double(n) * double(bk.count * sizeof(T)) : 0.0;
+    const double bus = n > 1 ? 2.0 * double(n - 1) / double(n) * double(bk.count * wire_bytes) : 0.0;
     figures_.bytes_sent += bus;
     figures_.bus_bytes += bus;
-    figures_.comm_bytes += n > 1 ? double(bk.count * sizeof(T)) : 0.0;
+    figures_.comm_bytes += n > 1 ? double(bk.count * wire_bytes) : 0.0;
   }
-  /// Request i was seen complete now: onto the timeline (when one is attached).
-  void completed(std::size_t i) {
+  /// Request i was seen complete now: its values back into the gradients when compressed, and
+  /// onto the timeline (when one is attached).
+  void completed(std::size_t i, T* grads) {
     flights_[i].done = true;
     const auto& bk = plan::buckets[static_cast<std::size_t>(flights_[i].bucket)];
-    monitor::record_collective(flights_[i].bucket, world(), double(bk.count * sizeof(T)), flights_[i].posted, clock::now());
+    if constexpr (compressed) from_half(wire_.data() + bk.offset, grads + bk.offset, bk.count);
+    monitor::record_collective(flights_[i].bucket, world(), double(bk.count * wire_bytes), flights_[i].posted, clock::now());
   }
+  /// Compressed: bucket bk's gradients rounded into their place in the 16-bit copy (allocated
+  /// on first use), which the collective then reduces.
+  auto* wire(const T* grads, const gradient_bucket& bk) {
+    if constexpr (compressed) {
+      if (wire_.size() != Network::parameter_count) wire_ = buffer<wire_type, host_space>(Network::parameter_count);
+      to_half(grads + bk.offset, wire_.data() + bk.offset, bk.count);
+      return wire_.data() + bk.offset;
+    } else {
+      return grads + bk.offset;
+    }
+  }
+
+  /// Bytes of one gradient on the wire.
+  static constexpr std::size_t wire_bytes = compressed ? 2 : sizeof(T);
 
   /// A bucket in flight: which, when it was posted, whether it was seen complete.
   struct flight {
@@ -275,6 +353,10 @@ class gradient_allreduce {
   comm_t comm_;
   std::vector<typename comm_t::request> requests_;
   std::vector<flight> flights_;  // one per request
+  struct no_wire {};
+  [[no_unique_address]] std::conditional_t<compressed, buffer<std::conditional_t<compressed, wire_type, char>, host_space>,
+                                           no_wire>
+      wire_;  // compressed: the gradients' 16-bit copy the collectives reduce
   std::size_t started_ = 0;
   clock::time_point first_start_{};
   rank_figures figures_;

@@ -186,6 +186,9 @@ class pipeline_stages {
     static constexpr std::size_t saved_per_sample =
         (first ? 0 : in_size) + detail::saved_elements<typename net::chain, T, Backend>(std::make_index_sequence<net::layer_count>{});
     using dp_engine = std::conditional_t<hybrid, gradient_allreduce<net, T, DataParallel>, detail::no_data_parallel>;
+    static_assert(!detail::compresses_v<dp_engine> || Backend::memory_space::host_accessible,
+                  "loom::compress<>: compressed gradients are converted in host memory; this backend's gradients are "
+                  "not (loom::cuda): drop compress<> for now");
 
     /// One micro-batch's activations and the gradients passing through its backward.
     struct slot {

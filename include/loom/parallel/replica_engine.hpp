@@ -60,6 +60,9 @@ class replica_passes {
   template <std::size_t I>
   static constexpr auto pieces_of = Sync::template pieces_of<I>;
   static constexpr bool tensor_split = detail::tensor_sync<Sync>;
+  static_assert(!detail::compresses_v<Sync> || Backend::memory_space::host_accessible,
+                "loom::compress<>: compressed gradients are converted in host memory; this backend's gradients are "
+                "not (loom::cuda): drop compress<> for now");
   static constexpr bool deterministic_capable = !tensor_split;
 
   /// Takes the communication `sync`, checks that every rank runs `job` (collective), then that
@@ -124,6 +127,12 @@ class replica_passes {
   std::size_t prepare_fit(std::size_t batch, std::size_t deterministic_chunk) {
     chunks_.reset();
     if (deterministic_chunk == 0) return 0;
+    if constexpr (detail::compresses_v<Sync>) {
+      throw invalid_argument("loom::trainer::fit: deterministic_chunk=" + std::to_string(deterministic_chunk) +
+                             " sums each gradient in one fixed order of float additions, and loom::compress<> "
+                             "rounds sums to 16 bits: they do not go together; set deterministic_chunk = 0 or drop "
+                             "compress<> from data_parallel");
+    }
     if constexpr (!deterministic_capable) {
       throw invalid_argument("loom::trainer::fit: deterministic_chunk=" + std::to_string(deterministic_chunk) +
                              " needs loom::single_process or loom::data_parallel<Comm, ...>, not this policy "

@@ -91,6 +91,8 @@ class tensor_parallel_sync {
   /// The network this rank runs: Network with its tensor-parallel layers sliced.
   using rank_network = typename layout::rank_network;
   static constexpr std::size_t width = Width;
+  /// Whether the gradient average over replicas travels compressed (loom::compress<>).
+  static constexpr bool compressed = detail::compresses_v<dp_engine>;
 
   /// Splits world into tensor groups (and data-parallel groups for hybrid). Collective.
   /// Throws: loom::invalid_argument when world's size is not Width (model_parallel) or not a
