@@ -13,15 +13,22 @@ constexpr const char* program = "fashion_mnist";
 
 #if LOOM_HAS_MPI
 using policy = loom::data_parallel<loom::mpi_comm>;
+/// --grad-compression bf16|fp16: the gradients sent in 16 bits (loom::compress<>). Built for SGD
+/// only, which is what it is measured with, to keep the example's compile time.
+template <class H>
+using compressed_policy = loom::data_parallel<loom::mpi_comm, loom::compress<H>>;
 #else
 using policy = loom::single_process;
 #endif
 
-template <class Net, class Optimizer>
+/// --grad-compression: none (default), bf16 or fp16.
+std::string grad_compression = "none";
+
+template <class Net, class Optimizer, class Policy = policy>
 int train(const example::flags& f, typename Optimizer::options opt) {
   auto train_set = example::load(f, loom::data::split::train);
   auto test_set = example::load(f, loom::data::split::test);
-  loom::trainer<Net, loom::softmax_cross_entropy, Optimizer, policy> t{opt, {.seed = f.seed, .threads = f.threads}};
+  loom::trainer<Net, loom::softmax_cross_entropy, Optimizer, Policy> t{opt, {.seed = f.seed, .threads = f.threads}};
   const bool lead = t.rank() == 0;
   if (!f.quiet && lead)
     std::cerr << program << ": " << f.model << " (" << Net::parameter_count << " parameters), " << train_set.size()
@@ -47,6 +54,17 @@ int train(const example::flags& f, typename Optimizer::options opt) {
 
 template <class Net>
 int train_with(const example::flags& f) {
+  if (grad_compression != "none") {
+#if LOOM_HAS_MPI
+    if (f.optimizer != "sgd")
+      throw loom::invalid_argument("--grad-compression " + grad_compression + " is built with --optimizer sgd only");
+    const loom::sgd::options o{.lr = f.lr, .momentum = f.momentum};
+    if (grad_compression == "bf16") return train<Net, loom::sgd, compressed_policy<loom::bf16>>(f, o);
+    return train<Net, loom::sgd, compressed_policy<loom::fp16>>(f, o);
+#else
+    throw loom::invalid_argument("--grad-compression needs the MPI build (data parallelism)");
+#endif
+  }
   if (f.optimizer == "adam") return train<Net, loom::adam>(f, {.lr = f.lr});
   return train<Net, loom::sgd>(f, {.lr = f.lr, .momentum = f.momentum});
 }
@@ -57,9 +75,15 @@ int main(int argc, char** argv) {
 #if LOOM_HAS_MPI
   loom::mpi::environment env{argc, argv};
 #endif
-  const example::flags f =
-      example::parser(program, std::string("usage: fashion_mnist [flags]\n") + example::common_usage)
-          .with_weights_flags()
-          .parse(argc, argv);
+  example::parser p(program, std::string("usage: fashion_mnist [flags]\n") + example::common_usage +
+                                  "  --grad-compression none|bf16|fp16  gradients sent in 16 bits, summed in float\n"
+                                  "                         (loom::compress<>; data parallel, SGD; default none)\n");
+  const example::flags f = p.with_weights_flags().parse(argc, argv, [&](std::string_view name, std::string_view value) {
+    if (name != "grad-compression") return false;
+    grad_compression = value;
+    if (grad_compression != "none" && grad_compression != "bf16" && grad_compression != "fp16")
+      p.fail("--grad-compression must be none, bf16 or fp16, got '" + grad_compression + "'");
+    return true;
+  });
   return example::guarded(program, [&] { return f.model == "cnn" ? train_with<example::cnn>(f) : train_with<example::mlp>(f); });
 }
