@@ -25,7 +25,9 @@ while [ $# -gt 0 ]; do
 done
 program=$build_dir/examples/fashion_mnist/fashion_mnist
 [ -x "$program" ] || { echo "run.sh: build fashion_mnist first ($program)" >&2; exit 2; }
-echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'); $(nproc) cores; $(grep -o -m1 -w 'avx512f\|avx2' /proc/cpuinfo | head -1)"
+isa=$(grep -qw avx512f /proc/cpuinfo && echo AVX-512 || { grep -qw avx2 /proc/cpuinfo && echo AVX2 || echo "no AVX2"; })
+f16c=$(grep -qw f16c /proc/cpuinfo && echo "F16C" || echo "no F16C")
+echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'); $(nproc) cores; $isa, $f16c"
 flags=(--model mlp --batch "$batch" --max-steps "$steps" --threads 1 --quiet --test-samples 100)
 sps() { sed -n 's/^result: .* samples_per_s=\([0-9.]*\) .*/\1/p' "$1"; }
 sent() { sed -n 's/^ *0 .* \([0-9.]*\) *[0-9]*$/\1/p' "$1"; }
