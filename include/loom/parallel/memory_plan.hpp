@@ -177,18 +177,29 @@ struct sequence_elements {
   }
 };
 
-/// The backend the plan is for: the trainer's default, where pipelines run.
-using plan_backend = cpu;
+/// The backend the plan is for: the trainer's default, where pipelines run. A template of a type
+/// it ignores, so that the plan's code names loom::cpu only once a plan is instantiated: in
+/// code nvcc compiles, loom::cpu is only declared.
+template <class Dependent>
+struct plan_backend {
+  using type = cpu;
+};
 /// Whether the backend keeps activations in layouts of its own (oneDNN's nChw16c): its format
 /// holds a layout; loom::cuda's is always plain.
-inline constexpr bool layouts_can_block = !std::is_empty_v<typename plan_backend::format>;
+template <class Dependent>
+constexpr bool layouts_can_block() {
+  return !std::is_empty_v<typename plan_backend<Dependent>::type::format>;
+}
 /// The plan's model of oneDNN's choice: a convolution computes in a channel-blocked layout
 /// (nChw8c, nChw16c) when its channels split into blocks of 8 without padding, and in plain
 /// NCHW otherwise (loom refuses padded layouts, and oneDNN's kernels for few input channels,
 /// an image's 1 or 3, read plain NCHW). Exact with oneDNN 2.6 on AVX-512; on AVX2 the backward
 /// of a convolution of 1 input channel pads its input and weight gradient to 8 channels
 /// besides (docs/memory-plan.md).
-constexpr bool blocks_channels(std::size_t channels) { return layouts_can_block && channels % 8 == 0; }
+template <class Dependent>
+constexpr bool blocks_channels(std::size_t channels) {
+  return layouts_can_block<Dependent>() && channels % 8 == 0;
+}
 
 template <class L>
 inline constexpr bool is_conv2d_v = false;
@@ -218,7 +229,7 @@ enum class layout_effect : unsigned char { plain, keeps, blocks };
 template <class L, class In>
 constexpr layout_effect layout_effect_of() {
   if constexpr (is_conv2d_v<L>)
-    return blocks_channels(L::template output_shape<In>::dims[0]) ? layout_effect::blocks : layout_effect::plain;
+    return blocks_channels<L>(L::template output_shape<In>::dims[0]) ? layout_effect::blocks : layout_effect::plain;
   else if constexpr (is_pool2d_v<L> || is_pointwise_v<L> || is_dropout_v<L> || is_residual_v<L>) return layout_effect::keeps;
   else return layout_effect::plain;  // linear, flatten, layer_norm, the tensor-parallel slices
 }
@@ -238,11 +249,11 @@ constexpr sequence_elements elements_of_layer() {
     // accumulate, a plain copy of it and the bias gradient; a plain input with channels oneDNN
     // blocks is reordered (for forward and backward-weights, one scratch), and so is its
     // gradient, back to plain.
-    if constexpr (layouts_can_block) {
+    if constexpr (layouts_can_block<L>()) {
       constexpr std::size_t oc = L::template output_shape<In>::dims[0];
       constexpr std::size_t w = L::template parameter_count<In> - oc;
       e.fixed_scratch = w * (NeedsDx ? 3 : 2) + (Accumulates ? w + oc : 0);
-      if constexpr (!InputBlocked && blocks_channels(In::dims[0])) e.scratch = In::size + (NeedsDx ? In::size : 0);
+      if constexpr (!InputBlocked && blocks_channels<L>(In::dims[0])) e.scratch = In::size + (NeedsDx ? In::size : 0);
     }
   } else if constexpr (std::is_same_v<L, layer_norm>) {
     e.saved = 2;  // mean_ and rstd_, one each per sample
@@ -269,7 +280,8 @@ constexpr bool fused_in_plan() {
     return false;
   } else {
     using prev = at<K - 1, typename Chain::layers>;
-    return fuses_into_previous<typename prev::template impl<typename Chain::template input_of<K - 1>, float, plan_backend>,
+    using backend = typename plan_backend<Chain>::type;
+    return fuses_into_previous<typename prev::template impl<typename Chain::template input_of<K - 1>, float, backend>,
                                at<K, typename Chain::layers>>;
   }
 }
@@ -313,9 +325,12 @@ constexpr sequence_elements elements_of_sequence() {
 
 /// The loss's per-sample workspace (loom::loss_workspace: each sample's loss and whether it is
 /// right), and the trainer's batch: samples as float, labels as std::int32_t.
-inline constexpr std::size_t loss_bytes_per_sample =
-    sizeof(typename decltype(loss_workspace<plan_backend>::per_sample)::value_type) +
-    sizeof(typename decltype(loss_workspace<plan_backend>::correct)::value_type);
+template <class Dependent>
+constexpr std::size_t loss_bytes_per_sample() {
+  using workspace = loss_workspace<typename plan_backend<Dependent>::type>;
+  return sizeof(typename decltype(workspace::per_sample)::value_type) +
+         sizeof(typename decltype(workspace::correct)::value_type);
+}
 inline constexpr std::size_t label_bytes = sizeof(std::int32_t);
 inline constexpr std::size_t scalar_bytes = sizeof(float);
 
@@ -335,7 +350,8 @@ constexpr rank_memory replica_rank(std::size_t rank, std::size_t state_values) {
   m.communication_bytes = e.fixed_comm * scalar_bytes;
   m.workspace_bytes = e.fixed_scratch * scalar_bytes;
   m.activation_bytes_per_sample = e.saved * scalar_bytes;
-  m.workspace_bytes_per_sample = (e.scratch + out + (e.output_blocked ? 2 * out : 0)) * scalar_bytes + loss_bytes_per_sample;
+  m.workspace_bytes_per_sample =
+      (e.scratch + out + (e.output_blocked ? 2 * out : 0)) * scalar_bytes + loss_bytes_per_sample<RankNetwork>();
   m.input_bytes_per_sample = in * scalar_bytes + label_bytes;
   return m;
 }
@@ -366,7 +382,7 @@ constexpr rank_memory stage_rank(std::size_t state_values) {
   m.activation_bytes_per_sample = live * ((first ? 0 : in) + e.saved) * scalar_bytes;
   m.communication_bytes_per_sample = live * (out + (first ? 0 : in)) * scalar_bytes;
   m.workspace_bytes_per_sample =
-      live * (e.scratch + (e.output_blocked ? 2 * out : 0)) * scalar_bytes + (last ? loss_bytes_per_sample : 0);
+      live * (e.scratch + (e.output_blocked ? 2 * out : 0)) * scalar_bytes + (last ? loss_bytes_per_sample<net>() : 0);
   m.input_bytes_per_sample = (first ? Network::input_shape::size * scalar_bytes : 0) + (last ? label_bytes : 0);
   m.micro_batches = M;
   m.live_micro_batches = live;
