@@ -119,6 +119,12 @@ static_assert(tp_plan::parameter_bytes == f32 * loom::tensor_parallel_network<tp
 static_assert(tp_plan::for_rank(0).activation_bytes_per_sample == f32 * (128 + 128 + 128 + 128 + 10));
 static_assert(loom::memory_plan<tp_gathered, loom::sgd, local_tensor<2>>::communication_bytes == f32 * 96);
 
+// A run's plan from its options, known at run time: the state follows them.
+static_assert(loom::rank_memory_for<mlp, loom::sgd>({.lr = 0.1f, .momentum = 0.9f}, 0) == mlp_sgd::for_rank(0));
+static_assert(loom::rank_memory_for<mlp, loom::sgd>({.lr = 0.1f}, 0) == loom::memory_plan<mlp, loom::sgd>::for_rank(0));
+static_assert(loom::rank_memory_for<mlp, loom::sgd, local_pipeline<2>>({.momentum = 0.9f}, 1).optimizer_state_bytes ==
+              loom::memory_plan<mlp, loom::sgd, local_pipeline<2>, loom::with_momentum>::for_rank(1).optimizer_state_bytes);
+
 // A budget that holds compiles; largest_batch_within is the edge.
 using fits = loom::memory_plan<mlp, loom::sgd, loom::single_process, loom::with_momentum,
                                loom::memory_budget<mlp_sgd::bytes_per_rank(256)>, loom::max_batch<256>>;

@@ -731,6 +731,16 @@ struct memory_plan {
   using checked_ = std::bool_constant<ok>;  // reports a problem as soon as the plan is used
 };
 
+/// World rank r's plan for a run whose optimizer options are known only at run time (the
+/// trainer's): memory_plan<Network, Optimizer, Policy>'s, with the optimizer state counted from
+/// `options` (SGD's momentum buffer exactly when options.momentum > 0).
+template <class Network, class Optimizer, class Policy = single_process>
+constexpr rank_memory rank_memory_for(const typename Optimizer::options& options, std::size_t world_rank) noexcept {
+  rank_memory m = memory_plan<Network, Optimizer, Policy>::for_rank(world_rank);
+  m.optimizer_state_bytes = Optimizer::state_values_per_parameter(options) * m.parameter_bytes;
+  return m;
+}
+
 // ---- World sizes --------------------------------------------------------------------------------
 
 /// The world sizes on which the engines accept a job of Network under Policy, from the code's
