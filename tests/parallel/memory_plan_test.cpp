@@ -41,7 +41,7 @@ using tp_mlp = loom::network<loom::input<784>, loom::column_parallel<loom::linea
 using tp_gathered = loom::network<loom::input<784>, loom::column_parallel<loom::linear<96>>, loom::relu, loom::linear<10>>;
 /// Every kind of layer with buffers of its own: a fused ReLU, residuals around a convolution (on
 /// a blocked layout) and a linear, layer_norm on a blocked and on a plain input, dropout,
-/// flatten of a blocked layout, average pooling, gelu and tanh.
+/// pooling of both kinds, gelu and tanh (flatten of a blocked layout is the cnn's).
 using zoo = loom::network<loom::input<1, 28, 28>, loom::conv2d<16, 3, 1, 1>, loom::relu,
                           loom::residual<loom::conv2d<16, 3, 1, 1>, loom::tanh>, loom::avg_pool2d<2>, loom::layer_norm,
                           loom::dropout, loom::max_pool2d<2>, loom::flatten, loom::linear<32>, loom::gelu,
