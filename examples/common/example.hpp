@@ -12,6 +12,7 @@
 #include <iostream>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "loom/loom.hpp"
 #include "networks.hpp"
@@ -41,6 +42,8 @@ struct flags {
   loom::progress_mode progress = loom::progress_mode::automatic;
   std::string data = loom::data::default_fashion_mnist_dir;
   bool quiet = false;
+  // --print-valid-world-sizes: print the world sizes this job trains on and exit.
+  bool print_valid_world_sizes = false;
   // Weights in and out (examples/common/weights.hpp), for the examples whose parser takes them
   // (parser::with_weights_flags); empty: not asked for.
   std::string save_weights, load_weights, export_onnx;
@@ -102,6 +105,10 @@ inline constexpr const char* common_usage = R"(  --model mlp|cnn        network 
                          --logdir DIR): scalars at each metrics write, then the end-of-run
                          figures and the hparams (these flags)
   --quiet                no progress output
+  --print-valid-world-sizes  print the numbers of ranks this job (model, --batch,
+                         --deterministic-chunk) can train on, one line
+                         `valid_world_sizes: N ...`, and exit (loom::world_size_rules;
+                         for a launcher restarting on the ranks left: docs/memory-plan.md)
 )";
 
 inline constexpr const char* weights_usage = R"(  --export-onnx FILE     after training, write the model to FILE as ONNX (opset 17); with
@@ -138,6 +145,10 @@ class parser {
       }
       if (a == "--quiet") {
         f.quiet = true;
+        continue;
+      }
+      if (a == "--print-valid-world-sizes") {
+        f.print_valid_world_sizes = true;
         continue;
       }
       if (a == "--resume") {
@@ -274,6 +285,17 @@ inline loom::fit_options fit_options_of(const flags& f) {
   fo.progress_style = f.progress;
   fo.live_every_s = f.quiet ? 0 : f.live_every;  // nothing to draw on: no exchanges
   return fo;
+}
+
+/// --print-valid-world-sizes: the line `valid_world_sizes: N ...` (ascending; nothing after the
+/// colon when no world trains the job), from world rank 0 only.
+inline void print_valid_world_sizes(const std::vector<std::size_t>& sizes) {
+#if LOOM_HAS_MPI
+  if (loom::mpi_comm::world().rank() != 0) return;
+#endif
+  std::string line = "valid_world_sizes:";
+  for (std::size_t w : sizes) line += " " + std::to_string(w);
+  std::printf("%s\n", line.c_str());
 }
 
 /// The machine-readable line every example ends with (printed by rank 0). `extra` is appended

@@ -85,5 +85,11 @@ int main(int argc, char** argv) {
       p.fail("--grad-compression must be none, bf16 or fp16, got '" + grad_compression + "'");
     return true;
   });
+  if (f.print_valid_world_sizes) {
+    example::print_valid_world_sizes(f.model == "cnn"
+                                         ? loom::world_size_rules<example::cnn, policy>::list(f.batch, f.deterministic_chunk)
+                                         : loom::world_size_rules<example::mlp, policy>::list(f.batch, f.deterministic_chunk));
+    return 0;
+  }
   return example::guarded(program, [&] { return f.model == "cnn" ? train_with<example::cnn>(f) : train_with<example::mlp>(f); });
 }

@@ -76,6 +76,19 @@ int with_stages(const example::flags& f, const pipeline_flags& p) {
   }
 }
 
+/// The world sizes of the stage counts this program builds (2 and 4) that train the job.
+template <class Net>
+std::vector<std::size_t> valid_world_sizes(const example::flags& f) {
+  std::vector<std::size_t> out;
+  auto add = [&]<std::size_t S>(std::integral_constant<std::size_t, S>) {
+    using rules = loom::world_size_rules<Net, loom::model_parallel<loom::pipeline<S>, loom::mpi_comm>>;
+    for (std::size_t w : rules::list(f.batch, f.deterministic_chunk)) out.push_back(w);
+  };
+  add(std::integral_constant<std::size_t, 2>{});
+  add(std::integral_constant<std::size_t, 4>{});
+  return out;
+}
+
 template <class Net>
 int with_model(const example::flags& f, const pipeline_flags& p) {
   const int ranks = loom::mpi_comm::world().size();
@@ -104,6 +117,11 @@ int main(int argc, char** argv) {
     }
     return true;
   });
+  if (f.print_valid_world_sizes) {
+    // The stage count, micro-batches and schedule do not change which worlds train: one rank a stage.
+    example::print_valid_world_sizes(f.model == "cnn" ? valid_world_sizes<example::cnn>(f) : valid_world_sizes<example::mlp>(f));
+    return 0;
+  }
   return example::guarded(program, [&] {
     return f.model == "cnn" ? with_model<example::cnn>(f, p) : with_model<example::mlp>(f, p);
   });

@@ -56,6 +56,18 @@ int main(int argc, char** argv) {
   const example::flags f = example::parser(program, std::string("usage: mpirun -np 2|4 tensor_parallel [flags]\n") +
                                                         example::common_usage)
                                .parse(argc, argv);
+  if (f.print_valid_world_sizes) {
+    // What this program builds: tensor_parallel<2> on 2 ranks, 2 replicas of it on 4.
+    std::vector<std::size_t> sizes;
+    if (loom::world_size_rules<tp_mlp, loom::model_parallel<loom::tensor_parallel<2>, loom::mpi_comm>>::accepts(
+            2, f.batch, f.deterministic_chunk))
+      sizes.push_back(2);
+    if (loom::world_size_rules<tp_mlp, loom::hybrid<loom::data_parallel<loom::mpi_comm>, loom::tensor_parallel<2>>>::accepts(
+            4, f.batch, f.deterministic_chunk))
+      sizes.push_back(4);
+    example::print_valid_world_sizes(f.model == "mlp" ? sizes : std::vector<std::size_t>{});
+    return 0;
+  }
   return example::guarded(program, [&] {
     if (f.model != "mlp") throw loom::invalid_argument("tensor_parallel: only --model mlp is split by tensor parallelism");
     const int ranks = loom::mpi_comm::world().size();

@@ -29,5 +29,6 @@
 #include "loom/nn/network.hpp"
 #include "loom/nn/residual.hpp"
 #include "loom/optim.hpp"
+#include "loom/parallel/memory_plan.hpp"
 #include "loom/parallel/tensor_parallel_plan.hpp"
 #include "loom/train/trainer.hpp"

@@ -3,6 +3,7 @@
 // Memory spaces and the owning, aligned buffer every tensor and flat parameter block sits in.
 // Only the host space lives here; the CUDA space comes with the CUDA backend's own header.
 
+#include <atomic>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -11,6 +12,37 @@
 #include <utility>
 
 namespace loom {
+
+/// What loom's host buffers (every loom::buffer in host_space: parameters, gradients, optimizer
+/// state, activations, scratch) hold in this process: the bytes they asked for, now and at most
+/// since the last reset_host_memory_peak(). Counted in host_space::allocate and deallocate, so
+/// memory that oneDNN, MPI or the C++ library allocate on their own is not in it, nor a data
+/// set. Process-wide: ranks run as threads of one process (loom::local_comm) add up. Buffers
+/// let go of by buffer::abandon stay counted, as they stay allocated.
+struct host_memory_usage {
+  std::size_t live_bytes = 0;
+  std::size_t peak_bytes = 0;
+};
+
+namespace detail {
+inline std::atomic<std::size_t> host_live_bytes{0}, host_peak_bytes{0};
+inline void count_host_allocation(std::size_t bytes) noexcept {
+  const std::size_t now = host_live_bytes.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  std::size_t peak = host_peak_bytes.load(std::memory_order_relaxed);
+  while (now > peak && !host_peak_bytes.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+}
+inline void count_host_release(std::size_t bytes) noexcept { host_live_bytes.fetch_sub(bytes, std::memory_order_relaxed); }
+}  // namespace detail
+
+/// The bytes loom's host buffers hold now and their peak (see host_memory_usage).
+inline host_memory_usage host_memory() noexcept {
+  return {detail::host_live_bytes.load(std::memory_order_relaxed), detail::host_peak_bytes.load(std::memory_order_relaxed)};
+}
+/// Starts a new peak from what is held now (e.g. before a fit whose peak is to be measured).
+inline void reset_host_memory_peak() noexcept {
+  detail::host_peak_bytes.store(detail::host_live_bytes.load(std::memory_order_relaxed), std::memory_order_relaxed);
+}
 
 /// Ordinary host memory, 64-byte aligned so vector units and oneDNN get whole cache lines.
 struct host_space {
@@ -23,9 +55,14 @@ struct host_space {
     std::size_t rounded = (bytes + alignment - 1) / alignment * alignment;
     void* p = std::aligned_alloc(alignment, rounded);
     if (!p) throw std::bad_alloc();
+    detail::count_host_allocation(bytes);
     return p;
   }
-  static void deallocate(void* p, std::size_t) noexcept { std::free(p); }
+  /// bytes: what allocate was asked for.
+  static void deallocate(void* p, std::size_t bytes) noexcept {
+    if (p) detail::count_host_release(bytes);
+    std::free(p);
+  }
   static void zero(void* p, std::size_t bytes) {
     if (bytes) std::memset(p, 0, bytes);
   }
@@ -58,9 +95,13 @@ class buffer {
   buffer& operator=(const buffer&) = delete;
   ~buffer() { release(); }
 
-  /// Grows to at least n elements (contents are not kept); never shrinks.
+  /// Grows to at least n elements (contents are not kept); never shrinks. The old memory is
+  /// freed before the new is allocated, so growing never holds both. If the allocation throws,
+  /// the buffer is left empty.
   void reserve_discard(std::size_t n) {
-    if (n > size_) *this = buffer(n);
+    if (n <= size_) return;
+    release();
+    *this = buffer(n);
   }
 
   T* data() noexcept { return data_; }

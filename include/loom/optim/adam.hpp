@@ -24,7 +24,8 @@ class adam_state {
  public:
   using options = typename Optimizer::options;
 
-  adam_state(const options& o, std::size_t n) : opts_(o), size_(n), moments_(2 * n) {
+  adam_state(const options& o, std::size_t n)
+      : opts_(o), size_(n), moments_(Optimizer::state_values_per_parameter(o) * n) {
     const char* who = Optimizer::qualified_name;
     require_in_range(positive_finite(o.lr), who, "option lr", "finite and > 0", o.lr);
     require_in_range(unit_interval_open_right(o.beta1), who, "option beta1", "in [0, 1)", o.beta1);
@@ -96,6 +97,8 @@ struct adam {
   /// calls them. Checkpoints use them.
   static constexpr const char* buffer_names[] = {"exp_avg", "exp_avg_sq"};
   static constexpr const char* qualified_name = "loom::adam";
+  /// Values of state per parameter: exp_avg and exp_avg_sq (loom::memory_plan counts by it).
+  static constexpr std::size_t state_values_per_parameter(const options&) noexcept { return 2; }
   static constexpr bool decoupled = false;
 
   /// The optimizer state for n parameters of type T in Backend's memory space: the first and
@@ -126,6 +129,8 @@ struct adamw {
   static constexpr const char* name = "adamw";
   static constexpr const char* buffer_names[] = {"exp_avg", "exp_avg_sq"};
   static constexpr const char* qualified_name = "loom::adamw";
+  /// Values of state per parameter: exp_avg and exp_avg_sq (loom::memory_plan counts by it).
+  static constexpr std::size_t state_values_per_parameter(const options&) noexcept { return 2; }
   static constexpr bool decoupled = true;
 
   /// The optimizer state; the same interface as adam::state.

@@ -28,6 +28,9 @@ struct sgd {
   /// Names of the state buffers (each laid out as the parameters), as torch.optim.SGD's state
   /// calls them: the momentum buffer, present when momentum > 0. Checkpoints use them.
   static constexpr const char* buffer_names[] = {"momentum_buffer"};
+  /// Values of state per parameter that state(o, n) allocates: the momentum buffer (1) when
+  /// o.momentum > 0, else none. loom::memory_plan counts the optimizer state by it.
+  static constexpr std::size_t state_values_per_parameter(const options& o) noexcept { return o.momentum > 0 ? 1 : 0; }
 
   /// The optimizer state for n parameters of type T whose memory lives in Backend's space.
   template <class T, class Backend>
@@ -45,7 +48,7 @@ struct sgd {
                                    detail::format_number(o.momentum));
       detail::require_in_range(detail::non_negative_finite(o.weight_decay), who, "option weight_decay",
                                "finite and >= 0", o.weight_decay);
-      if (o.momentum > 0) velocity_ = buffer<T, typename Backend::memory_space>(n);
+      if (const std::size_t k = state_values_per_parameter(o)) velocity_ = buffer<T, typename Backend::memory_space>(k * n);
     }
 
     /// One update of params (n elements) with grads, at learning rate lr (the scheduled rate for

@@ -1,0 +1,883 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// Two compile-time answers about a training job before it runs:
+//
+//  - loom::memory_plan<Network, Optimizer, Policy, Options...>: the bytes of loom's buffers on
+//    each rank — parameters, gradients, optimizer state, communication buffers, and per sample
+//    what the passes keep (at the schedule's peak for a pipeline) — counted from the buffers
+//    the code allocates (loom::sequence's outputs and gradient buffers, the layers' own, the
+//    engines', the trainer's batch); with loom::memory_budget<Bytes> and loom::max_batch<N>, a
+//    plan that does not fit is a compile error naming the rank, the bytes and the largest batch
+//    that fits.
+//  - loom::world_size_rules<Network, Policy> and loom::valid_world_sizes<Network, Policy, Batch,
+//    Chunk>: the world sizes on which the engines accept a job of this policy and global batch
+//    (and deterministic chunk), for a launcher that restarts a job on the ranks left.
+//
+// docs/memory-plan.md describes both, what the plan leaves out, and how it was measured.
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "loom/backend/default_backend.hpp"
+#include "loom/core/error.hpp"
+#include "loom/core/type_list.hpp"
+#include "loom/layers/activation.hpp"
+#include "loom/layers/conv2d.hpp"
+#include "loom/layers/dropout.hpp"
+#include "loom/layers/flatten.hpp"
+#include "loom/layers/layer.hpp"
+#include "loom/layers/layer_norm.hpp"
+#include "loom/layers/pool2d.hpp"
+#include "loom/layers/tensor_parallel.hpp"
+#include "loom/nn/loss.hpp"
+#include "loom/nn/network.hpp"
+#include "loom/nn/residual.hpp"
+#include "loom/parallel/bucket_plan.hpp"
+#include "loom/parallel/data_parallel.hpp"
+#include "loom/parallel/hybrid.hpp"
+#include "loom/parallel/pipeline_plan.hpp"
+#include "loom/parallel/single_process.hpp"
+#include "loom/parallel/tensor_parallel.hpp"
+#include "loom/parallel/tensor_parallel_plan.hpp"
+
+namespace loom {
+
+// ---- Options ------------------------------------------------------------------------------------
+
+/// Option of memory_plan: every rank must fit in Bytes at max_batch<N> (both needed), or the
+/// plan does not compile.
+template <std::size_t Bytes>
+struct memory_budget {
+  static constexpr std::size_t bytes = Bytes;
+};
+
+/// Option of memory_plan: the largest global batch of the job, at which memory_budget is
+/// checked on one replica (where a rank needs the most: more replicas only shrink its share),
+/// so a plan that compiles fits on every world size the policy allows.
+template <std::size_t Samples>
+struct max_batch {
+  static constexpr std::size_t samples = Samples;
+};
+
+/// Option of memory_plan for loom::sgd: the run uses momentum (sgd::options::momentum > 0), so
+/// the state holds a momentum buffer. Without it the plan counts SGD's defaults: no state.
+struct with_momentum {};
+
+namespace diagnostic {
+/// Rank Rank (its stage or slice) needs NeededBytes at loom::max_batch<Batch>, more than
+/// loom::memory_budget<BudgetBytes>; batches up to LargestBatchThatFits fit (0: none does,
+/// the fixed bytes alone are over).
+template <std::size_t Rank, std::size_t Batch, std::size_t NeededBytes, std::size_t BudgetBytes,
+          std::size_t LargestBatchThatFits>
+struct memory_budget_exceeded_on_rank;
+/// loom::memory_budget<BudgetBytes> without the loom::max_batch<N> to check it at.
+template <std::size_t BudgetBytes>
+struct memory_budget_without_max_batch;
+/// Option is not one of memory_plan's options.
+template <class Option>
+struct not_a_memory_plan_option;
+/// loom::with_momentum given for Optimizer, which has no momentum option.
+template <class Optimizer>
+struct with_momentum_for_an_optimizer_without_momentum;
+}  // namespace diagnostic
+
+// ---- What one rank holds -------------------------------------------------------------------------
+
+/// The planned bytes of one rank's loom buffers (loom::host_memory counts the same buffers).
+/// Fixed parts do not depend on the batch; the *_per_sample parts are bytes per sample of a
+/// micro-batch (the replica's whole share of the batch when there is no pipeline), at the
+/// schedule's peak: a pipeline stage keeps live_micro_batches of them at once, so those parts
+/// are already multiplied by it. input_bytes_per_sample is per sample of the global batch.
+struct rank_memory {
+  /// The rank's place in its model-parallel group: its pipeline stage or tensor slice (0 else).
+  std::size_t rank = 0;
+  std::size_t parameter_bytes = 0;
+  std::size_t gradient_bytes = 0;
+  std::size_t optimizer_state_bytes = 0;
+  /// Buffers loom holds for communication that do not grow with the batch (a column_parallel
+  /// layer's bias for an output it gathers); gradient allreduces run in place: 0.
+  std::size_t communication_bytes = 0;
+  /// Scratch that does not grow with the batch: a convolution's weights and weight gradient
+  /// in the blocked layout oneDNN computes in (see docs/memory-plan.md).
+  std::size_t workspace_bytes = 0;
+  /// What forward keeps for backward: every layer's output (a ReLU fused into the layer before
+  /// it has none), layer_norm's mean and 1/std, and a stage's received input.
+  std::size_t activation_bytes_per_sample = 0;
+  /// A pipeline stage's message buffers: the gradient it receives and the one it sends back.
+  std::size_t communication_bytes_per_sample = 0;
+  /// Backward's two input-gradient buffers, the loss gradient and workspace, and layout
+  /// conversions between oneDNN's blocked layouts and plain ones (a convolution's input, a
+  /// flatten or layer_norm after a convolution).
+  std::size_t workspace_bytes_per_sample = 0;
+  /// The trainer's copy of the batch: samples (first stage) and labels (last stage), per
+  /// sample of the global batch.
+  std::size_t input_bytes_per_sample = 0;
+  /// Micro-batches of the step, and the most a stage holds at once (1 and 1 without pipeline).
+  std::size_t micro_batches = 1;
+  std::size_t live_micro_batches = 1;
+
+  /// Everything that does not grow with the batch.
+  constexpr std::size_t fixed_bytes() const noexcept {
+    return parameter_bytes + gradient_bytes + optimizer_state_bytes + communication_bytes + workspace_bytes;
+  }
+  /// Bytes per sample of a micro-batch, at the peak.
+  constexpr std::size_t micro_batch_bytes_per_sample() const noexcept {
+    return activation_bytes_per_sample + communication_bytes_per_sample + workspace_bytes_per_sample;
+  }
+  /// The rank's bytes when its replica trains on `share` samples of each global batch of
+  /// `global_batch`: micro-batches of ceil(share / micro_batches), the largest of a step, which
+  /// every buffer grows to; the trainer's batch buffers have room for the whole global batch
+  /// (loom::trainer reserves them so on every rank).
+  constexpr std::size_t bytes_at(std::size_t share, std::size_t global_batch) const noexcept {
+    const std::size_t micro = (share + micro_batches - 1) / micro_batches;
+    return fixed_bytes() + micro * micro_batch_bytes_per_sample() + global_batch * input_bytes_per_sample;
+  }
+  /// The rank's bytes for global batches of `batch` over `replicas` data-parallel replicas, at
+  /// the largest share, ceil(batch / replicas) (the loader's shares differ by at most one).
+  constexpr std::size_t bytes(std::size_t batch, std::size_t replicas = 1) const noexcept {
+    return bytes_at(replicas <= 1 ? batch : (batch + replicas - 1) / replicas, batch);
+  }
+  /// The largest global batch whose bytes(batch) is at most budget on one replica, where a
+  /// rank needs the most (0: not even one sample fits).
+  constexpr std::size_t largest_batch_within(std::size_t budget) const noexcept {
+    if (bytes(1) > budget) return 0;
+    std::size_t lo = 1, hi = 2;
+    while (bytes(hi) <= budget && hi < (std::size_t{1} << 48)) lo = hi, hi *= 2;
+    while (hi - lo > 1) {
+      const std::size_t mid = lo + (hi - lo) / 2;
+      (bytes(mid) <= budget ? lo : hi) = mid;
+    }
+    return lo;
+  }
+  friend constexpr bool operator==(const rank_memory&, const rank_memory&) = default;
+};
+
+namespace detail {
+
+// ---- The buffers of a layer list, in scalars -----------------------------------------------------
+
+/// What a loom::sequence over a layer list allocates, in scalars (float).
+struct sequence_elements {
+  std::size_t saved = 0;          // per sample: kept from forward for backward
+  std::size_t scratch = 0;        // per sample: backward's gradient buffers, layout conversions
+  std::size_t fixed_scratch = 0;  // whatever the batch (a convolution's weights in oneDNN's layout)
+  std::size_t fixed_comm = 0;     // whatever the batch, for communication
+  bool output_blocked = false;    // the last output comes in a channel-blocked oneDNN layout
+  constexpr void add(const sequence_elements& o) noexcept {
+    saved += o.saved;
+    scratch += o.scratch;
+    fixed_scratch += o.fixed_scratch;
+    fixed_comm += o.fixed_comm;
+  }
+};
+
+/// The backend the plan is for: the trainer's default, where pipelines run. A template of a type
+/// it ignores, so that the plan's code names loom::cpu only once a plan is instantiated: in
+/// code nvcc compiles, loom::cpu is only declared.
+template <class Dependent>
+struct plan_backend {
+  using type = cpu;
+};
+/// Whether the backend keeps activations in layouts of its own (oneDNN's nChw16c): its format
+/// holds a layout; loom::cuda's is always plain.
+template <class Dependent>
+constexpr bool layouts_can_block() {
+  return !std::is_empty_v<typename plan_backend<Dependent>::type::format>;
+}
+/// The plan's model of oneDNN's choice: a convolution computes in a channel-blocked layout
+/// (nChw8c, nChw16c) when its channels split into blocks of 8 without padding, and in plain
+/// NCHW otherwise (loom refuses padded layouts, and oneDNN's kernels for few input channels,
+/// an image's 1 or 3, read plain NCHW). Exact with oneDNN 2.6 on AVX-512; on AVX2 the backward
+/// of a convolution of 1 input channel pads its input and weight gradient to 8 channels
+/// besides (docs/memory-plan.md).
+template <class Dependent>
+constexpr bool blocks_channels(std::size_t channels) {
+  return layouts_can_block<Dependent>() && channels % 8 == 0;
+}
+
+template <class L>
+inline constexpr bool is_conv2d_v = false;
+template <std::size_t O, std::size_t K, std::size_t S, std::size_t P, class I>
+inline constexpr bool is_conv2d_v<conv2d<O, K, S, P, I>> = true;
+
+template <class L>
+inline constexpr bool is_residual_v = false;
+template <class... L>
+inline constexpr bool is_residual_v<residual<L...>> = true;
+
+template <pool_kind K, std::size_t A, std::size_t B>
+std::true_type pool_test(const pool2d_layer<K, A, B>*);
+std::false_type pool_test(...);
+template <class L>
+inline constexpr bool is_pool2d_v = decltype(pool_test(static_cast<const L*>(nullptr)))::value;
+
+template <class L>
+inline constexpr bool is_dropout_v = false;
+template <unsigned P>
+inline constexpr bool is_dropout_v<dropout_rate<P>> = true;
+template <>
+inline constexpr bool is_dropout_v<dropout> = true;
+
+/// How a layer's output layout follows from its input's (as its forward sets y.format).
+enum class layout_effect : unsigned char { plain, keeps, blocks };
+template <class L, class In>
+constexpr layout_effect layout_effect_of() {
+  if constexpr (is_conv2d_v<L>)
+    return blocks_channels<L>(L::template output_shape<In>::dims[0]) ? layout_effect::blocks : layout_effect::plain;
+  else if constexpr (is_pool2d_v<L> || is_pointwise_v<L> || is_dropout_v<L> || is_residual_v<L>) return layout_effect::keeps;
+  else return layout_effect::plain;  // linear, flatten, layer_norm, the tensor-parallel slices
+}
+
+template <class Chain, bool NeedsInputGradient, bool InputBlocked, bool Accumulates>
+constexpr sequence_elements elements_of_sequence();
+
+/// The buffers layer L's implementation holds itself for input In (besides its output, which
+/// the sequence holds): NeedsDx, whether its input gradient is asked for; Accumulates, whether
+/// its parameter gradients are added to (a pipeline of several micro-batches).
+template <class L, class In, bool InputBlocked, bool NeedsDx, bool Accumulates>
+constexpr sequence_elements elements_of_layer() {
+  sequence_elements e;
+  if constexpr (is_conv2d_v<L>) {
+    // cpu_conv2d_plan: the weights reordered for forward and for backward-data (only when dx is
+    // asked for), the weight gradient computed in the primitive's layout, and when gradients
+    // accumulate, a plain copy of it and the bias gradient; a plain input with channels oneDNN
+    // blocks is reordered (for forward and backward-weights, one scratch), and so is its
+    // gradient, back to plain.
+    if constexpr (layouts_can_block<L>()) {
+      constexpr std::size_t oc = L::template output_shape<In>::dims[0];
+      constexpr std::size_t w = L::template parameter_count<In> - oc;
+      e.fixed_scratch = w * (NeedsDx ? 3 : 2) + (Accumulates ? w + oc : 0);
+      if constexpr (!InputBlocked && blocks_channels<L>(In::dims[0])) e.scratch = In::size + (NeedsDx ? In::size : 0);
+    }
+  } else if constexpr (std::is_same_v<L, layer_norm>) {
+    e.saved = 2;  // mean_ and rstd_, one each per sample
+    if constexpr (InputBlocked) e.scratch = In::size + (NeedsDx ? In::size : 0);  // plain x, plain dx
+  } else if constexpr (std::is_same_v<L, flatten>) {
+    if constexpr (InputBlocked) e.scratch = In::size;  // x brought to plain
+  } else if constexpr (is_residual_v<L>) {
+    e = elements_of_sequence<typename L::template inner<In>, NeedsDx, InputBlocked, Accumulates>();
+    if (InputBlocked != e.output_blocked) e.scratch += In::size;  // aligned_: F(x) (and dy) in the other's layout
+    if (NeedsDx) e.scratch += In::size;                           // dx_inner_
+    e.output_blocked = false;                                     // the caller tracks the residual's (x's)
+  } else if constexpr (requires { L::width; L::local_outputs; }) {
+    // column_parallel_shard: the zero-padded bias of an output it gathers over the group.
+    if constexpr (!std::is_same_v<typename L::template output_shape<In>, shape<L::local_outputs>> && L::width > 1)
+      e.fixed_comm = L::template output_shape<In>::size;
+  }
+  return e;
+}
+
+/// Whether layer K of Chain runs inside layer K - 1 (loom::sequence's rule, on the plan's backend).
+template <class Chain, std::size_t K>
+constexpr bool fused_in_plan() {
+  if constexpr (K == 0) {
+    return false;
+  } else {
+    using prev = at<K - 1, typename Chain::layers>;
+    using backend = typename plan_backend<Chain>::type;
+    return fuses_into_previous<typename prev::template impl<typename Chain::template input_of<K - 1>, float, backend>,
+                               at<K, typename Chain::layers>>;
+  }
+}
+
+/// What loom::sequence allocates over Chain: one output per layer that is not a fused ReLU, the
+/// two input-gradient buffers of backward (layer k >= 1 writes into buffer k % 2, sized for
+/// its input; layer 0 writes the caller's dx), and each layer's own buffers.
+template <class Chain, bool NeedsInputGradient, bool InputBlocked, bool Accumulates>
+constexpr sequence_elements elements_of_sequence() {
+  if constexpr (!Chain::ok) {
+    return {};
+  } else {
+    return []<std::size_t... K>(std::index_sequence<K...>) {
+      constexpr std::size_t n = sizeof...(K);
+      using layers = typename Chain::layers;
+      constexpr std::array<sequence_elements, n> plain_input{
+          elements_of_layer<at<K, layers>, typename Chain::template input_of<K>, false, (K > 0 || NeedsInputGradient),
+                            Accumulates>()...};
+      constexpr std::array<sequence_elements, n> blocked_input{
+          elements_of_layer<at<K, layers>, typename Chain::template input_of<K>, true, (K > 0 || NeedsInputGradient),
+                            Accumulates>()...};
+      constexpr std::array<layout_effect, n> effect{layout_effect_of<at<K, layers>, typename Chain::template input_of<K>>()...};
+      constexpr std::array<bool, n> fused{fused_in_plan<Chain, K>()...};
+      constexpr std::array<std::size_t, n> in{Chain::template input_of<K>::size...};
+      constexpr std::array<std::size_t, n> out{Chain::template output_of<K>::size...};
+      sequence_elements e;
+      bool blocked = InputBlocked;
+      std::size_t gradient[2] = {0, 0};
+      for (std::size_t k = 0; k < n; ++k) {
+        e.add(blocked ? blocked_input[k] : plain_input[k]);
+        if (!fused[k]) e.saved += out[k];
+        if (k > 0) gradient[k % 2] = std::max(gradient[k % 2], in[k]);
+        blocked = effect[k] == layout_effect::blocks || (effect[k] == layout_effect::keeps && blocked);
+      }
+      e.scratch += gradient[0] + gradient[1];
+      e.output_blocked = blocked;
+      return e;
+    }(std::make_index_sequence<Chain::layer_count>{});
+  }
+}
+
+/// The loss's per-sample workspace (loom::loss_workspace: each sample's loss and whether it is
+/// right), and the trainer's batch: samples as float, labels as std::int32_t.
+template <class Dependent>
+constexpr std::size_t loss_bytes_per_sample() {
+  using workspace = loss_workspace<typename plan_backend<Dependent>::type>;
+  return sizeof(typename decltype(workspace::per_sample)::value_type) +
+         sizeof(typename decltype(workspace::correct)::value_type);
+}
+inline constexpr std::size_t label_bytes = sizeof(std::int32_t);
+inline constexpr std::size_t scalar_bytes = sizeof(float);
+
+/// A rank of replica_engine (single_process, data_parallel, a tensor slice): the model's
+/// parameters and gradients, its sequence, the loss gradient (dy_) and workspace, the plain
+/// copy of a blocked output and of its gradient (loom::model), the trainer's batch.
+template <class RankNetwork>
+constexpr rank_memory replica_rank(std::size_t rank, std::size_t state_values) {
+  constexpr sequence_elements e = elements_of_sequence<typename RankNetwork::chain, false, false, false>();
+  constexpr std::size_t in = RankNetwork::input_shape::size, out = RankNetwork::output_shape::size;
+  constexpr std::size_t p = RankNetwork::parameter_count * scalar_bytes;
+  rank_memory m;
+  m.rank = rank;
+  m.parameter_bytes = p;
+  m.gradient_bytes = p;
+  m.optimizer_state_bytes = state_values * p;
+  m.communication_bytes = e.fixed_comm * scalar_bytes;
+  m.workspace_bytes = e.fixed_scratch * scalar_bytes;
+  m.activation_bytes_per_sample = e.saved * scalar_bytes;
+  m.workspace_bytes_per_sample =
+      (e.scratch + out + (e.output_blocked ? 2 * out : 0)) * scalar_bytes + loss_bytes_per_sample<RankNetwork>();
+  m.input_bytes_per_sample = in * scalar_bytes + label_bytes;
+  return m;
+}
+
+/// Stage S of a pipeline (pipeline_stages): the stage model's parameters and gradients, and
+/// one activation slot per live micro-batch, each with its own sequence, the received input and
+/// the input gradient sent back (stages after the first), the received output gradient, and
+/// the plain copies of a blocked output; the loss workspace on the last stage; the trainer's
+/// samples on the first stage and labels on the last.
+template <class Network, class Pipeline, std::size_t S>
+constexpr rank_memory stage_rank(std::size_t state_values) {
+  using part = stage_partition<Network, Pipeline>;
+  using net = typename part::template stage_network<S>;
+  constexpr bool first = S == 0, last = S + 1 == Pipeline::stages;
+  constexpr std::size_t M = Pipeline::micro_batch_count;
+  constexpr std::size_t live = Pipeline::schedule::peak_live_activations(S);
+  // With several micro-batches, every backward after a step's first adds to the gradients.
+  constexpr sequence_elements e = elements_of_sequence<typename net::chain, !first, false, (M > 1)>();
+  constexpr std::size_t in = net::input_shape::size, out = net::output_shape::size;
+  constexpr std::size_t p = part::parameter_counts[S] * scalar_bytes;
+  rank_memory m;
+  m.rank = S;
+  m.parameter_bytes = p;
+  m.gradient_bytes = p;
+  m.optimizer_state_bytes = state_values * p;
+  m.communication_bytes = live * e.fixed_comm * scalar_bytes;
+  m.workspace_bytes = live * e.fixed_scratch * scalar_bytes;
+  m.activation_bytes_per_sample = live * ((first ? 0 : in) + e.saved) * scalar_bytes;
+  m.communication_bytes_per_sample = live * (out + (first ? 0 : in)) * scalar_bytes;
+  m.workspace_bytes_per_sample =
+      live * (e.scratch + (e.output_blocked ? 2 * out : 0)) * scalar_bytes + (last ? loss_bytes_per_sample<net>() : 0);
+  m.input_bytes_per_sample = (first ? Network::input_shape::size * scalar_bytes : 0) + (last ? label_bytes : 0);
+  m.micro_batches = M;
+  m.live_micro_batches = live;
+  return m;
+}
+
+// ---- The policies -------------------------------------------------------------------------------
+
+/// What a policy makes of a network, for the plan and the world sizes: G ranks per model
+/// replica (a pipeline's stages, a tensor group's width, else 1); whether replicas multiply the
+/// world (data parallelism); whether the split-invariant mode runs; each rank's buffers.
+template <class Network, class Policy>
+struct policy_facts {
+  static constexpr bool known = false;
+  static constexpr std::size_t group = 1;
+  static constexpr bool replicated = false;
+  static constexpr bool deterministic = false;
+  static constexpr bool network_fits = false;
+  static constexpr std::size_t largest_bucket_bytes = 0;
+  static constexpr std::array<rank_memory, 1> ranks(std::size_t) { return {}; }
+};
+
+template <class Network, class RankNetwork, std::size_t G>
+struct replica_facts {
+  static constexpr bool known = true;
+  static constexpr std::size_t group = G;
+  static constexpr bool network_fits = RankNetwork::chain::ok;
+  static constexpr std::array<rank_memory, G> ranks(std::size_t state_values) {
+    std::array<rank_memory, G> r{};
+    for (std::size_t i = 0; i < G; ++i) r[i] = replica_rank<RankNetwork>(i, state_values);
+    return r;
+  }
+};
+
+template <class Net, std::size_t CapBytes>
+constexpr std::size_t largest_bucket_of() {
+  using plan = bucket_plan<Net, float, CapBytes>;
+  std::size_t m = 0;
+  for (const auto& b : plan::buckets) m = std::max(m, b.count * scalar_bytes);
+  return m;
+}
+
+template <class Network>
+struct policy_facts<Network, single_process> : replica_facts<Network, Network, 1> {
+  static constexpr bool replicated = false;
+  static constexpr bool deterministic = true;
+  static constexpr std::size_t largest_bucket_bytes = 0;
+};
+
+template <class Network, class Comm, class... O>
+struct policy_facts<Network, data_parallel<Comm, O...>> : replica_facts<Network, Network, 1> {
+  static constexpr bool replicated = true;
+  static constexpr bool deterministic = true;
+  static constexpr std::size_t largest_bucket_bytes =
+      largest_bucket_of<Network, data_parallel<Comm, O...>::bucket_cap_bytes>();
+};
+
+template <class Network, std::size_t W, class Comm>
+struct policy_facts<Network, model_parallel<tensor_parallel<W>, Comm>>
+    : replica_facts<Network, tensor_parallel_network<Network, W>, W> {
+  static constexpr bool replicated = false;
+  static constexpr bool deterministic = false;
+  static constexpr std::size_t largest_bucket_bytes = 0;
+};
+
+template <class Network, class Comm, class... O, std::size_t W>
+struct policy_facts<Network, hybrid<data_parallel<Comm, O...>, tensor_parallel<W>>>
+    : replica_facts<Network, tensor_parallel_network<Network, W>, W> {
+  static constexpr bool replicated = true;
+  static constexpr bool deterministic = false;
+  static constexpr std::size_t largest_bucket_bytes =
+      largest_bucket_of<tensor_parallel_network<Network, W>, data_parallel<Comm, O...>::bucket_cap_bytes>();
+};
+
+template <class Network, class Pipeline>
+struct pipeline_facts {
+  using part = stage_partition<Network, Pipeline>;
+  static constexpr bool known = true;
+  static constexpr std::size_t group = Pipeline::stages;
+  static constexpr bool deterministic = false;
+  static constexpr bool network_fits = Pipeline::ok && part::ok;
+  static constexpr std::array<rank_memory, group> ranks(std::size_t state_values) {
+    if constexpr (!network_fits) {
+      return {};
+    } else {
+      return [&]<std::size_t... S>(std::index_sequence<S...>) {
+        return std::array<rank_memory, group>{stage_rank<Network, Pipeline, S>(state_values)...};
+      }(std::make_index_sequence<group>{});
+    }
+  }
+  template <std::size_t CapBytes>
+  static constexpr std::size_t largest_bucket() {
+    if constexpr (!network_fits) {
+      return 0;
+    } else {
+      return []<std::size_t... S>(std::index_sequence<S...>) {
+        return std::max({largest_bucket_of<typename part::template stage_network<S>, CapBytes>()...});
+      }(std::make_index_sequence<group>{});
+    }
+  }
+};
+
+template <class Network, std::size_t S, class... PO, class Comm>
+struct policy_facts<Network, model_parallel<pipeline<S, PO...>, Comm>> : pipeline_facts<Network, pipeline<S, PO...>> {
+  static constexpr bool replicated = false;
+  static constexpr std::size_t largest_bucket_bytes = 0;
+};
+
+template <class Network, class Comm, class... O, std::size_t S, class... PO>
+struct policy_facts<Network, hybrid<data_parallel<Comm, O...>, pipeline<S, PO...>>>
+    : pipeline_facts<Network, pipeline<S, PO...>> {
+  static constexpr bool replicated = true;
+  static constexpr std::size_t largest_bucket_bytes =
+      pipeline_facts<Network, pipeline<S, PO...>>::template largest_bucket<data_parallel<Comm, O...>::bucket_cap_bytes>();
+};
+
+// ---- memory_plan's options ----------------------------------------------------------------------
+
+template <class T>
+inline constexpr bool is_memory_budget_v = false;
+template <std::size_t B>
+inline constexpr bool is_memory_budget_v<memory_budget<B>> = true;
+template <class T>
+inline constexpr bool is_max_batch_v = false;
+template <std::size_t N>
+inline constexpr bool is_max_batch_v<max_batch<N>> = true;
+template <class T>
+inline constexpr bool is_memory_plan_option_v = is_memory_budget_v<T> || is_max_batch_v<T> || std::is_same_v<T, with_momentum>;
+
+template <class O>
+constexpr std::size_t budget_in() {
+  if constexpr (is_memory_budget_v<O>) return O::bytes;
+  else return 0;
+}
+template <class O>
+constexpr std::size_t max_batch_in() {
+  if constexpr (is_max_batch_v<O>) return O::samples;
+  else return 0;
+}
+template <class... O>
+constexpr std::size_t budget_of() {
+  return std::max({std::size_t{0}, budget_in<O>()...});
+}
+template <class... O>
+constexpr std::size_t max_batch_of() {
+  return std::max({std::size_t{0}, max_batch_in<O>()...});
+}
+
+template <class Optimizer>
+concept has_momentum_option = requires(typename Optimizer::options& o) { o.momentum = 0.5f; };
+
+/// The optimizer state the plan counts: Optimizer::state_values_per_parameter of its default
+/// options, or, with loom::with_momentum, of options with momentum.
+template <class Optimizer, bool Momentum>
+constexpr std::size_t planned_state_values() {
+  typename Optimizer::options o{};
+  if constexpr (Momentum && has_momentum_option<Optimizer>) o.momentum = 0.5f;  // any value > 0: the buffer exists
+  return Optimizer::state_values_per_parameter(o);
+}
+
+/// memory_plan's checks, in order, each a sentence and a marker; the budget only when the rest
+/// is sound, so that one mistake is one report.
+template <class Network, class Optimizer, class Policy, class... Options>
+constexpr bool check_memory_plan() {
+  using facts = policy_facts<Network, Policy>;
+  constexpr std::size_t unknown = [] {
+    std::size_t k = 0;
+    bool found = false;
+    ((found = found || !is_memory_plan_option_v<Options>, k += found ? 0 : 1), ...);
+    return k;
+  }();
+  constexpr bool momentum = (std::is_same_v<Options, with_momentum> || ...);
+  constexpr std::size_t most_given = std::max({std::size_t{0}, (std::size_t{0} + ... + (is_memory_budget_v<Options> ? 1 : 0)),
+                                               (std::size_t{0} + ... + (is_max_batch_v<Options> ? 1 : 0)),
+                                               (std::size_t{0} + ... + (std::is_same_v<Options, with_momentum> ? 1 : 0))});
+  if constexpr (!is_network_v<Network>) {
+    static_assert(is_network_v<Network>,
+                  "loom::memory_plan<Network, Optimizer, Policy, ...>: Network must be a loom::network<loom::input<...>, "
+                  "layers...>");
+    return false;
+  } else if constexpr (!facts::known) {
+    static_assert(facts::known,
+                  "loom::memory_plan<Network, Optimizer, Policy, ...>: Policy must be one of the trainer's: "
+                  "loom::single_process, loom::data_parallel<Comm, ...>, loom::model_parallel<loom::pipeline<S, ...>, "
+                  "Comm>, loom::model_parallel<loom::tensor_parallel<T>, Comm>, or loom::hybrid<loom::data_parallel<Comm, "
+                  "...>, loom::pipeline<S, ...> or loom::tensor_parallel<T>>");
+    return false;
+  } else if constexpr (!requires { Optimizer::state_values_per_parameter(typename Optimizer::options{}); }) {
+    static_assert(requires { Optimizer::state_values_per_parameter(typename Optimizer::options{}); },
+                  "loom::memory_plan<Network, Optimizer, ...>: Optimizer must say how much state it keeps per parameter "
+                  "(static constexpr std::size_t state_values_per_parameter(const options&), as loom::sgd, loom::adam "
+                  "and loom::adamw do)");
+    return false;
+  } else if constexpr (unknown < sizeof...(Options)) {
+    using option = at<unknown, type_list<Options...>>;
+    static_assert(is_memory_plan_option_v<option>,
+                  "loom::memory_plan<Network, Optimizer, Policy, Options...>: an option is not one of memory_plan's "
+                  "(loom::memory_budget<Bytes>, loom::max_batch<N>, loom::with_momentum); its name is in the "
+                  "loom::diagnostic:: name the compiler prints");
+    return fail_with<diagnostic::not_a_memory_plan_option<option>>();
+  } else if constexpr (most_given > 1) {
+    static_assert(most_given <= 1,
+                  "loom::memory_plan: an option is given more than once (loom::memory_budget, loom::max_batch or "
+                  "loom::with_momentum); keep one");
+    return false;
+  } else if constexpr (momentum && !has_momentum_option<Optimizer>) {
+    static_assert(!momentum,
+                  "loom::memory_plan: loom::with_momentum is for an optimizer with a momentum option (loom::sgd); this "
+                  "one's state does not depend on it (the optimizer is in the loom::diagnostic:: name the compiler "
+                  "prints)");
+    return fail_with<diagnostic::with_momentum_for_an_optimizer_without_momentum<Optimizer>>();
+  } else if constexpr (budget_of<Options...>() > 0 && max_batch_of<Options...>() == 0) {
+    static_assert(budget_of<Options...>() == 0,
+                  "loom::memory_plan: loom::memory_budget<Bytes> is checked at a batch: add loom::max_batch<N>, the "
+                  "largest global batch of the job");
+    return fail_with<diagnostic::memory_budget_without_max_batch<budget_of<Options...>()>>();
+  } else {
+    return true;
+  }
+}
+
+/// The first rank over Budget at Batch samples (ranks.size() when none is).
+template <std::size_t G>
+constexpr std::size_t first_rank_over(const std::array<rank_memory, G>& ranks, std::size_t batch, std::size_t budget) {
+  for (std::size_t r = 0; r < G; ++r)
+    if (ranks[r].bytes(batch) > budget) return r;
+  return G;
+}
+
+/// The budget's check (after check_memory_plan): the first rank that does not fit stops the
+/// compiler with a sentence, the comparison of its bytes with the budget, and the marker.
+template <auto Ranks, std::size_t Batch, std::size_t Budget>
+constexpr bool check_budget() {
+  if constexpr (Budget == 0) {
+    return true;
+  } else {
+    constexpr std::size_t G = Ranks.size();
+    constexpr std::size_t bad = first_rank_over(Ranks, Batch, Budget);
+    if constexpr (bad < G) {
+      constexpr std::size_t needed = Ranks[bad].bytes(Batch);
+      static_assert(needed <= Budget,
+                    "loom::memory_plan: at loom::max_batch<N> a rank needs more bytes than loom::memory_budget<Bytes> "
+                    "allows: train on a smaller batch (the largest that fits is the marker's last number), split the "
+                    "model over more ranks, or raise the budget (the rank, the batch, the bytes it needs, the budget "
+                    "and the largest batch that fits are in the loom::diagnostic:: name the compiler prints)");
+      return fail_with<diagnostic::memory_budget_exceeded_on_rank<bad, Batch, needed, Budget,
+                                                                    Ranks[bad].largest_batch_within(Budget)>>();
+    } else {
+      return true;
+    }
+  }
+}
+
+}  // namespace detail
+
+// ---- The plan -----------------------------------------------------------------------------------
+
+/// The memory one rank of a job needs, known to the compiler: Network trained with Optimizer
+/// under Policy (any of the trainer's policies) on loom::cpu, in float. Options, in any order:
+/// loom::with_momentum (SGD with momentum), loom::memory_budget<Bytes> with loom::max_batch<N>.
+///
+/// The figures are loom's buffers (what loom::host_memory() counts), taken from the code that
+/// allocates them; each value below is the largest over the ranks of one model replica (its
+/// stages or slices), for_rank(r) gives rank r's. See docs/memory-plan.md for what is left out.
+template <class Network, class Optimizer, class Policy = single_process, class... Options>
+struct memory_plan {
+ private:
+  using facts = detail::policy_facts<Network, Policy>;
+  static constexpr bool sound = detail::check_memory_plan<Network, Optimizer, Policy, Options...>();
+
+  template <class F>
+  static constexpr std::size_t largest(F f) {
+    std::size_t m = 0;
+    for (const rank_memory& r : ranks) m = std::max(m, f(r));
+    return m;
+  }
+
+ public:
+  /// Ranks of one model replica: a pipeline's stages, a tensor group's width, 1 otherwise.
+  static constexpr std::size_t ranks_per_replica = facts::group;
+  /// Values of optimizer state per parameter the plan counts (see counts_state_of).
+  static constexpr std::size_t state_values_per_parameter = [] {
+    if constexpr (sound) return detail::planned_state_values<Optimizer, (std::is_same_v<Options, with_momentum> || ...)>();
+    else return std::size_t{0};
+  }();
+  /// Each rank of a replica, by its stage or slice.
+  static constexpr std::array<rank_memory, facts::group> ranks = [] {
+    if constexpr (sound && facts::network_fits) return facts::ranks(state_values_per_parameter);
+    else return std::array<rank_memory, facts::group>{};
+  }();
+
+  /// World rank r's plan (under loom::hybrid, its stage or slice is r % ranks_per_replica).
+  static constexpr const rank_memory& for_rank(std::size_t r) noexcept { return ranks[r % ranks_per_replica]; }
+
+  static constexpr std::size_t parameter_bytes = largest([](const rank_memory& r) { return r.parameter_bytes; });
+  static constexpr std::size_t gradient_bytes = largest([](const rank_memory& r) { return r.gradient_bytes; });
+  static constexpr std::size_t optimizer_state_bytes = largest([](const rank_memory& r) { return r.optimizer_state_bytes; });
+  static constexpr std::size_t communication_bytes = largest([](const rank_memory& r) { return r.communication_bytes; });
+  static constexpr std::size_t workspace_bytes = largest([](const rank_memory& r) { return r.workspace_bytes; });
+  static constexpr std::size_t activation_bytes_per_sample =
+      largest([](const rank_memory& r) { return r.activation_bytes_per_sample; });
+  static constexpr std::size_t communication_bytes_per_sample =
+      largest([](const rank_memory& r) { return r.communication_bytes_per_sample; });
+  static constexpr std::size_t workspace_bytes_per_sample =
+      largest([](const rank_memory& r) { return r.workspace_bytes_per_sample; });
+  static constexpr std::size_t input_bytes_per_sample = largest([](const rank_memory& r) { return r.input_bytes_per_sample; });
+  /// The most gradient bytes one allreduce carries (the largest bucket of the bucket plan;
+  /// 0 without data parallelism). In place: loom holds no buffer for it, the MPI library may.
+  static constexpr std::size_t largest_bucket_bytes = facts::largest_bucket_bytes;
+
+  /// The bytes of the rank that needs the most when the global batch is `batch` over
+  /// `replicas` data-parallel replicas (each training on ceil(batch / replicas) samples or
+  /// one fewer; see rank_memory::bytes). Most with one replica.
+  static constexpr std::size_t bytes_per_rank(std::size_t batch, std::size_t replicas = 1) noexcept {
+    return largest([&](const rank_memory& r) { return r.bytes(batch, replicas); });
+  }
+  /// The stage or slice that needs the most at that batch (the first of equals).
+  static constexpr std::size_t largest_rank(std::size_t batch, std::size_t replicas = 1) noexcept {
+    const std::size_t most = bytes_per_rank(batch, replicas);
+    for (const rank_memory& r : ranks)
+      if (r.bytes(batch, replicas) == most) return r.rank;
+    return 0;
+  }
+  /// The largest global batch with every rank within budget_bytes on one replica, where a rank
+  /// needs the most (0: none).
+  static constexpr std::size_t largest_batch_within(std::size_t budget_bytes) noexcept {
+    std::size_t b = static_cast<std::size_t>(-1);
+    for (const rank_memory& r : ranks) b = std::min(b, r.largest_batch_within(budget_bytes));
+    return b;
+  }
+
+  /// Whether a run with these optimizer options keeps the state the plan counts (SGD: momentum
+  /// > 0 exactly when the plan has loom::with_momentum).
+  static constexpr bool counts_state_of(const typename Optimizer::options& o) noexcept {
+    return Optimizer::state_values_per_parameter(o) == state_values_per_parameter;
+  }
+
+  /// The budget and the batch it is checked at (max_batch<N>'s N), 0 and 0 without memory_budget.
+  static constexpr std::size_t budget_bytes = detail::budget_of<Options...>();
+  static constexpr std::size_t budget_batch = detail::max_batch_of<Options...>();
+  /// Whether the plan is sound and every rank fits the budget at budget_batch (if not, a
+  /// static_assert has said why).
+  static constexpr bool ok = sound && facts::network_fits && detail::check_budget<ranks, budget_batch, budget_bytes>();
+
+ private:
+  using checked_ = std::bool_constant<ok>;  // reports a problem as soon as the plan is used
+};
+
+/// World rank r's plan for a run whose optimizer options are known only at run time (the
+/// trainer's): memory_plan<Network, Optimizer, Policy>'s, with the optimizer state counted from
+/// `options` (SGD's momentum buffer exactly when options.momentum > 0).
+template <class Network, class Optimizer, class Policy = single_process>
+constexpr rank_memory rank_memory_for(const typename Optimizer::options& options, std::size_t world_rank) noexcept {
+  rank_memory m = memory_plan<Network, Optimizer, Policy>::for_rank(world_rank);
+  m.optimizer_state_bytes = Optimizer::state_values_per_parameter(options) * m.parameter_bytes;
+  return m;
+}
+
+// ---- World sizes --------------------------------------------------------------------------------
+
+/// The world sizes on which the engines accept a job of Network under Policy, from the code's
+/// own checks: a pipeline runs on exactly its S stages (model_parallel) or on replicas x S
+/// (hybrid); tensor parallelism on T ranks, or replicas x T; data parallelism on any number;
+/// single_process on one. The global batch needs no divisibility (the loader splits it as
+/// evenly as it goes, micro-batches too); the split-invariant mode (deterministic_chunk > 0)
+/// runs only under single_process and data_parallel, with at least one chunk of a full batch
+/// per rank (loom::chunk_plan). One rule more than the code's: every replica must get a sample
+/// of a full batch (replicas <= batch): the trainer would run more, the extra replicas adding
+/// zeros, but they would train nothing. Compile-time mistakes (more stages than layers, a
+/// tensor width that does not divide a layer) do not compile, as in the trainer.
+template <class Network, class Policy>
+struct world_size_rules {
+ private:
+  using facts = detail::policy_facts<Network, Policy>;
+  static_assert(facts::known,
+                "loom::world_size_rules<Network, Policy>: Policy must be one of the trainer's: loom::single_process, "
+                "loom::data_parallel<Comm, ...>, loom::model_parallel<loom::pipeline<S, ...>, Comm>, "
+                "loom::model_parallel<loom::tensor_parallel<T>, Comm>, or a loom::hybrid<loom::data_parallel<Comm, ...>, "
+                "...>");
+
+ public:
+  /// Ranks of one model replica, and whether a world may hold several replicas.
+  static constexpr std::size_t group_size = facts::group;
+  static constexpr bool replicated = facts::replicated;
+  /// Whether the split-invariant mode (fit_options::deterministic_chunk) runs under Policy.
+  static constexpr bool split_invariant = facts::deterministic;
+  static constexpr bool network_fits = facts::network_fits;
+
+  /// Whether a world of `world` ranks trains this job with global batch `batch` and
+  /// deterministic_chunk `chunk` (0: off).
+  static constexpr bool accepts(std::size_t world, std::size_t batch, std::size_t chunk = 0) noexcept {
+    return network_fits && world > 0 && batch > 0 && world <= largest(batch, chunk) && world % group_size == 0 &&
+           (replicated || world == group_size);
+  }
+  /// The largest world accepted (0: none), so accepts(w) iff w is a multiple of group_size up
+  /// to it (just group_size without replicas).
+  static constexpr std::size_t largest(std::size_t batch, std::size_t chunk = 0) noexcept {
+    if (!network_fits || batch == 0) return 0;
+    if (chunk > 0 && !split_invariant) return 0;
+    if (!replicated) return group_size;
+    const std::size_t replicas = chunk > 0 ? (batch + chunk - 1) / chunk : batch;
+    return replicas * group_size;
+  }
+  /// The largest world accepted that has at most `ranks` ranks (0: none): the size to restart
+  /// on after failures left `ranks` ranks.
+  static constexpr std::size_t largest_up_to(std::size_t ranks, std::size_t batch, std::size_t chunk = 0) noexcept {
+    for (std::size_t w = std::min(ranks, largest(batch, chunk)); w > 0; --w)
+      if (accepts(w, batch, chunk)) return w;
+    return 0;
+  }
+  /// Every world size accepted, ascending.
+  static constexpr std::vector<std::size_t> list(std::size_t batch, std::size_t chunk = 0) {
+    std::vector<std::size_t> out;
+    for (std::size_t w = group_size; w <= largest(batch, chunk); w += group_size)
+      if (accepts(w, batch, chunk)) out.push_back(w);
+    return out;
+  }
+  /// Why `world` does not train this job (empty when it does), in a sentence.
+  static std::string why_not(std::size_t world, std::size_t batch, std::size_t chunk = 0) {
+    if (accepts(world, batch, chunk)) return {};
+    const std::string g = std::to_string(group_size), w = std::to_string(world), b = std::to_string(batch);
+    if (world == 0) return "a world needs at least one rank";
+    if (batch == 0) return "loom::trainer::fit refuses a batch of 0";
+    if (chunk > 0 && !split_invariant)
+      return "deterministic_chunk=" + std::to_string(chunk) +
+             " needs loom::single_process or loom::data_parallel<Comm, ...>, not this policy";
+    if (!replicated)
+      return group_size == 1 ? "loom::single_process trains on one rank, not " + w
+                             : "this policy splits the model over exactly " + g + " ranks, not " + w +
+                                   " (for more, train replicas of it with loom::hybrid<loom::data_parallel<...>, ...>)";
+    if (world % group_size != 0)
+      return w + " ranks are not a whole number of model replicas of " + g + " ranks each";
+    const std::size_t replicas = world / group_size;
+    if (chunk > 0) {
+      const std::size_t chunks = (batch + chunk - 1) / chunk;
+      return "a full batch of " + b + " makes " + std::to_string(chunks) + " chunk" + (chunks == 1 ? "" : "s") + " of " +
+             std::to_string(chunk) + " samples, fewer than the " + std::to_string(replicas) +
+             " replicas, which each need at least one (loom::chunk_plan)";
+    }
+    return std::to_string(replicas) + " replicas for a batch of " + b + ": " + std::to_string(replicas - batch) +
+           " would get no sample of a full batch";
+  }
+};
+
+namespace detail {
+template <class Rules, std::size_t Batch, std::size_t Chunk>
+constexpr std::size_t count_world_sizes() {
+  std::size_t n = 0;
+  for (std::size_t w = 1; w <= Rules::largest(Batch, Chunk); ++w) n += Rules::accepts(w, Batch, Chunk) ? 1 : 0;
+  return n;
+}
+}  // namespace detail
+
+/// The world sizes that train Network under Policy with global batch Batch and
+/// deterministic_chunk Chunk (0: off), ascending (see world_size_rules).
+template <class Network, class Policy, std::size_t Batch, std::size_t Chunk = 0>
+inline constexpr auto valid_world_sizes = [] {
+  using rules = world_size_rules<Network, Policy>;
+  std::array<std::size_t, detail::count_world_sizes<rules, Batch, Chunk>()> out{};
+  std::size_t n = 0;
+  for (std::size_t w = 1; w <= rules::largest(Batch, Chunk); ++w)
+    if (rules::accepts(w, Batch, Chunk)) out[n++] = w;
+  return out;
+}();
+
+/// The tensor-parallel widths Network can be split by: the widths that divide the outputs of
+/// every loom::column_parallel layer and the inputs of every loom::row_parallel layer (a width
+/// that does not, does not compile), ascending. {1} when it has no such layer.
+template <class Network>
+inline constexpr auto tensor_parallel_widths = [] {
+  constexpr std::size_t g = []<std::size_t... I>(std::index_sequence<I...>) {
+    std::size_t d = 0;
+    auto gcd = [](std::size_t a, std::size_t b) {
+      while (b) a = std::exchange(b, a % b);
+      return a;
+    };
+    auto split_dim = []<std::size_t K>(std::integral_constant<std::size_t, K>) -> std::size_t {
+      using L = at<K, typename Network::layers>;
+      if constexpr (is_column_parallel_v<L>) return L::outputs;
+      else if constexpr (is_row_parallel_v<L>) return Network::chain::template input_of<K>::size;
+      else return 0;
+    };
+    ((d = gcd(d, split_dim(std::integral_constant<std::size_t, I>{}))), ...);
+    return d == 0 ? std::size_t{1} : d;
+  }(std::make_index_sequence<Network::layer_count>{});
+  constexpr std::size_t n = [] {
+    std::size_t c = 0;
+    for (std::size_t w = 1; w <= g; ++w) c += g % w == 0 ? 1 : 0;
+    return c;
+  }();
+  std::array<std::size_t, n> out{};
+  std::size_t k = 0;
+  for (std::size_t w = 1; w <= g; ++w)
+    if (g % w == 0) out[k++] = w;
+  return out;
+}();
+
+}  // namespace loom
