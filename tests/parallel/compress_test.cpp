@@ -180,3 +180,31 @@ TEST_CASE("Compression and the split-invariant mode are refused together, on eve
   });
   for (const auto& e : errors) CHECK_THAT(e, Catch::Contains("loom::compress<>") && Catch::Contains("deterministic_chunk=16"));
 }
+
+TEST_CASE("The memory plan counts compression's 16-bit copy of the gradients", "[parallel][compress]") {
+  using net = example::mlp;
+  using plain = loom::memory_plan<net, loom::sgd, loom::data_parallel<loom::local_comm>>;
+  using bf = loom::memory_plan<net, loom::sgd, loom::data_parallel<loom::local_comm, loom::compress<loom::bf16>>>;
+  STATIC_REQUIRE(bf::communication_bytes == plain::communication_bytes + net::parameter_count * 2);
+  STATIC_REQUIRE(bf::bytes_per_rank(64) == plain::bytes_per_rank(64) + net::parameter_count * 2);
+  // Measured: the bytes loom's host buffers hold at their peak in a compressed fit grow by the copy.
+  auto peak_of = [](auto policy_tag) {
+    using policy = typename decltype(policy_tag)::type;
+    std::size_t peak = 0;
+    loom::local_world(1).run([&](loom::local_comm& c) {
+      loom::trainer<net, loom::softmax_cross_entropy, loom::sgd, policy> t{c, {.lr = 0.05f}, {.seed = 3, .threads = 1}};
+      loom::fit_options o;
+      o.batch = 64;
+      o.max_steps = 3;
+      o.progress = nullptr;
+      loom::reset_host_memory_peak();
+      t.fit(small_set(), o);
+      peak = loom::host_memory().peak_bytes;
+    });
+    return peak;
+  };
+  const std::size_t a = peak_of(std::type_identity<loom::data_parallel<loom::local_comm>>{});
+  const std::size_t b = peak_of(std::type_identity<loom::data_parallel<loom::local_comm, loom::compress<loom::bf16>>>{});
+  INFO("peak host bytes: " << a << " without, " << b << " with compression");
+  CHECK(b - a == net::parameter_count * 2);
+}

@@ -432,12 +432,23 @@ struct policy_facts<Network, single_process> : replica_facts<Network, Network, 1
   static constexpr std::size_t largest_bucket_bytes = 0;
 };
 
+/// Bytes of the 16-bit copy of the gradients that loom::compress<> reduces (0 without it).
+template <class DataParallel, class RankNetwork>
+inline constexpr std::size_t wire_bytes_of =
+    std::is_void_v<typename DataParallel::wire_type> ? 0 : RankNetwork::parameter_count * 2;
+
 template <class Network, class Comm, class... O>
 struct policy_facts<Network, data_parallel<Comm, O...>> : replica_facts<Network, Network, 1> {
   static constexpr bool replicated = true;
-  static constexpr bool deterministic = true;
+  static constexpr std::size_t wire = wire_bytes_of<data_parallel<Comm, O...>, Network>;
+  static constexpr bool deterministic = wire == 0;  // the split-invariant mode refuses compression
   static constexpr std::size_t largest_bucket_bytes =
       largest_bucket_of<Network, data_parallel<Comm, O...>::bucket_cap_bytes>();
+  static constexpr std::array<rank_memory, 1> ranks(std::size_t state_values) {
+    auto r = replica_facts<Network, Network, 1>::ranks(state_values);
+    r[0].communication_bytes += wire;
+    return r;
+  }
 };
 
 template <class Network, std::size_t W, class Comm>
@@ -455,6 +466,11 @@ struct policy_facts<Network, hybrid<data_parallel<Comm, O...>, tensor_parallel<W
   static constexpr bool deterministic = false;
   static constexpr std::size_t largest_bucket_bytes =
       largest_bucket_of<tensor_parallel_network<Network, W>, data_parallel<Comm, O...>::bucket_cap_bytes>();
+  static constexpr std::array<rank_memory, W> ranks(std::size_t state_values) {
+    auto r = replica_facts<Network, tensor_parallel_network<Network, W>, W>::ranks(state_values);
+    for (auto& m : r) m.communication_bytes += wire_bytes_of<data_parallel<Comm, O...>, tensor_parallel_network<Network, W>>;
+    return r;
+  }
 };
 
 template <class Network, class Pipeline>
@@ -497,6 +513,16 @@ struct policy_facts<Network, hybrid<data_parallel<Comm, O...>, pipeline<S, PO...
   static constexpr bool replicated = true;
   static constexpr std::size_t largest_bucket_bytes =
       pipeline_facts<Network, pipeline<S, PO...>>::template largest_bucket<data_parallel<Comm, O...>::bucket_cap_bytes>();
+  using base = pipeline_facts<Network, pipeline<S, PO...>>;
+  static constexpr std::array<rank_memory, S> ranks(std::size_t state_values) {
+    auto r = base::ranks(state_values);
+    if constexpr (base::network_fits && !std::is_void_v<typename data_parallel<Comm, O...>::wire_type>) {
+      [&]<std::size_t... I>(std::index_sequence<I...>) {
+        ((r[I].communication_bytes += base::part::template stage_network<I>::parameter_count * 2), ...);
+      }(std::make_index_sequence<S>{});
+    }
+    return r;
+  }
 };
 
 // ---- memory_plan's options ----------------------------------------------------------------------
