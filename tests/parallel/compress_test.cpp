@@ -13,6 +13,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "../../examples/common/networks.hpp"
@@ -59,6 +60,14 @@ std::pair<std::vector<float>, loom::rank_figures> train_two_ranks(std::size_t st
   });
   return {params, fig};
 }
+
+// The option is found wherever it stands among data_parallel's options.
+static_assert(std::is_void_v<loom::data_parallel<loom::local_comm, loom::bucket_bytes<1024>>::wire_type>);
+static_assert(std::is_same_v<loom::data_parallel<loom::local_comm, loom::bucket_bytes<1024>, loom::compress<loom::fp16>>::wire_type,
+                             loom::fp16>);
+static_assert(std::is_same_v<loom::data_parallel<loom::local_comm, loom::compress<loom::bf16>, loom::bucket_bytes<1024>>::wire_type,
+                             loom::bf16>);
+static_assert(loom::data_parallel<loom::local_comm, loom::compress<loom::bf16>, loom::bucket_bytes<1024>>::bucket_cap_bytes == 1024);
 
 }  // namespace
 

@@ -57,8 +57,10 @@ struct wire_of {
   using type = void;
 };
 template <class First, class... Rest>
-struct wire_of<First, Rest...> {
-  using type = std::conditional_t<is_compress_v<First>, typename First::type, typename wire_of<Rest...>::type>;
+struct wire_of<First, Rest...> : wire_of<Rest...> {};
+template <class H, class... Rest>
+struct wire_of<compress<H>, Rest...> {
+  using type = H;
 };
 template <class... Options>
 constexpr bool compress_once() {
