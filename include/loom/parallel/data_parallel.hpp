@@ -51,6 +51,12 @@ template <class T>
 inline constexpr bool is_compress_v = false;
 template <class H>
 inline constexpr bool is_compress_v<compress<H>> = true;
+// compress<H> with an H that is no wire float (compress's own static_assert fires only where
+// the class is instantiated, which naming it among the options does not do).
+template <class T>
+inline constexpr bool is_bad_compress_v = false;
+template <class H>
+inline constexpr bool is_bad_compress_v<compress<H>> = !is_half_v<H>;
 
 template <class... Options>
 struct wire_of {
@@ -107,6 +113,8 @@ struct data_parallel {
   static_assert((detail::is_data_parallel_option_v<Options> && ...),
                 "loom::data_parallel<Comm, Options...>: an option is not one of data_parallel's (bucket_bytes<N>, "
                 "compress<bf16>, compress<fp16>)");
+  static_assert(!(detail::is_bad_compress_v<Options> || ...),
+                "loom::compress<H>: H must be loom::bf16 or loom::fp16 (the 16-bit wire floats of loom/core/half.hpp)");
   static_assert(detail::compress_once<Options...>());
   using comm_type = Comm;
   static constexpr std::size_t bucket_cap_bytes = detail::bucket_cap_of<Options...>();
