@@ -5,6 +5,6 @@
 // max-errors: 2
 #include "loom/parallel/pipeline_plan.hpp"
 
-using pipe = loom::pipeline<4, loom::cut_at<2>>;
+using pipeline_type = loom::pipeline<4, loom::cut_at<2>>;
 
-int main() { return static_cast<int>(pipe::stages); }
+int main() { return static_cast<int>(pipeline_type::stages); }
