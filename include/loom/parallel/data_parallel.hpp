@@ -75,13 +75,6 @@ constexpr bool compress_once() {
   return true;
 }
 
-/// Whether X (a gradient_allreduce, or a sync holding one) sends its gradients compressed.
-template <class X>
-inline constexpr bool compresses_v = [] {
-  if constexpr (requires { X::compressed; }) return X::compressed;
-  else return false;
-}();
-
 template <class T>
 inline constexpr bool is_bucket_bytes_v = false;
 template <std::size_t B>

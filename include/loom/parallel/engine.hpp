@@ -123,4 +123,14 @@ concept engine = requires(E& e, const E& ce, const batch_view<typename E::value_
   e.optimizer();
 };
 
+namespace detail {
+/// Whether X (a gradient_allreduce, or a sync holding one) sends its gradients compressed
+/// (loom::compress<>, parallel/data_parallel.hpp).
+template <class X>
+inline constexpr bool compresses_v = [] {
+  if constexpr (requires { X::compressed; }) return X::compressed;
+  else return false;
+}();
+}  // namespace detail
+
 }  // namespace loom

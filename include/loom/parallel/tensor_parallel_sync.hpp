@@ -23,6 +23,7 @@
 #include "loom/comm/communicator.hpp"
 #include "loom/core/error.hpp"
 #include "loom/parallel/data_parallel.hpp"
+#include "loom/parallel/engine.hpp"
 #include "loom/monitor/figures.hpp"
 #include "loom/monitor/timeline.hpp"
 #include "loom/parallel/shard_map.hpp"
