@@ -124,7 +124,7 @@ struct local_state {
   }
 };
 
-enum class local_kind { barrier, split, broadcast, allreduce, reduce_scatter, allgather };
+enum class local_kind { barrier, split, broadcast, allreduce, reduce_scatter, allgather, reduce_scatter_v, allgather_v };
 
 constexpr const char* to_string(local_kind k) noexcept {
   switch (k) {
@@ -134,6 +134,8 @@ constexpr const char* to_string(local_kind k) noexcept {
     case local_kind::allreduce: return "allreduce";
     case local_kind::reduce_scatter: return "reduce_scatter";
     case local_kind::allgather: return "allgather";
+    case local_kind::reduce_scatter_v: return "ireduce_scatter_v";
+    case local_kind::allgather_v: return "iallgather_v";
   }
   return "?";
 }
@@ -156,6 +158,7 @@ struct local_args {
   local_chunk_fn chunk = nullptr;
   std::size_t chunks = 0;
   bool posted = false;
+  std::vector<std::size_t> counts;  // the v-collectives: block sizes by rank
 };
 
 struct local_group;
@@ -273,6 +276,32 @@ void local_allgather_chunk(const local_collective& c, std::size_t k) {
     std::memcpy(static_cast<T*>(c.args[static_cast<std::size_t>(j)].out) + b * a0.count + lo, src, n * sizeof(T));
 }
 
+// The v-collectives: chunk k is block k (of rank k), at the sum of the blocks before it.
+inline std::size_t local_block_start(const local_args& a, std::size_t k) {
+  std::size_t at = 0;
+  for (std::size_t j = 0; j < k; ++j) at += a.counts[j];
+  return at;
+}
+template <class T>
+void local_reduce_scatter_v_chunk(const local_collective& c, std::size_t k) {
+  const auto& a0 = c.args[0];
+  const std::size_t from = local_block_start(a0, k), n = a0.counts[k];
+  if (n == 0) return;
+  T* out = static_cast<T*>(c.args[k].out);
+  std::memcpy(out, static_cast<const T*>(a0.in) + from, n * sizeof(T));
+  for (int j = 1; j < c.size(); ++j)
+    local_reduce_into(out, static_cast<const T*>(c.args[static_cast<std::size_t>(j)].in) + from, n, a0.op);
+}
+template <class T>
+void local_allgather_v_chunk(const local_collective& c, std::size_t k) {
+  const auto& a0 = c.args[0];
+  const std::size_t at = local_block_start(a0, k), n = a0.counts[k];
+  if (n == 0) return;
+  const T* src = static_cast<const T*>(c.args[k].out) + at;
+  for (int j = 0; j < c.size(); ++j)
+    if (static_cast<std::size_t>(j) != k) std::memcpy(static_cast<T*>(c.args[static_cast<std::size_t>(j)].out) + at, src, n * sizeof(T));
+}
+
 /// The arguments of a data collective with its chunk plan for `size` ranks.
 template <class T>
 local_args local_data_args(local_kind kind, const void* in, void* out, std::size_t count, int size) {
@@ -302,6 +331,14 @@ local_args local_data_args(local_kind kind, const void* in, void* out, std::size
       a.chunk = &local_allgather_chunk<T>;
       a.chunks = pieces * static_cast<std::size_t>(size);
       break;
+    case local_kind::reduce_scatter_v:
+      a.chunk = &local_reduce_scatter_v_chunk<T>;
+      a.chunks = static_cast<std::size_t>(size);
+      break;
+    case local_kind::allgather_v:
+      a.chunk = &local_allgather_v_chunk<T>;
+      a.chunks = static_cast<std::size_t>(size);
+      break;
     default: break;
   }
   return a;
@@ -327,7 +364,10 @@ inline void local_finish_posting(local_collective& c, const local_group& g) {
     } else if (a0.kind == local_kind::broadcast && a.root != a0.root) {
       c.error = op + ": rank 0 names root " + std::to_string(a0.root) + " but " + rj + " names root " +
                 std::to_string(a.root);
-    } else if ((a0.kind == local_kind::allreduce || a0.kind == local_kind::reduce_scatter) && a.op != a0.op) {
+    } else if (a.counts != a0.counts) {
+      c.error = op + ": rank 0 and " + rj + " pass different block counts";
+    } else if ((a0.kind == local_kind::allreduce || a0.kind == local_kind::reduce_scatter ||
+                a0.kind == local_kind::reduce_scatter_v) && a.op != a0.op) {
       c.error = op + ": rank 0 asks for " + to_string(a0.op) + " but " + rj + " for " + to_string(a.op);
     }
   }
@@ -677,6 +717,23 @@ class local_comm {
   template <detail::comm_value T>
   [[nodiscard]] request irecv(T* data, std::size_t count, int peer, int tag);
 
+  /// Starts a reduce-scatter of blocks of different sizes: in holds size() consecutive blocks,
+  /// block j of counts[j] elements (the same counts on every rank; copied); out[0,
+  /// counts[rank()]) gets op over every rank's block rank(), in rank order. in and out must not
+  /// overlap. Throws communication_error.
+  template <detail::comm_reducible T>
+  [[nodiscard]] request ireduce_scatter_v(const T* in, T* out, const std::size_t* counts, reduce_op op) {
+    return post_v<T>(detail::local_kind::reduce_scatter_v, in, out, counts, op);
+  }
+
+  /// Starts an in-place allgather of blocks of different sizes: data holds size() consecutive
+  /// blocks, block j of counts[j] elements; block rank() is this rank's, every other block is
+  /// copied from its rank. Throws communication_error.
+  template <detail::comm_value T>
+  [[nodiscard]] request iallgather_v(T* data, const std::size_t* counts) {
+    return post_v<T>(detail::local_kind::allgather_v, data, data, counts, reduce_op::sum);
+  }
+
  private:
   friend class local_world;
 
@@ -686,6 +743,9 @@ class local_comm {
   std::shared_ptr<detail::local_collective> post(const detail::local_args& a) {
     return detail::local_post(*state_, *group_, rank_, a);
   }
+
+  template <class T>
+  request post_v(detail::local_kind kind, const T* in, T* out, const std::size_t* counts, reduce_op op);
 
   template <class T>
   detail::local_message message(bool is_send, std::size_t count, int peer, int tag, const char* what) const {
@@ -804,6 +864,23 @@ class local_comm::request {
   int rank_ = 0;
   int uncaught_ = 0;
 };
+
+template <class T>
+local_comm::request local_comm::post_v(detail::local_kind kind, const T* in, T* out, const std::size_t* counts, reduce_op op) {
+  const std::size_t n = static_cast<std::size_t>(size());
+  std::size_t total = 0;
+  for (std::size_t j = 0; j < n; ++j) total += counts[j];
+  auto a = detail::local_data_args<T>(kind, in, out, total, size());
+  a.op = op;
+  a.counts.assign(counts, counts + n);
+  request r;
+  r.uncaught_ = std::uncaught_exceptions();
+  r.collective_ = post(a);
+  r.state_ = state_;
+  r.group_ = group_;
+  r.rank_ = rank_;
+  return r;
+}
 
 template <detail::comm_reducible T>
 local_comm::request local_comm::iallreduce(T* data, std::size_t count, reduce_op op) {

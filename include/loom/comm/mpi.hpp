@@ -620,6 +620,21 @@ class mpi_comm {
   template <detail::comm_value T>
   [[nodiscard]] request irecv(T* data, std::size_t count, int peer, int tag);
 
+  /// Starts a reduce-scatter of blocks of different sizes (MPI_Ireduce_scatter): in holds
+  /// size() consecutive blocks, block j of counts[j] elements; out[0, counts[rank()]) gets op
+  /// over every rank's block rank(). counts (size() values, the same on every rank) is copied.
+  /// in and out must not overlap and stay untouched until the request completes. Throws
+  /// communication_error. (ZeRO's gradient reduction: loom::shard_optimizer_state.)
+  template <detail::comm_reducible T>
+  [[nodiscard]] request ireduce_scatter_v(const T* in, T* out, const std::size_t* counts, reduce_op op);
+
+  /// Starts an in-place allgather of blocks of different sizes (MPI_Iallgatherv with
+  /// MPI_IN_PLACE): data holds size() consecutive blocks, block j of counts[j] elements; this
+  /// rank's block rank() is sent, and every other block is received from its rank. counts is
+  /// copied. Throws communication_error.
+  template <detail::comm_value T>
+  [[nodiscard]] request iallgather_v(T* data, const std::size_t* counts);
+
  private:
   /// Waits for rs through the failure detector (watch_ is set).
   void complete(std::vector<MPI_Request>& rs, const char* op) {
@@ -739,6 +754,7 @@ class mpi_comm::request {
     tag_ = other.tag_;
     watch_ = std::move(other.watch_);
     generation_ = other.generation_;
+    arrays_ = std::move(other.arrays_);
   }
 
   /// Under failure detection, waits through the detector; a request of a communicator that a
@@ -783,6 +799,7 @@ class mpi_comm::request {
   int rank_ = 0, peer_ = -1, tag_ = -1;
   std::shared_ptr<detail::mpi_watch> watch_;  // the communicator's failure detector, if on
   std::uint64_t generation_ = 0;
+  std::shared_ptr<std::vector<int>> arrays_;  // counts and displacements MPI reads until completion
 };
 
 template <detail::comm_reducible T>
@@ -838,6 +855,87 @@ mpi_comm::request mpi_comm::irecv(T* data, std::size_t count, int peer, int tag)
     detail::check_mpi(MPI_Irecv(data + at, n, r.type_, peer, tag, comm_, &p.handle), "irecv", rank_);
     r.parts_.push_back(p);
   });
+  return r;
+}
+
+template <detail::comm_reducible T>
+mpi_comm::request mpi_comm::ireduce_scatter_v(const T* in, T* out, const std::size_t* counts, reduce_op op) {
+  request r;
+  r.op_ = "ireduce_scatter_v";
+  r.rank_ = rank_;
+  r.watch_ = watch_;
+  r.generation_ = watch_ ? watch_->generation : 0;
+  r.type_ = detail::mpi_datatype<T>();
+  const std::size_t n = static_cast<std::size_t>(size_);
+  std::size_t total = 0;
+  bool fits = true;
+  for (std::size_t j = 0; j < n; ++j) {
+    total += counts[j];
+    fits = fits && counts[j] <= max_count_;
+  }
+  if (fits && total <= static_cast<std::size_t>(INT_MAX)) {
+    r.arrays_ = std::make_shared<std::vector<int>>(n);
+    for (std::size_t j = 0; j < n; ++j) (*r.arrays_)[j] = static_cast<int>(counts[j]);
+    request::part p;
+    detail::check_mpi(MPI_Ireduce_scatter(in, out, r.arrays_->data(), r.type_, detail::mpi_op<T>(op), comm_, &p.handle),
+                      "ireduce_scatter_v", rank_);
+    r.parts_.push_back(p);
+    return r;
+  }
+  // Blocks above max_count(): one reduce per rank and chunk, to that rank.
+  std::size_t at = 0;
+  for (std::size_t j = 0; j < n; ++j) {
+    for_chunks(counts[j], [&](std::size_t k, int m) {
+      request::part p;
+      detail::check_mpi(MPI_Ireduce(in + at + k, static_cast<int>(j) == rank_ ? out + k : nullptr, m, r.type_,
+                                    detail::mpi_op<T>(op), static_cast<int>(j), comm_, &p.handle),
+                        "ireduce_scatter_v", rank_);
+      r.parts_.push_back(p);
+    });
+    at += counts[j];
+  }
+  return r;
+}
+
+template <detail::comm_value T>
+mpi_comm::request mpi_comm::iallgather_v(T* data, const std::size_t* counts) {
+  request r;
+  r.op_ = "iallgather_v";
+  r.rank_ = rank_;
+  r.watch_ = watch_;
+  r.generation_ = watch_ ? watch_->generation : 0;
+  r.type_ = detail::mpi_datatype<T>();
+  const std::size_t n = static_cast<std::size_t>(size_);
+  std::size_t total = 0;
+  bool fits = true;
+  for (std::size_t j = 0; j < n; ++j) {
+    total += counts[j];
+    fits = fits && counts[j] <= max_count_;
+  }
+  if (fits && total <= static_cast<std::size_t>(INT_MAX)) {
+    r.arrays_ = std::make_shared<std::vector<int>>(2 * n);
+    int* c = r.arrays_->data();
+    int* d = c + n;
+    for (std::size_t j = 0, at = 0; j < n; at += counts[j], ++j) {
+      c[j] = static_cast<int>(counts[j]);
+      d[j] = static_cast<int>(at);
+    }
+    request::part p;
+    detail::check_mpi(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, c, d, r.type_, comm_, &p.handle),
+                      "iallgather_v", rank_);
+    r.parts_.push_back(p);
+    return r;
+  }
+  // Blocks above max_count(): one broadcast per rank and chunk, from that rank.
+  std::size_t at = 0;
+  for (std::size_t j = 0; j < n; ++j) {
+    for_chunks(counts[j], [&](std::size_t k, int m) {
+      request::part p;
+      detail::check_mpi(MPI_Ibcast(data + at + k, m, r.type_, static_cast<int>(j), comm_, &p.handle), "iallgather_v", rank_);
+      r.parts_.push_back(p);
+    });
+    at += counts[j];
+  }
   return r;
 }
 

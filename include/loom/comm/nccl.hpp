@@ -390,6 +390,14 @@ class nccl_comm {
   [[nodiscard]] request isend(const T* data, std::size_t count, int peer, int tag);
   template <detail::comm_value T>
   [[nodiscard]] request irecv(T* data, std::size_t count, int peer, int tag);
+  /// See mpi_comm::ireduce_scatter_v. In device memory: one NCCL group of ncclReduce calls,
+  /// block j to rank j (NCCL's own reduce-scatter takes equal blocks only).
+  template <detail::comm_reducible T>
+  [[nodiscard]] request ireduce_scatter_v(const T* in, T* out, const std::size_t* counts, reduce_op op);
+  /// See mpi_comm::iallgather_v. In device memory: one NCCL group of ncclBroadcast calls,
+  /// block j from rank j.
+  template <detail::comm_value T>
+  [[nodiscard]] request iallgather_v(T* data, const std::size_t* counts);
 
  private:
   struct started {
@@ -599,6 +607,55 @@ nccl_comm::request nccl_comm::irecv(T* data, std::size_t count, int peer, int ta
     return r;
   }
   return post_p2p("irecv", false, data, count, peer);
+}
+
+template <detail::comm_reducible T>
+nccl_comm::request nccl_comm::ireduce_scatter_v(const T* in, T* out, const std::size_t* counts, reduce_op op) {
+  request r;
+  r.op_ = "ireduce_scatter_v";
+  if (!same_kind("ireduce_scatter_v", in, out)) {
+    r.host_ = host_.ireduce_scatter_v(in, out, counts, op);
+    return r;
+  }
+  started s = run("ireduce_scatter_v", [&](cudaStream_t st) {
+    ncclResult_t rc = ncclGroupStart();
+    std::size_t at = 0;
+    for (int j = 0; j < size() && rc == ncclSuccess; ++j) {
+      const std::size_t n = counts[static_cast<std::size_t>(j)];
+      rc = ncclReduce(in + at, j == rank() ? out : const_cast<T*>(in + at), n, type_of<T>("ireduce_scatter_v"),
+                      detail::nccl_op(op), j, state_->comm, st);
+      at += n;
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    return rc != ncclSuccess ? rc : end;
+  });
+  r.state_ = state_;
+  r.done_ = std::make_shared<std::shared_ptr<cuda_event>>(std::make_shared<cuda_event>(std::move(s.done)));
+  return r;
+}
+
+template <detail::comm_value T>
+nccl_comm::request nccl_comm::iallgather_v(T* data, const std::size_t* counts) {
+  request r;
+  r.op_ = "iallgather_v";
+  if (!device_memory(data)) {
+    r.host_ = host_.iallgather_v(data, counts);
+    return r;
+  }
+  started s = run("iallgather_v", [&](cudaStream_t st) {
+    ncclResult_t rc = ncclGroupStart();
+    std::size_t at = 0;
+    for (int j = 0; j < size() && rc == ncclSuccess; ++j) {
+      const std::size_t n = counts[static_cast<std::size_t>(j)];
+      rc = ncclBroadcast(data + at, data + at, n, type_of<T>("iallgather_v"), j, state_->comm, st);
+      at += n;
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    return rc != ncclSuccess ? rc : end;
+  });
+  r.state_ = state_;
+  r.done_ = std::make_shared<std::shared_ptr<cuda_event>>(std::make_shared<cuda_event>(std::move(s.done)));
+  return r;
 }
 
 static_assert(communicator<nccl_comm>);

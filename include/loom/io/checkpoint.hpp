@@ -121,15 +121,22 @@ struct trainer_record {
   int ranks = 1, replicas = 1, stages = 1, slices = 1;
 };
 
-/// One rank's part of a checkpoint, in host memory: its parameters and optimizer buffers (each
-/// laid out as the parameters, map.local_count values), and what it holds (map). The values
-/// live in `owner` (a host copy, or the trainer's page-locked staging buffer on a GPU backend),
-/// which must stay untouched until the checkpoint's files are written.
+/// One rank's part of a checkpoint, in host memory: its parameters (map.local_count values) and
+/// optimizer buffers, and what it holds of each: map for the parameters, and for the buffers
+/// state_map where the optimizer state is sharded differently from the parameters
+/// (loom::shard_optimizer_state; own_state_map set), else map. The values live in `owner` (a
+/// host copy, or the trainer's page-locked staging buffer on a GPU backend), which must stay
+/// untouched until the checkpoint's files are written.
 struct rank_snapshot {
   shard_map map;
   std::span<const float> params;
   std::vector<std::span<const float>> buffers;
   std::shared_ptr<const void> owner;
+  shard_map state_map;
+  bool own_state_map = false;
+
+  /// What the rank holds of the optimizer buffers.
+  const shard_map& buffers_map() const noexcept { return own_state_map ? state_map : map; }
 };
 
 /// A checkpoint found in a directory: its path and step.
@@ -298,11 +305,17 @@ inline std::size_t contiguous_at(std::span<const shard_piece> pieces, std::size_
 
 /// The whole tensors this rank writes, assembled from its snapshot and (for split tensors) the
 /// parts other ranks send. Collective (point-to-point between the ranks of split tensors).
+/// `sources`: the rank's buffers laid out as `held` says (the parameters, or the optimizer's
+/// buffers), one view per source in each tensor_values.
 inline std::vector<tensor_values> assemble(collectives& c, const world_map& w, const write_plan& plan,
-                                           const std::vector<tensor_description>& tensors, const rank_snapshot& s) {
+                                           const std::vector<tensor_description>& tensors, const shard_map& held,
+                                           const std::vector<const float*>& sources) {
   const int me = c.rank();
-  const std::size_t nbuf = 1 + s.buffers.size();
-  auto source = [&](std::size_t b) -> const float* { return b == 0 ? s.params.data() : s.buffers[b - 1].data(); };
+  const std::size_t nbuf = sources.size();
+  auto source = [&](std::size_t b) -> const float* { return sources[b]; };
+  struct {
+    const shard_map& map;
+  } s{held};
   std::vector<tensor_values> out;
   std::vector<float> part;
   for (std::size_t t = 0; t < tensors.size(); ++t) {
@@ -722,10 +735,20 @@ class checkpointer {
     if (!map_ || map_->ranks.size() != static_cast<std::size_t>(c.size())) {
       map_ = detail::gather_world_map(c, snapshot.map);
       plan_ = detail::plan_writes(*map_, tensors);
+      // The optimizer state: held as the parameters, or sharded its own way (ZeRO), when
+      // its writers are chosen from what each rank holds of it.
+      state_map_ = snapshot.own_state_map ? detail::gather_world_map(c, snapshot.state_map) : *map_;
+      state_plan_ = snapshot.own_state_map ? detail::plan_writes(*state_map_, tensors) : plan_;
     }
     auto snap = std::make_shared<const rank_snapshot>(std::move(snapshot));
-    auto mine = std::make_shared<std::vector<detail::tensor_values>>(detail::assemble(c, *map_, plan_, tensors, *snap));
-    job j{.dir = dir, .partial = partial, .tensors = tensors, .plan = plan_, .snapshot = std::move(snap), .mine = std::move(mine), .record = record,
+    auto mine = std::make_shared<std::vector<detail::tensor_values>>(
+        detail::assemble(c, *map_, plan_, tensors, snap->map, {snap->params.data()}));
+    std::vector<const float*> bufs;
+    for (const auto& b : snap->buffers) bufs.push_back(b.data());
+    auto mine_state = std::make_shared<std::vector<detail::tensor_values>>();
+    if (!bufs.empty()) *mine_state = detail::assemble(c, *state_map_, state_plan_, tensors, snap->buffers_map(), bufs);
+    job j{.dir = dir, .partial = partial, .tensors = tensors, .plan = plan_, .state_plan = state_plan_,
+          .snapshot = std::move(snap), .mine = std::move(mine), .mine_state = std::move(mine_state), .record = record,
           .buffer_names = buffer_names, .rank = c.rank(), .world = c.size(), .keep = keep, .timeout_s = commit_timeout_s,
           .state = std::make_shared<shared_state>()};
     state_ = j.state;
@@ -773,6 +796,7 @@ class checkpointer {
   /// removes the partial directory. Not collective. Returns the step given up, or -1.
   long long abandon() {
     map_.reset();  // the world changes
+    state_map_.reset();
     if (!state_) return -1;
     state_->abort.store(true);
     if (thread_.joinable()) thread_.join();
@@ -794,9 +818,9 @@ class checkpointer {
   struct job {
     std::filesystem::path dir, partial;
     std::vector<tensor_description> tensors;
-    detail::write_plan plan;
-    std::shared_ptr<const rank_snapshot> snapshot;  // what `mine`'s views point into
-    std::shared_ptr<std::vector<detail::tensor_values>> mine;
+    detail::write_plan plan, state_plan;  // who writes each tensor's parameters, and its optimizer state
+    std::shared_ptr<const rank_snapshot> snapshot;  // what the views of `mine` and `mine_state` point into
+    std::shared_ptr<std::vector<detail::tensor_values>> mine, mine_state;
     trainer_record record;
     std::vector<std::string> buffer_names;
     int rank = 0, world = 1;
@@ -832,11 +856,11 @@ class checkpointer {
   static void write_files(job& j) {
     std::vector<detail::written_file> files;
     const int k = j.plan.file_of(j.rank);
+    std::map<std::string, std::string> meta{{"format", "pt"},
+                                            {"loom.network", j.record.network},
+                                            {"loom.fingerprint", j.record.fingerprint},
+                                            {"loom.step", std::to_string(j.record.step)}};
     if (k >= 0) {
-      std::map<std::string, std::string> meta{{"format", "pt"},
-                                              {"loom.network", j.record.network},
-                                              {"loom.fingerprint", j.record.fingerprint},
-                                              {"loom.step", std::to_string(j.record.step)}};
       std::vector<named_tensor<float>> model;
       for (const auto& tv : *j.mine) {
         const auto& d = j.tensors[tv.tensor];
@@ -844,19 +868,20 @@ class checkpointer {
       }
       files.push_back(detail::write_tensor_file(j.partial, detail::shard_name("model", static_cast<std::size_t>(k), j.plan.writers.size()),
                                                 model, meta));
-      if (!j.buffer_names.empty()) {
-        std::vector<named_tensor<float>> opt;
-        for (const auto& tv : *j.mine) {
-          const auto& d = j.tensors[tv.tensor];
-          for (std::size_t b = 0; b < j.buffer_names.size(); ++b)
-            opt.push_back({d.name + "." + j.buffer_names[b], d.shape, tv.views[b + 1]});
-        }
-        meta["loom.optimizer"] = j.record.optimizer;
-        files.push_back(detail::write_tensor_file(j.partial, detail::shard_name("optimizer", static_cast<std::size_t>(k), j.plan.writers.size()),
-                                                  opt, meta));
+    }
+    if (const int ks = j.state_plan.file_of(j.rank); ks >= 0 && !j.buffer_names.empty()) {
+      std::vector<named_tensor<float>> opt;
+      for (const auto& tv : *j.mine_state) {
+        const auto& d = j.tensors[tv.tensor];
+        for (std::size_t b = 0; b < j.buffer_names.size(); ++b)
+          opt.push_back({d.name + "." + j.buffer_names[b], d.shape, tv.views[b]});
       }
+      meta["loom.optimizer"] = j.record.optimizer;
+      files.push_back(detail::write_tensor_file(
+          j.partial, detail::shard_name("optimizer", static_cast<std::size_t>(ks), j.state_plan.writers.size()), opt, meta));
     }
     j.mine.reset();  // the host copies are no longer needed
+    j.mine_state.reset();
     j.snapshot.reset();
     std::string note = "{\"rank\": " + std::to_string(j.rank) + ", \"files\": [";
     for (std::size_t i = 0; i < files.size(); ++i)
@@ -896,7 +921,7 @@ class checkpointer {
       std::vector<std::string> suffixes;
       for (const auto& b : j.buffer_names) suffixes.push_back("." + b);
       detail::write_text_file(j.partial / "optimizer.safetensors.index.json",
-                              detail::index_json(j.tensors, j.plan, "optimizer", suffixes));
+                              detail::index_json(j.tensors, j.state_plan, "optimizer", suffixes));
     }
     detail::write_text_file(j.partial / "checkpoint.json", detail::record_json(j.record, files, j.plan.writers.size()));
     detail::fsync_directory(j.partial);
@@ -937,8 +962,8 @@ class checkpointer {
   std::thread thread_;
   std::shared_ptr<shared_state> state_;
   std::size_t pending_step_ = 0;
-  std::optional<detail::world_map> map_;
-  detail::write_plan plan_;
+  std::optional<detail::world_map> map_, state_map_;
+  detail::write_plan plan_, state_plan_;
   std::filesystem::path last_committed_;
 };
 
@@ -963,7 +988,8 @@ namespace detail {
 /// Reads this rank's part of the checkpoint at path (one step-<n> directory). Throws
 /// loom::io_error naming the file, the tensor or field, what was expected and what was found.
 inline loaded_checkpoint read_part(const std::filesystem::path& path, const std::vector<tensor_description>& tensors,
-                                   const shard_map& map, const load_expectation& want, int rank, int world) {
+                                   const shard_map& map, const shard_map& state_map, const load_expectation& want,
+                                   int rank, int world) {
   loaded_checkpoint out;
   out.path = path;
   const auto manifest_path = path / "checkpoint.json";
@@ -1052,7 +1078,7 @@ inline loaded_checkpoint read_part(const std::filesystem::path& path, const std:
   std::map<std::string, std::map<std::string, std::string>> crcs;
   std::vector<float> scratch;  // one buffer for the tensors not read in place (reused: no fresh pages each time)
   auto read_into = [&](const std::map<std::string, std::string>& wm, const std::string& name,
-                       const tensor_description& d, std::vector<float>& local) {
+                       const tensor_description& d, std::vector<float>& local, const shard_map& held) {
     auto it = wm.find(name);
     if (it == wm.end()) throw io_error(path.string() + ": the index names no file for tensor " + name);
     auto& sf = open[it->second];
@@ -1068,7 +1094,7 @@ inline loaded_checkpoint read_part(const std::filesystem::path& path, const std:
                      shape_text(d.shape));
     // Held in one contiguous run here: read in place (local is a temporary buffer; nothing is
     // applied before every check passed); else into the scratch buffer and copied piece by piece.
-    const std::size_t in_place = contiguous_at(map.pieces, d.offset, d.count);
+    const std::size_t in_place = contiguous_at(held.pieces, d.offset, d.count);
     float* whole = nullptr;
     if (in_place != static_cast<std::size_t>(-1)) {
       whole = local.data() + in_place;
@@ -1085,20 +1111,20 @@ inline loaded_checkpoint read_part(const std::filesystem::path& path, const std:
       throw io_error(sf->path().string() + ": tensor " + name + " has CRC-32C " + got.data() + ", its header says " +
                      c->second + " (the data is damaged)");
     if (in_place == static_cast<std::size_t>(-1))
-      for_each_overlap(map.pieces, d.offset, d.count, [&](std::size_t l, std::size_t g, std::size_t k) {
+      for_each_overlap(held.pieces, d.offset, d.count, [&](std::size_t l, std::size_t g, std::size_t k) {
         std::memcpy(local.data() + l, whole + (g - d.offset), k * 4);
       });
   };
   out.params.assign(map.local_count, 0.0f);
-  out.buffers.assign(want.buffer_names.size(), std::vector<float>(map.local_count, 0.0f));
+  out.buffers.assign(want.buffer_names.size(), std::vector<float>(state_map.local_count, 0.0f));
   const auto model_map = weight_map("model.safetensors.index.json");
   std::map<std::string, std::string> opt_map;
   if (!want.buffer_names.empty()) opt_map = weight_map("optimizer.safetensors.index.json");
   for (const auto& d : tensors) {
-    if (covered(map.pieces, d.offset, d.count) == 0) continue;
-    read_into(model_map, d.name, d, out.params);
-    for (std::size_t b = 0; b < want.buffer_names.size(); ++b)
-      read_into(opt_map, d.name + "." + want.buffer_names[b], d, out.buffers[b]);
+    if (covered(map.pieces, d.offset, d.count) > 0) read_into(model_map, d.name, d, out.params, map);
+    if (covered(state_map.pieces, d.offset, d.count) > 0)
+      for (std::size_t b = 0; b < want.buffer_names.size(); ++b)
+        read_into(opt_map, d.name + "." + want.buffer_names[b], d, out.buffers[b], state_map);
   }
   // This rank's share of the whole-file checksums (headers and padding included).
   for (std::size_t i = 0; i < files.items.size(); ++i) {
@@ -1121,10 +1147,13 @@ inline loaded_checkpoint read_part(const std::filesystem::path& path, const std:
 /// reported on `log` and the one before it tried). Collective: every rank takes the same
 /// checkpoint, or every rank throws loom::io_error saying what is wrong with each.
 /// Returns nothing when `where` holds no checkpoint at all and none_ok.
+/// `state_map`: what this rank holds of the optimizer state, where it differs from `map`
+/// (loom::shard_optimizer_state); null: as map.
 inline std::optional<loaded_checkpoint> read_checkpoint(collectives& c, const std::filesystem::path& where,
                                                         const std::vector<tensor_description>& tensors,
                                                         const shard_map& map, const load_expectation& want,
-                                                        bool none_ok, std::ostream* log) {
+                                                        bool none_ok, std::ostream* log,
+                                                        const shard_map* state_map = nullptr) {
   // Rank 0 lists; every rank tries the same candidates.
   std::string listing;
   if (c.rank() == 0) {
@@ -1155,7 +1184,7 @@ inline std::optional<loaded_checkpoint> read_checkpoint(collectives& c, const st
     std::string err;
     std::optional<loaded_checkpoint> mine;
     try {
-      mine = detail::read_part(path, tensors, map, want, c.rank(), c.size());
+      mine = detail::read_part(path, tensors, map, state_map ? *state_map : map, want, c.rank(), c.size());
     } catch (const std::exception& e) {
       err = e.what();
     }

@@ -46,6 +46,18 @@ struct compress {
   using type = H;
 };
 
+/// Option of data_parallel: ZeRO stage 1 (Rajbhandari et al., as DeepSpeed's stage 1 and
+/// PyTorch's ZeroRedundancyOptimizer). Each bucket's gradients are reduce-scattered instead of
+/// all-reduced, still while backward runs: rank r receives the sum of its slice r of every
+/// bucket (about 1/N of the model), keeps the optimizer state of those slices only, steps
+/// them, and every rank's updated slices are then all-gathered into every replica's
+/// parameters. Optimizer-state memory per rank falls to about 1/N; the bytes on the wire are
+/// those of an allreduce (a reduce-scatter and an allgather). The state is no longer
+/// replicated: a rank lost takes its slice of it with it, so such a run is not recovered in
+/// place — it ends, and loomrun resumes it from the last checkpoint, resharded
+/// (docs/data-parallel.md, "Sharded optimizer state").
+struct shard_optimizer_state {};
+
 namespace detail {
 template <class T>
 inline constexpr bool is_compress_v = false;
@@ -92,12 +104,33 @@ constexpr std::size_t bucket_cap_of() {
       ...);
   return cap;
 }
+template <class... Options>
+constexpr bool shards_state_of() {
+  constexpr std::size_t n = (std::size_t{0} + ... + (std::is_same_v<Options, shard_optimizer_state> ? 1 : 0));
+  static_assert(n <= 1, "loom::data_parallel: shard_optimizer_state is given more than once; keep one");
+  return n == 1;
+}
 template <class Option>
-inline constexpr bool is_data_parallel_option_v = is_bucket_bytes_v<Option> || is_compress_v<Option>;
+inline constexpr bool is_data_parallel_option_v =
+    is_bucket_bytes_v<Option> || is_compress_v<Option> || std::is_same_v<Option, shard_optimizer_state>;
+
+/// Whether policy D shards the optimizer state (a data_parallel with shard_optimizer_state).
+template <class D>
+inline constexpr bool shards_state_of_v = [] {
+  if constexpr (requires { D::shards_state; }) return D::shards_state;
+  else return false;
+}();
+
+/// Whether Comm offers the collectives of ZeRO (blocks of different sizes).
+template <class C>
+concept sharding_communicator = requires(C& c, float* p, const float* cp, const std::size_t* n) {
+  { c.ireduce_scatter_v(cp, p, n, reduce_op::sum) } -> std::same_as<typename C::request>;
+  { c.iallgather_v(p, n) } -> std::same_as<typename C::request>;
+};
 }  // namespace detail
 
 /// Data parallelism over communicator Comm (loom::mpi_comm, loom::local_comm). Options, in any
-/// order: bucket_bytes<N>, compress<bf16> or compress<fp16>.
+/// order: bucket_bytes<N>, compress<bf16> or compress<fp16>, shard_optimizer_state.
 template <class Comm, class... Options>
 struct data_parallel {
   static_assert(communicator<Comm>,
@@ -105,11 +138,16 @@ struct data_parallel {
                 "<loom/comm/mpi.hpp> or loom::local_comm from <loom/comm/local.hpp>)");
   static_assert((detail::is_data_parallel_option_v<Options> && ...),
                 "loom::data_parallel<Comm, Options...>: an option is not one of data_parallel's (bucket_bytes<N>, "
-                "compress<bf16>, compress<fp16>)");
+                "compress<bf16>, compress<fp16>, shard_optimizer_state)");
   static_assert(!(detail::is_bad_compress_v<Options> || ...),
                 "loom::compress<H>: H must be loom::bf16 or loom::fp16 (the 16-bit wire floats of loom/core/half.hpp)");
   static_assert(detail::compress_once<Options...>());
   using comm_type = Comm;
+  /// ZeRO stage 1 (shard_optimizer_state).
+  static constexpr bool shards_state = detail::shards_state_of<Options...>();
+  static_assert(!shards_state || detail::sharding_communicator<Comm>,
+                "loom::shard_optimizer_state: this communicator has no ireduce_scatter_v / iallgather_v (blocks of "
+                "different sizes); use loom::mpi_comm, loom::nccl_comm or loom::local_comm");
   static constexpr std::size_t bucket_cap_bytes = detail::bucket_cap_of<Options...>();
   /// What gradients travel as: loom::bf16 or loom::fp16 under compress<>, void (their own type) otherwise.
   using wire_type = typename detail::wire_of<Options...>::type;
@@ -183,6 +221,45 @@ void check_same_job(Comm& comm, const std::string& description, const std::strin
 }
 }  // namespace detail
 
+/// Where each rank's slices lie under shard_optimizer_state (ZeRO stage 1): bucket b of the
+/// bucket plan (offset o, count c) is cut at o + j * c / N for j = 0 .. N, and rank j owns
+/// slice j; a rank's shard is its slices of every bucket, in bucket order. The same on every
+/// rank for one world size; made again when the world changes.
+struct zero_layout {
+  std::size_t rank = 0, ranks = 1;
+  std::vector<std::size_t> counts;    ///< counts[b * ranks + j]: rank j's slice of bucket b
+  std::vector<std::size_t> begins;    ///< begins[b]: this rank's slice of bucket b, in the whole layout
+  std::vector<std::size_t> shard_at;  ///< shard_at[b]: where that slice lies in this rank's shard
+  std::vector<shard_piece> pieces;    ///< this rank's non-empty slices: whole layout -> shard
+  std::size_t shard_count = 0;        ///< values in this rank's shard
+  std::size_t largest_shard = 0;      ///< the most any rank holds
+
+  template <class Buckets>
+  static zero_layout make(const Buckets& buckets, std::size_t rank, std::size_t ranks) {
+    zero_layout z;
+    z.rank = rank;
+    z.ranks = ranks;
+    std::vector<std::size_t> per_rank(ranks, 0);
+    for (const gradient_bucket& bk : buckets) {
+      for (std::size_t j = 0; j < ranks; ++j) {
+        const std::size_t lo = j * bk.count / ranks, hi = (j + 1) * bk.count / ranks;
+        z.counts.push_back(hi - lo);
+        per_rank[j] += hi - lo;
+        if (j == rank) {
+          z.begins.push_back(bk.offset + lo);
+          z.shard_at.push_back(z.shard_count);
+          if (hi > lo) z.pieces.push_back({.whole_offset = bk.offset + lo, .local_offset = z.shard_count, .count = hi - lo});
+          z.shard_count += hi - lo;
+        }
+      }
+    }
+    for (const std::size_t n : per_rank) z.largest_shard = std::max(z.largest_shard, n);
+    return z;
+  }
+  const std::size_t* counts_of(std::size_t b) const noexcept { return counts.data() + b * ranks; }
+  std::size_t mine(std::size_t b) const noexcept { return counts[b * ranks + rank]; }
+};
+
 /// The gradient communication of data parallelism: checks that every rank runs the same job,
 /// broadcasts rank 0's parameters, starts each bucket's allreduce as backward finishes its
 /// layers, and waits for all of them before the optimizer steps. loom::replica_engine drives it
@@ -201,7 +278,18 @@ class gradient_allreduce {
   /// 16-bit copy in host memory as each bucket starts, reduced there, converted back as it
   /// completes.
   static constexpr bool compressed = !std::is_void_v<wire_type>;
-  explicit gradient_allreduce(comm_t comm) : comm_(std::move(comm)) {}
+  /// Whether the optimizer state is sharded (loom::shard_optimizer_state, ZeRO stage 1): each
+  /// bucket is reduce-scattered into this rank's slice of it (zero()), in the shard buffer the
+  /// engine binds (bind_shard), and gather_parameters all-gathers the stepped slices.
+  static constexpr bool sharded = detail::shards_state_of_v<Policy>;
+  explicit gradient_allreduce(comm_t comm) : comm_(std::move(comm)) {
+    if constexpr (sharded) make_layout();
+  }
+
+  /// ZeRO: this rank's slices (for the world as it is now).
+  const zero_layout& zero() const noexcept { return zero_; }
+  /// ZeRO: where the reduced slices go (zero().shard_count values in the backend's memory).
+  void bind_shard(T* shard) noexcept { shard_ = shard; }
 
   /// This rank in the world and the world's size; every rank is a replica of the whole model.
   int rank() const { return comm_.rank(); }
@@ -252,7 +340,10 @@ class gradient_allreduce {
       if (started_ == 0) first_start_ = exposed.start();
       account(last);
       const auto posted = clock::now();
-      if constexpr (compressed) {
+      if constexpr (sharded) {
+        post(plan::count - 1, grads).wait();
+        if constexpr (compressed) unwire(plan::count - 1, grads);
+      } else if constexpr (compressed) {
         wire_type* w = wire(grads, last);
         comm_.allreduce(w, last.count, reduce_op::sum);
         from_half(w, grads + last.offset, last.count);
@@ -281,6 +372,7 @@ class gradient_allreduce {
     requests_.clear();
     flights_.clear();
     started_ = 0;
+    if constexpr (sharded) make_layout();
     if constexpr (compressed) wire_.abandon();  // abandoned requests may still write it: a fresh one next time
   }
 
@@ -288,6 +380,35 @@ class gradient_allreduce {
   void sum(double* values, std::size_t n) {
     monitor::timed t(figures_, &rank_figures::wait_s);
     comm_.allreduce(values, n, reduce_op::sum);
+  }
+
+  /// ZeRO: every rank's stepped slices into every rank's params (the whole layout), one
+  /// allgather per bucket, all posted before any is waited for. Collective; accounted as
+  /// exposed communication.
+  void gather_parameters(T* params)
+    requires sharded
+  {
+    monitor::timed exposed(figures_, &rank_figures::comm_exposed_s);
+    detail::set_phase(fault_phase::gradient_allreduce, -1);
+    const std::size_t n = static_cast<std::size_t>(world());
+    std::vector<typename comm_t::request> gathers;
+    std::vector<clock::time_point> posted;
+    gathers.reserve(plan::count);
+    for (std::size_t b = 0; b < plan::count; ++b) {
+      const auto& bk = plan::buckets[b];
+      posted.push_back(clock::now());
+      gathers.push_back(comm_.iallgather_v(params + bk.offset, zero_.counts_of(b)));
+      const double bus = n > 1 ? double(n - 1) / double(n) * double(bk.count * sizeof(T)) : 0.0;
+      figures_.bytes_sent += bus;
+      figures_.bus_bytes += bus;
+      figures_.comm_bytes += n > 1 ? double(bk.count * sizeof(T)) : 0.0;
+    }
+    for (std::size_t b = 0; b < gathers.size(); ++b) {
+      gathers[b].wait();
+      monitor::record_collective(static_cast<std::int32_t>(b), world(), double(plan::buckets[b].count * sizeof(T)),
+                                 posted[b], clock::now());
+    }
+    figures_.comm_s += exposed.stop();
   }
 
   rank_figures& figures() { return figures_; }
@@ -309,16 +430,46 @@ class gradient_allreduce {
       if (started_ == 0) first_start_ = clock::now();
       detail::fault_here.bucket = static_cast<std::int32_t>(started_);
       const auto posted = clock::now();
-      if constexpr (compressed) requests_.push_back(comm_.iallreduce(wire(grads, bk), bk.count, reduce_op::sum));
-      else requests_.push_back(comm_.iallreduce(grads + bk.offset, bk.count, reduce_op::sum));
+      requests_.push_back(post(started_, grads));
       flights_.push_back({static_cast<std::int32_t>(started_), posted});
       account(bk);
       ++started_;
     }
   }
+  /// Posts bucket b's reduction: an allreduce of it in place, or under ZeRO a reduce-scatter
+  /// into this rank's slice of the shard (16-bit copies of both when compressed).
+  typename comm_t::request post(std::size_t b, T* grads) {
+    const auto& bk = plan::buckets[b];
+    if constexpr (sharded) {
+      if constexpr (compressed) {
+        if (wire_shard_.size() != std::max<std::size_t>(1, zero_.shard_count))
+          wire_shard_ = buffer<wire_type, host_space>(std::max<std::size_t>(1, zero_.shard_count));
+        return comm_.ireduce_scatter_v(wire(grads, bk), wire_shard_.data() + zero_.shard_at[b], zero_.counts_of(b),
+                                       reduce_op::sum);
+      } else {
+        return comm_.ireduce_scatter_v(grads + bk.offset, shard_ + zero_.shard_at[b], zero_.counts_of(b), reduce_op::sum);
+      }
+    } else if constexpr (compressed) {
+      return comm_.iallreduce(wire(grads, bk), bk.count, reduce_op::sum);
+    } else {
+      return comm_.iallreduce(grads + bk.offset, bk.count, reduce_op::sum);
+    }
+  }
+  /// Compressed: bucket b's reduced values back into float (its slice of the shard under ZeRO).
+  void unwire(std::size_t b, T* grads) {
+    if constexpr (compressed) {
+      const auto& bk = plan::buckets[b];
+      if constexpr (sharded) from_half(wire_shard_.data() + zero_.shard_at[b], shard_ + zero_.shard_at[b], zero_.mine(b));
+      else from_half(wire_.data() + bk.offset, grads + bk.offset, bk.count);
+    }
+  }
+  void make_layout() {
+    zero_ = zero_layout::make(plan::buckets, static_cast<std::size_t>(comm_.rank()), static_cast<std::size_t>(comm_.size()));
+  }
   void account(const gradient_bucket& bk) {
     const std::size_t n = static_cast<std::size_t>(world());
-    const double bus = n > 1 ? 2.0 * double(n - 1) / double(n) * double(bk.count * wire_bytes) : 0.0;
+    // An allreduce moves 2 (n - 1) / n of the bucket per rank; a reduce-scatter half of that.
+    const double bus = n > 1 ? (sharded ? 1.0 : 2.0) * double(n - 1) / double(n) * double(bk.count * wire_bytes) : 0.0;
     figures_.bytes_sent += bus;
     figures_.bus_bytes += bus;
     figures_.comm_bytes += n > 1 ? double(bk.count * wire_bytes) : 0.0;
@@ -328,7 +479,7 @@ class gradient_allreduce {
   void completed(std::size_t i, T* grads) {
     flights_[i].done = true;
     const auto& bk = plan::buckets[static_cast<std::size_t>(flights_[i].bucket)];
-    if constexpr (compressed) from_half(wire_.data() + bk.offset, grads + bk.offset, bk.count);
+    unwire(static_cast<std::size_t>(flights_[i].bucket), grads);
     monitor::record_collective(flights_[i].bucket, world(), double(bk.count * wire_bytes), flights_[i].posted, clock::now());
   }
   /// Compressed: bucket bk's gradients rounded into their place in the 16-bit copy (allocated
@@ -360,6 +511,11 @@ class gradient_allreduce {
   [[no_unique_address]] std::conditional_t<compressed, buffer<std::conditional_t<compressed, wire_type, char>, host_space>,
                                            no_wire>
       wire_;  // compressed: the gradients' 16-bit copy the collectives reduce
+  [[no_unique_address]] std::conditional_t<compressed && sharded,
+                                           buffer<std::conditional_t<compressed, wire_type, char>, host_space>, no_wire>
+      wire_shard_;  // compressed under ZeRO: this rank's reduced slices in 16 bits
+  [[no_unique_address]] std::conditional_t<sharded, zero_layout, no_wire> zero_;
+  T* shard_ = nullptr;  // ZeRO: the engine's shard of reduced gradients
   std::size_t started_ = 0;
   clock::time_point first_start_{};
   rank_figures figures_;

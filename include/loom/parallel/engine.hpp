@@ -131,6 +131,12 @@ inline constexpr bool compresses_v = [] {
   if constexpr (requires { X::compressed; }) return X::compressed;
   else return false;
 }();
+/// Whether X (a gradient_allreduce) shards the optimizer state (loom::shard_optimizer_state).
+template <class X>
+inline constexpr bool shards_state_v = [] {
+  if constexpr (requires { X::sharded; }) return X::sharded;
+  else return false;
+}();
 }  // namespace detail
 
 }  // namespace loom

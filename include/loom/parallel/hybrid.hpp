@@ -36,6 +36,10 @@ struct hybrid {
   static_assert(is_pipeline_v<Parallelism> || is_tensor_parallel_v<Parallelism>,
                 "loom::hybrid<DataParallel, Parallelism>: Parallelism must be loom::pipeline<Stages, ...> or "
                 "loom::tensor_parallel<Width>");
+  static_assert(!detail::shards_state_of_v<DataParallel>,
+                "loom::hybrid<loom::data_parallel<Comm, loom::shard_optimizer_state>, ...>: sharding the optimizer "
+                "state over the replicas of a hybrid is not built yet; drop shard_optimizer_state (it works under "
+                "plain loom::data_parallel)");
   using data_parallel_type = DataParallel;
   using comm_type = typename decltype(detail::comm_of_data_parallel<DataParallel>())::type;
   /// The same split of one replica as model_parallel<Parallelism, Comm> gives (a stand-in

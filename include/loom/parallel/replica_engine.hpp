@@ -64,6 +64,8 @@ class replica_passes {
                 "loom::compress<>: compressed gradients are converted in host memory; this backend's gradients are "
                 "not (loom::cuda): drop compress<> for now");
   static constexpr bool deterministic_capable = !tensor_split;
+  /// ZeRO stage 1 (loom::shard_optimizer_state): the optimizer state holds this rank's slices only.
+  static constexpr bool shards_state = detail::shards_state_v<Sync>;
 
   /// Takes the communication `sync`, checks that every rank runs `job` (collective), then that
   /// Backend runs `math`, initialises the model from `seed`, and makes every replica start from
@@ -76,6 +78,7 @@ class replica_passes {
         math_((sync_.check_same_job(job), detail::checked_math<Backend>(math))),
         model_(seed, 0, model_shard(sync_)) {
     sync_.broadcast_parameters(model_.parameters().data(), model_type::parameter_count);
+    if constexpr (shards_state) bind_shard();
   }
 
   int rank() const { return sync_.rank(); }
@@ -85,6 +88,26 @@ class replica_passes {
   bool reads_samples() const { return true; }
   bool reads_labels() const { return true; }
   shard_map shard() const { return sync_.shard(); }
+  /// What this rank holds of the optimizer state: the same as shard(), or under
+  /// shard_optimizer_state its slices (one block per bucket, in its own flat layout), every
+  /// rank as replica 0 of 1 (together they hold the one copy).
+  shard_map state_shard() const {
+    shard_map m = sync_.shard();
+    if constexpr (shards_state) {
+      // One copy of the state, spread over every rank: to a checkpoint, they are one replica.
+      const zero_layout& z = sync_.zero();
+      m.replica = 0;
+      m.replicas = 1;
+      m.local_count = z.shard_count;
+      m.pieces = z.pieces;
+    }
+    return m;
+  }
+  /// Values per buffer of the optimizer state (local_count(), or the shard's under ZeRO).
+  std::size_t state_count() const noexcept {
+    if constexpr (shards_state) return sync_.zero().shard_count;
+    else return model_type::parameter_count;
+  }
 
   model_type& model() noexcept { return model_; }
   const model_type& model() const noexcept { return model_; }
@@ -110,7 +133,9 @@ class replica_passes {
 
   /// Whether this engine's communication can continue on the survivors of a failed rank
   /// (data parallelism; see loom::trainer's recovery).
-  static constexpr bool recoverable = detail::replica_comm_sync<Sync>;
+  /// Not under shard_optimizer_state: a lost rank takes its slice of the optimizer state with
+  /// it (the run ends; loomrun resumes it from the last checkpoint).
+  static constexpr bool recoverable = detail::replica_comm_sync<Sync> && !shards_state;
   /// After a recovery replaced the communicator (world_comm()): forgets the operations in
   /// flight on the old one, and moves the gradients and the exchange's buffer to fresh memory,
   /// since those operations may still write into the old.
@@ -197,6 +222,43 @@ class replica_passes {
     had_samples_ = false;
   }
 
+  /// ZeRO (shard_optimizer_state): clips the whole model's gradient norm, steps this rank's
+  /// slices with `state` (the shard's optimizer state), and all-gathers every rank's slices
+  /// into the parameters. In the split-invariant mode every rank holds the whole summed
+  /// gradient, bitwise the same: the slices are copied from it and the norm is the unsharded
+  /// one, so the result is bitwise that of unsharded training.
+  template <class State>
+  void sharded_step(State& state, float lr, double clip)
+    requires shards_state
+  {
+    const zero_layout& z = sync_.zero();
+    T* g = gshard_.data();
+    T* p = pshard_.data();
+    T* params = model_.parameters().data();
+    const T* grads = model_.gradients().data();
+    auto& fig = sync_.figures();
+    double sq = 0;  // the squared norm: the whole model's, or this shard's part of it
+    {
+      monitor::timed compute(fig, &rank_figures::compute_s);
+      if (chunks_)
+        for (const shard_piece& q : z.pieces) Backend::copy(g + q.local_offset, grads + q.whole_offset, q.count);
+      if (clip > 0) {
+        if (chunks_) sq = Backend::sum(model_type::parameter_count, detail::squared_term<T>{grads});
+        else if (z.shard_count) sq = Backend::sum(z.shard_count, detail::squared_term<T>{g});
+      }
+    }
+    if (clip > 0 && !chunks_) sync_.sum(&sq, 1);
+    {
+      monitor::timed compute(fig, &rank_figures::compute_s);
+      if (clip > 0 && z.shard_count) scale_to_norm<Backend>(g, z.shard_count, std::sqrt(sq), clip);
+      had_samples_ = false;
+      for (const shard_piece& q : z.pieces) Backend::copy(p + q.local_offset, params + q.whole_offset, q.count);
+      state.step(p, g, z.shard_count, lr);
+      for (const shard_piece& q : z.pieces) Backend::copy(params + q.whole_offset, p + q.local_offset, q.count);
+    }
+    sync_.gather_parameters(params);
+  }
+
   /// See loom::engine: forward and loss in evaluation mode.
   loss_value evaluate_batch(const batch_view<T>& b, std::uint64_t seed, std::uint64_t step) {
     if (b.n == 0) return {};
@@ -234,6 +296,15 @@ class replica_passes {
  private:
   static constexpr std::size_t in_width = Network::input_shape::size;
   static constexpr std::size_t out_width = Network::output_shape::size;
+
+  /// ZeRO: the shard's reduced gradients and its parameters' working copy, sized for the
+  /// world as it is, and the gradients' place given to the communication.
+  void bind_shard() {
+    const std::size_t n = std::max<std::size_t>(1, sync_.zero().shard_count);
+    gshard_ = buffer<T, typename Backend::memory_space>(n);
+    pshard_ = buffer<T, typename Backend::memory_space>(n);
+    sync_.bind_shard(gshard_.data());
+  }
 
   static tensor_shard model_shard(const Sync& s) {
     if constexpr (tensor_split) return s.model_shard();
@@ -327,6 +398,8 @@ class replica_passes {
   buffer<std::int32_t, typename Backend::memory_space> labels_chunk_;
   gradient_tree<T, Backend> chunk_tree_, step_tree_;
   chunk_exchange<T, Backend> exchange_;
+  // ZeRO (shard_optimizer_state): this rank's slices of the summed gradients and of the parameters.
+  buffer<T, typename Backend::memory_space> gshard_, pshard_;
 };
 
 /// Runs one rank of Network's training with Loss and Optimizer on Backend; Sync (see above)
@@ -344,13 +417,17 @@ class replica_engine : public replica_passes<Network, Loss, Backend, Sync> {
   /// See replica_passes' constructor; also the optimizer state, from setup.optimizer (which
   /// throws for bad options).
   replica_engine(Sync sync, const engine_setup<optimizer_options>& setup)
-      : base(std::move(sync), setup.seed, setup.math, setup.job), state_(setup.optimizer, model_type::parameter_count) {}
+      : base(std::move(sync), setup.seed, setup.math, setup.job), state_(setup.optimizer, base::state_count()) {}
 
   optimizer_state& optimizer() noexcept { return state_; }
 
   /// Clips the whole model's gradient norm (over the tensor group when split) and steps.
   void optimizer_step(float lr, double clip) {
     monitor::span span(monitor::span_kind::optimizer);
+    if constexpr (base::shards_state) {
+      base::sharded_step(state_, lr, clip);
+      return;
+    }
     base::clip_and_close_step(clip);
     monitor::timed compute(base::figures(), &rank_figures::compute_s);
     auto& m = base::model();

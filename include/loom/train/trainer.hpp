@@ -798,9 +798,16 @@ class trainer {
       space::copy_from_host(dst, src, n * sizeof(value_type));
     }
   }
+  /// Whether the engine keeps the optimizer state of its own slices only (shard_optimizer_state).
+  static constexpr bool sharded_state = requires { requires engine_type::shards_state; };
+  /// Values per optimizer buffer on this rank: the parameters', or the shard's under ZeRO.
+  std::size_t state_count() const {
+    if constexpr (sharded_state) return engine_.state_count();
+    else return engine_.local_count();
+  }
   /// The optimizer's state buffers here: as many of Optimizer::buffer_names as it keeps.
   std::vector<std::string> buffer_names() {
-    const std::size_t n = engine_.local_count();
+    const std::size_t n = state_count();
     // A rank holding no parameters (a pipeline stage of activations only) asks a one-value state.
     const std::size_t k = n ? engine_.optimizer().buffers().size() / n
                             : typename Optimizer::template state<value_type, Backend>(opt_, 1).buffers().size();
@@ -814,24 +821,28 @@ class trainer {
   io::rank_snapshot snapshot() {
     io::rank_snapshot s;
     s.map = engine_.shard();
-    const std::size_t n = engine_.local_count();
+    if constexpr (sharded_state) {
+      s.state_map = engine_.state_shard();
+      s.own_state_map = true;
+    }
+    const std::size_t n = engine_.local_count(), m = state_count();
     const auto bufs = engine_.optimizer().buffers();
     const std::size_t k = buffer_names().size();
     value_type* host = nullptr;
     if constexpr (staged) {
-      snapshot_stage_.reserve_discard(n * (1 + k));
+      snapshot_stage_.reserve_discard(n + m * k);
       host = snapshot_stage_.data();
       s.owner = std::shared_ptr<const void>(host, [](const void*) {});  // the trainer's; outlives the write
     } else {
-      auto v = std::make_shared<std::vector<value_type>>(n * (1 + k));
+      auto v = std::make_shared<std::vector<value_type>>(n + m * k);
       host = v->data();
       s.owner = v;
     }
     to_host(engine_.local_parameters(), n, host);
     s.params = {host, n};
     for (std::size_t i = 0; i < k; ++i) {
-      to_host(bufs.data() + i * n, n, host + (i + 1) * n);
-      s.buffers.emplace_back(host + (i + 1) * n, n);
+      to_host(bufs.data() + i * m, m, host + n + i * m);
+      s.buffers.emplace_back(host + n + i * m, m);
     }
     return s;
   }
@@ -890,7 +901,10 @@ class trainer {
     const io::load_expectation want{.network = io::describe<Network>().text(), .optimizer = Optimizer::name,
                                     .parameter_count = Network::parameter_count, .buffer_names = buffer_names()};
     const shard_map m = engine_.shard();
-    std::optional<io::loaded_checkpoint> got = io::read_checkpoint(c, where, tensors(), m, want, none_ok, c.rank() == 0 ? log : nullptr);
+    std::optional<shard_map> sm;
+    if constexpr (sharded_state) sm = engine_.state_shard();
+    std::optional<io::loaded_checkpoint> got =
+        io::read_checkpoint(c, where, tensors(), m, want, none_ok, c.rank() == 0 ? log : nullptr, sm ? &*sm : nullptr);
     if (!got) {
       if (log && c.rank() == 0) *log << "loom: no checkpoint in " << where.string() << " yet: starting from step 0\n";
       return {};
@@ -911,7 +925,7 @@ class trainer {
     }
     from_host(got->params.data(), got->params.size(), engine_.local_parameters());
     auto bufs = engine_.optimizer().buffers();
-    const std::size_t n = engine_.local_count();
+    const std::size_t n = state_count();
     for (std::size_t i = 0; i < got->buffers.size(); ++i) from_host(got->buffers[i].data(), n, bufs.data() + i * n);
     engine_.optimizer().set_steps(rec.optimizer_steps);
     step_ = rec.step;
@@ -1153,6 +1167,15 @@ class trainer {
   void emergency_checkpoint(const fit_options& opts) noexcept {
     const checkpoint_options& co = opts.checkpoint;
     if (co.directory.empty() || !co.on_signal || !opts.fault.emergency_checkpoint || !global_sums_) return;
+    if constexpr (sharded_state) {
+      std::fprintf(stderr,
+                   "loom: rank %d: no emergency checkpoint of step %zu: the optimizer state is sharded over the ranks "
+                   "(loom::shard_optimizer_state) and no survivor holds all of it; resume from the last periodic "
+                   "checkpoint\n",
+                   rank(), step_);
+      std::fflush(stderr);
+      return;
+    }
     if constexpr (can_watch) {
       try {
         if (ckpt_) ckpt_->abandon();
