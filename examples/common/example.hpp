@@ -44,6 +44,8 @@ struct flags {
   bool quiet = false;
   // --print-valid-world-sizes: print the world sizes this job trains on and exit.
   bool print_valid_world_sizes = false;
+  // --zero: the optimizer state sharded over the ranks (loom::shard_optimizer_state; parser::with_zero_flag).
+  bool zero = false;
   // Weights in and out (examples/common/weights.hpp), for the examples whose parser takes them
   // (parser::with_weights_flags); empty: not asked for.
   std::string save_weights, load_weights, export_onnx;
@@ -151,6 +153,10 @@ class parser {
         f.print_valid_world_sizes = true;
         continue;
       }
+      if (a == "--zero" && zero_) {
+        f.zero = true;
+        continue;
+      }
       if (a == "--resume") {
         f.resume = true;
         continue;
@@ -230,10 +236,18 @@ class parser {
     usage_ += weights_usage;
     return *this;
   }
+  /// Takes --zero (ZeRO stage 1 under data parallelism) and lists it in the usage.
+  parser& with_zero_flag() {
+    zero_ = true;
+    usage_ +=
+        "  --zero                 shard the optimizer state over the ranks (ZeRO stage 1,\n"
+        "                         loom::shard_optimizer_state; data parallel)\n";
+    return *this;
+  }
 
  private:
   std::string program_, usage_;
-  bool weights_ = false;
+  bool weights_ = false, zero_ = false;
 };
 
 template <class Set>

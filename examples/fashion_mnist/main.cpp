@@ -17,6 +17,8 @@ using policy = loom::data_parallel<loom::mpi_comm>;
 /// only, which is what it is measured with, to keep the example's compile time.
 template <class H>
 using compressed_policy = loom::data_parallel<loom::mpi_comm, loom::compress<H>>;
+/// --zero: the optimizer state sharded over the ranks (ZeRO stage 1).
+using zero_policy = loom::data_parallel<loom::mpi_comm, loom::shard_optimizer_state>;
 #else
 using policy = loom::single_process;
 #endif
@@ -54,6 +56,17 @@ int train(const example::flags& f, typename Optimizer::options opt) {
 
 template <class Net>
 int train_with(const example::flags& f) {
+  if (f.zero) {
+#if LOOM_HAS_MPI
+    if (grad_compression != "none")
+      throw loom::invalid_argument("--zero is built without --grad-compression (the library has both: "
+                                   "loom::data_parallel<Comm, loom::shard_optimizer_state, loom::compress<H>>)");
+    if (f.optimizer == "adam") return train<Net, loom::adam, zero_policy>(f, {.lr = f.lr});
+    return train<Net, loom::sgd, zero_policy>(f, {.lr = f.lr, .momentum = f.momentum});
+#else
+    throw loom::invalid_argument("--zero needs the MPI build (data parallelism)");
+#endif
+  }
   if (grad_compression != "none") {
 #if LOOM_HAS_MPI
     if (f.optimizer != "sgd")
@@ -78,7 +91,7 @@ int main(int argc, char** argv) {
   example::parser p(program, std::string("usage: fashion_mnist [flags]\n") + example::common_usage +
                                   "  --grad-compression none|bf16|fp16  gradients sent in 16 bits, summed in float\n"
                                   "                         (loom::compress<>; data parallel, SGD; default none)\n");
-  const example::flags f = p.with_weights_flags().parse(argc, argv, [&](std::string_view name, std::string_view value) {
+  const example::flags f = p.with_weights_flags().with_zero_flag().parse(argc, argv, [&](std::string_view name, std::string_view value) {
     if (name != "grad-compression") return false;
     grad_compression = value;
     if (grad_compression != "none" && grad_compression != "bf16" && grad_compression != "fp16")

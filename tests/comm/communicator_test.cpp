@@ -130,6 +130,45 @@ TEST_CASE("A communicator's reduce_scatter gives each rank the reduction of its 
   });
 }
 
+TEST_CASE("ZeRO's collectives: reduce-scatter and in-place allgather of blocks of different sizes", "[comm]") {
+  on_every_world([]<loom::communicator C>(C& c, checker& k) {
+    if constexpr (requires(float* p, const std::size_t* n) { c.iallgather_v(p, n); }) {
+      const auto ranks = static_cast<std::size_t>(c.size());
+      const auto me = static_cast<std::size_t>(c.rank());
+      for (const std::size_t n : sizes) {
+        // Block j of about n / ranks elements, rank 0's one more, the last empty when ranks > 1.
+        std::vector<std::size_t> counts(ranks);
+        for (std::size_t j = 0; j < ranks; ++j) counts[j] = j + 1 == ranks && ranks > 1 ? 0 : n / ranks + (j == 0);
+        std::size_t total = 0, mine_at = 0;
+        for (std::size_t j = 0; j < ranks; ++j) {
+          if (j < me) mine_at += counts[j];
+          total += counts[j];
+        }
+        const auto in = values<float>(c.rank(), total, 2);
+        std::vector<float> out(std::max<std::size_t>(1, counts[me]), 7.0f);
+        c.ireduce_scatter_v(in.data(), out.data(), counts.data(), reduce_op::sum).wait();
+        std::vector<float> want(counts[me]);
+        for (std::size_t i = 0; i < counts[me]; ++i) {
+          float acc = value<float>(0, mine_at + i, 2);
+          for (int r = 1; r < c.size(); ++r) acc = reduce(acc, value<float>(r, mine_at + i, 2), reduce_op::sum);
+          want[i] = acc;
+        }
+        out.resize(counts[me]);
+        k.equal(at("ireduce_scatter_v", n), out, want);
+        // In place: every rank's own block, the others' overwritten.
+        std::vector<float> data(total, -1.0f), whole(total);
+        for (std::size_t j = 0, at_j = 0; j < ranks; at_j += counts[j], ++j) {
+          const auto block = values<float>(static_cast<int>(j), counts[j], 5);
+          std::copy(block.begin(), block.end(), whole.begin() + static_cast<std::ptrdiff_t>(at_j));
+          if (j == me) std::copy(block.begin(), block.end(), data.begin() + static_cast<std::ptrdiff_t>(at_j));
+        }
+        c.iallgather_v(data.data(), counts.data()).wait();
+        k.equal(at("iallgather_v", n), data, whole);
+      }
+    }
+  });
+}
+
 TEST_CASE("A communicator's allgather collects every rank's block in rank order", "[comm]") {
   on_every_world([]<loom::communicator C>(C& c, checker& k) {
     const auto ranks = static_cast<std::size_t>(c.size());

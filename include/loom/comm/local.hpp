@@ -722,17 +722,18 @@ class local_comm {
   /// counts[rank()]) gets op over every rank's block rank(), in rank order. in and out must not
   /// overlap. Throws communication_error.
   template <detail::comm_reducible T>
-  [[nodiscard]] request ireduce_scatter_v(const T* in, T* out, const std::size_t* counts, reduce_op op) {
-    return post_v<T>(detail::local_kind::reduce_scatter_v, in, out, counts, op);
-  }
+  [[nodiscard]] request ireduce_scatter_v(const T* in, T* out, const std::size_t* counts, reduce_op op);
 
   /// Starts an in-place allgather of blocks of different sizes: data holds size() consecutive
   /// blocks, block j of counts[j] elements; block rank() is this rank's, every other block is
   /// copied from its rank. Throws communication_error.
   template <detail::comm_value T>
-  [[nodiscard]] request iallgather_v(T* data, const std::size_t* counts) {
-    return post_v<T>(detail::local_kind::allgather_v, data, data, counts, reduce_op::sum);
-  }
+  [[nodiscard]] request iallgather_v(T* data, const std::size_t* counts);
+  /// The same, blocking.
+  template <detail::comm_reducible T>
+  void reduce_scatter_v(const T* in, T* out, const std::size_t* counts, reduce_op op);
+  template <detail::comm_value T>
+  void allgather_v(T* data, const std::size_t* counts);
 
  private:
   friend class local_world;
@@ -880,6 +881,26 @@ local_comm::request local_comm::post_v(detail::local_kind kind, const T* in, T* 
   r.group_ = group_;
   r.rank_ = rank_;
   return r;
+}
+
+template <detail::comm_reducible T>
+local_comm::request local_comm::ireduce_scatter_v(const T* in, T* out, const std::size_t* counts, reduce_op op) {
+  return post_v<T>(detail::local_kind::reduce_scatter_v, in, out, counts, op);
+}
+
+template <detail::comm_value T>
+local_comm::request local_comm::iallgather_v(T* data, const std::size_t* counts) {
+  return post_v<T>(detail::local_kind::allgather_v, data, data, counts, reduce_op::sum);
+}
+
+template <detail::comm_reducible T>
+void local_comm::reduce_scatter_v(const T* in, T* out, const std::size_t* counts, reduce_op op) {
+  ireduce_scatter_v(in, out, counts, op).wait();
+}
+
+template <detail::comm_value T>
+void local_comm::allgather_v(T* data, const std::size_t* counts) {
+  iallgather_v(data, counts).wait();
 }
 
 template <detail::comm_reducible T>

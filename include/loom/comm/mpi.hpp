@@ -635,10 +635,47 @@ class mpi_comm {
   template <detail::comm_value T>
   [[nodiscard]] request iallgather_v(T* data, const std::size_t* counts);
 
+  /// ireduce_scatter_v, blocking (MPI_Reduce_scatter: Open MPI's blocking collectives are
+  /// faster than its non-blocking ones, see benchmarks/allreduce). Throws communication_error.
+  template <detail::comm_reducible T>
+  void reduce_scatter_v(const T* in, T* out, const std::size_t* counts, reduce_op op) {
+    if (watch_ || !v_fits(counts)) return ireduce_scatter_v(in, out, counts, op).wait();
+    std::vector<int> c(static_cast<std::size_t>(size_));
+    for (std::size_t j = 0; j < c.size(); ++j) c[j] = static_cast<int>(counts[j]);
+    detail::check_mpi(MPI_Reduce_scatter(in, out, c.data(), detail::mpi_datatype<T>(), detail::mpi_op<T>(op), comm_),
+                      "reduce_scatter_v", rank_);
+  }
+  /// iallgather_v, blocking (MPI_Allgatherv in place). Throws communication_error.
+  template <detail::comm_value T>
+  void allgather_v(T* data, const std::size_t* counts) {
+    if (watch_ || !v_fits(counts)) return iallgather_v(data, counts).wait();
+    const std::size_t n = static_cast<std::size_t>(size_);
+    std::vector<int> c(2 * n);
+    for (std::size_t j = 0, at = 0; j < n; at += counts[j], ++j) {
+      c[j] = static_cast<int>(counts[j]);
+      c[n + j] = static_cast<int>(at);
+    }
+    detail::check_mpi(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, c.data(), c.data() + n,
+                                     detail::mpi_datatype<T>(), comm_),
+                      "allgather_v", rank_);
+  }
+
  private:
   /// Waits for rs through the failure detector (watch_ is set).
   void complete(std::vector<MPI_Request>& rs, const char* op) {
     watch_->wait(static_cast<int>(rs.size()), rs.data(), MPI_STATUSES_IGNORE, op, rank_);
+  }
+
+  /// Whether blocks of counts (size() of them) go in one MPI call: each at most max_count()
+  /// and all of them within int.
+  bool v_fits(const std::size_t* counts) const noexcept {
+    std::size_t total = 0;
+    bool fits = true;
+    for (int j = 0; j < size_; ++j) {
+      total += counts[j];
+      fits = fits && counts[j] <= max_count_;
+    }
+    return fits && total <= static_cast<std::size_t>(INT_MAX);
   }
 
   /// Calls f(offset, n) for consecutive chunks of at most max_count_ elements; once for 0.
@@ -867,13 +904,7 @@ mpi_comm::request mpi_comm::ireduce_scatter_v(const T* in, T* out, const std::si
   r.generation_ = watch_ ? watch_->generation : 0;
   r.type_ = detail::mpi_datatype<T>();
   const std::size_t n = static_cast<std::size_t>(size_);
-  std::size_t total = 0;
-  bool fits = true;
-  for (std::size_t j = 0; j < n; ++j) {
-    total += counts[j];
-    fits = fits && counts[j] <= max_count_;
-  }
-  if (fits && total <= static_cast<std::size_t>(INT_MAX)) {
+  if (v_fits(counts)) {
     r.arrays_ = std::make_shared<std::vector<int>>(n);
     for (std::size_t j = 0; j < n; ++j) (*r.arrays_)[j] = static_cast<int>(counts[j]);
     request::part p;
@@ -906,13 +937,7 @@ mpi_comm::request mpi_comm::iallgather_v(T* data, const std::size_t* counts) {
   r.generation_ = watch_ ? watch_->generation : 0;
   r.type_ = detail::mpi_datatype<T>();
   const std::size_t n = static_cast<std::size_t>(size_);
-  std::size_t total = 0;
-  bool fits = true;
-  for (std::size_t j = 0; j < n; ++j) {
-    total += counts[j];
-    fits = fits && counts[j] <= max_count_;
-  }
-  if (fits && total <= static_cast<std::size_t>(INT_MAX)) {
+  if (v_fits(counts)) {
     r.arrays_ = std::make_shared<std::vector<int>>(2 * n);
     int* c = r.arrays_->data();
     int* d = c + n;

@@ -398,6 +398,17 @@ class nccl_comm {
   /// block j from rank j.
   template <detail::comm_value T>
   [[nodiscard]] request iallgather_v(T* data, const std::size_t* counts);
+  /// The same, blocking (host memory: mpi_comm's blocking ones).
+  template <detail::comm_reducible T>
+  void reduce_scatter_v(const T* in, T* out, const std::size_t* counts, reduce_op op) {
+    if (!same_kind("reduce_scatter_v", in, out)) return host_.reduce_scatter_v(in, out, counts, op);
+    ireduce_scatter_v(in, out, counts, op).wait();
+  }
+  template <detail::comm_value T>
+  void allgather_v(T* data, const std::size_t* counts) {
+    if (!device_memory(data)) return host_.allgather_v(data, counts);
+    iallgather_v(data, counts).wait();
+  }
 
  private:
   struct started {

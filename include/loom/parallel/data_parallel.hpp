@@ -126,6 +126,8 @@ template <class C>
 concept sharding_communicator = requires(C& c, float* p, const float* cp, const std::size_t* n) {
   { c.ireduce_scatter_v(cp, p, n, reduce_op::sum) } -> std::same_as<typename C::request>;
   { c.iallgather_v(p, n) } -> std::same_as<typename C::request>;
+  c.reduce_scatter_v(cp, p, n, reduce_op::sum);
+  c.allgather_v(p, n);
 };
 }  // namespace detail
 
@@ -341,8 +343,13 @@ class gradient_allreduce {
       account(last);
       const auto posted = clock::now();
       if constexpr (sharded) {
-        post(plan::count - 1, grads).wait();
-        if constexpr (compressed) unwire(plan::count - 1, grads);
+        const std::size_t b = plan::count - 1;
+        if constexpr (compressed) {
+          post(b, grads).wait();
+          unwire(b, grads);
+        } else {
+          comm_.reduce_scatter_v(grads + last.offset, shard_ + zero_.shard_at[b], zero_.counts_of(b), reduce_op::sum);
+        }
       } else if constexpr (compressed) {
         wire_type* w = wire(grads, last);
         comm_.allreduce(w, last.count, reduce_op::sum);
@@ -383,30 +390,25 @@ class gradient_allreduce {
   }
 
   /// ZeRO: every rank's stepped slices into every rank's params (the whole layout), one
-  /// allgather per bucket, all posted before any is waited for. Collective; accounted as
-  /// exposed communication.
+  /// allgather per bucket. Collective; accounted as exposed communication.
   void gather_parameters(T* params)
     requires sharded
   {
     monitor::timed exposed(figures_, &rank_figures::comm_exposed_s);
     detail::set_phase(fault_phase::gradient_allreduce, -1);
     const std::size_t n = static_cast<std::size_t>(world());
-    std::vector<typename comm_t::request> gathers;
-    std::vector<clock::time_point> posted;
-    gathers.reserve(plan::count);
+    // Blocking, one bucket after another: nothing is left to overlap them with here (the next
+    // forward needs the first layers' bucket first), and Open MPI's blocking allgather is
+    // faster than its non-blocking one.
     for (std::size_t b = 0; b < plan::count; ++b) {
       const auto& bk = plan::buckets[b];
-      posted.push_back(clock::now());
-      gathers.push_back(comm_.iallgather_v(params + bk.offset, zero_.counts_of(b)));
+      const auto posted = clock::now();
+      comm_.allgather_v(params + bk.offset, zero_.counts_of(b));
+      monitor::record_collective(static_cast<std::int32_t>(b), world(), double(bk.count * sizeof(T)), posted, clock::now());
       const double bus = n > 1 ? double(n - 1) / double(n) * double(bk.count * sizeof(T)) : 0.0;
       figures_.bytes_sent += bus;
       figures_.bus_bytes += bus;
       figures_.comm_bytes += n > 1 ? double(bk.count * sizeof(T)) : 0.0;
-    }
-    for (std::size_t b = 0; b < gathers.size(); ++b) {
-      gathers[b].wait();
-      monitor::record_collective(static_cast<std::int32_t>(b), world(), double(plan::buckets[b].count * sizeof(T)),
-                                 posted[b], clock::now());
     }
     figures_.comm_s += exposed.stop();
   }
