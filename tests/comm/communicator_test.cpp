@@ -28,7 +28,7 @@ TEST_CASE("A communicator knows its rank and size, names itself and passes a bar
     k.expect(c.size() >= 1 && c.rank() >= 0 && c.rank() < c.size(),
              "rank " + std::to_string(c.rank()) + " of size " + std::to_string(c.size()));
     const std::string name = c.name();
-    k.expect(name == "mpi" || name == "local", "name() is '" + name + "'");
+    k.expect(name == "mpi" || name == "local" || name == "hierarchical", "name() is '" + name + "'");
     c.barrier();
     c.barrier();
     // Every rank's index, gathered: 0, 1, ..., size-1.

@@ -21,7 +21,9 @@
 #include "loom/comm/communicator.hpp"
 #include "loom/core/error.hpp"
 
-#if LOOM_TEST_MPI
+#if LOOM_TEST_HIER
+#include "loom/comm/hierarchical.hpp"
+#elif LOOM_TEST_MPI
 #include "loom/comm/mpi.hpp"
 #else
 #include "loom/comm/local.hpp"
@@ -131,7 +133,45 @@ void for_types(F&& f) {
   (f(std::type_identity<Ts>{}), ...);
 }
 
-#if LOOM_TEST_MPI
+#if LOOM_TEST_HIER
+
+/// The groupings test_comm_hier runs every test on: hosts of k consecutive ranks (0: by shared
+/// memory, so one host here), each variant, counts split at INT_MAX or at 65536 elements (so
+/// that 1,000,003 takes the chunked path).
+struct hier_world {
+  int ranks_per_host;
+  loom::hierarchical_variant variant;
+  std::size_t max_count;
+};
+inline constexpr hier_world hier_worlds[] = {
+    {0, loom::hierarchical_variant::slice, INT_MAX},      {1, loom::hierarchical_variant::slice, INT_MAX},
+    {2, loom::hierarchical_variant::slice, INT_MAX},      {2, loom::hierarchical_variant::leader, INT_MAX},
+    {2, loom::hierarchical_variant::slice, 65536},        {2, loom::hierarchical_variant::leader, 65536},
+    {3, loom::hierarchical_variant::slice, INT_MAX},      {3, loom::hierarchical_variant::leader, 65536},
+};
+
+/// Runs f(comm, checker) on every rank of a hierarchical_comm over MPI_COMM_WORLD, once per
+/// grouping of hier_worlds. An unexpected exception ends the whole job.
+template <class F>
+void on_every_world(F&& f) {
+  for (const hier_world& w : hier_worlds) {
+    loom::hierarchical_comm c(loom::mpi_comm::world().with_max_count(w.max_count),
+                              {.variant = w.variant, .ranks_per_host = w.ranks_per_host});
+    checker k;
+    k.rank = c.rank();
+    try {
+      f(c, k);
+      c.barrier();
+    } catch (const std::exception& e) {
+      loom::mpi::abort(3, std::string("unexpected exception in '") +
+                              Catch::getResultCapture().getCurrentTestName() + "': " + e.what());
+    }
+    report(k, "hierarchical_comm of " + std::to_string(c.size()) + " processes, " + std::to_string(w.ranks_per_host) +
+                  " ranks per host, " + loom::to_string(c.mode()) + ", max_count " + std::to_string(w.max_count));
+  }
+}
+
+#elif LOOM_TEST_MPI
 
 /// Runs f(comm, checker) on every rank of MPI_COMM_WORLD with counts split at INT_MAX (so not
 /// at all here) and at 65536 elements (so that 1,000,003 takes the chunked path). An
