@@ -3,7 +3,7 @@
 // parallel.mpi.memory_plan): each rank measures what loom's buffers in its own process hold at
 // their peak during fit (loom::host_memory) and compares it with its own for_rank(r) at its
 // share of the batch — within 10% + 256 KiB, and exactly for the mlp, whose buffers do not
-// depend on oneDNN's choices. Data parallelism (mlp, cnn), a 2-stage 1F1B pipeline of the cnn
+// depend on oneDNN's choices. Data parallelism (mlp, cnn; with and without ZeRO), a 2-stage 1F1B pipeline of the cnn
 // and tensor parallelism of the mlp. Rank 0 prints each run's figures and "all checks passed".
 
 #include <cmath>
@@ -42,7 +42,7 @@ void measure(const char* name, std::size_t batch, bool exact) {
   }
   const std::size_t measured = loom::host_memory().peak_bytes - base;
   const loom::rank_memory& mine = plan::for_rank(static_cast<std::size_t>(comm.rank()));
-  const std::size_t planned = mine.bytes_at(share, batch);
+  const std::size_t planned = mine.bytes_at(share, batch, replicas);
   const double off = (double(measured) - double(planned)) / double(planned);
   const std::string what = std::string(name) + ": rank " + std::to_string(comm.rank()) + " planned " +
                            std::to_string(planned) + " bytes, measured " + std::to_string(measured);
@@ -65,6 +65,9 @@ int main(int argc, char** argv) {
   try {
     measure<mlp, loom::data_parallel<loom::mpi_comm>>("data_parallel mlp", 64, true);
     measure<cnn, loom::data_parallel<loom::mpi_comm>>("data_parallel cnn", 64, false);
+    // ZeRO: the state, the reduced gradients and the parameters' copy of a shard of half the model.
+    measure<mlp, loom::data_parallel<loom::mpi_comm, loom::shard_optimizer_state>>("data_parallel mlp, ZeRO", 64, true);
+    measure<cnn, loom::data_parallel<loom::mpi_comm, loom::shard_optimizer_state>>("data_parallel cnn, ZeRO", 64, false);
     measure<cnn, loom::model_parallel<loom::pipeline<2, loom::micro_batches<4>, loom::one_f_one_b>, loom::mpi_comm>>(
         "pipeline<2, 1f1b, 4 micro-batches> cnn", 64, false);
     measure<tp_mlp, loom::model_parallel<loom::tensor_parallel<2>, loom::mpi_comm>>("tensor_parallel<2> mlp", 64, true);

@@ -121,8 +121,31 @@ struct rank_memory {
   /// Micro-batches of the step, and the most a stage holds at once (1 and 1 without pipeline).
   std::size_t micro_batches = 1;
   std::size_t live_micro_batches = 1;
+  /// Under loom::shard_optimizer_state (ZeRO stage 1) the optimizer state is laid out as this
+  /// rank's shard of the parameters, not counted in optimizer_state_bytes: its bytes per value
+  /// of the shard (shard_state_bytes_per_value), and those of every buffer the shard has — the
+  /// state, the shard's reduced gradients and its parameters' working copy, and under
+  /// compress<> their 16-bit copy (shard_bytes_per_value). shard_buckets: the buckets the shard
+  /// takes a slice of each. All 0 without sharding.
+  std::size_t shard_state_bytes_per_value = 0, shard_bytes_per_value = 0, shard_buckets = 0;
 
-  /// Everything that does not grow with the batch.
+  /// Values of the largest shard over `replicas` replicas: at most ceil(c / replicas) of each
+  /// bucket of c values (exactly that with one bucket); every value with one replica.
+  constexpr std::size_t shard_values(std::size_t replicas) const noexcept {
+    const std::size_t r = replicas ? replicas : 1, p = parameter_bytes / sizeof(float);
+    return (p + shard_buckets * (r - 1)) / r;
+  }
+  /// The optimizer state's bytes on this rank over `replicas` replicas (the same on any number
+  /// without sharding).
+  constexpr std::size_t optimizer_state_bytes_on(std::size_t replicas) const noexcept {
+    return optimizer_state_bytes + shard_state_bytes_per_value * shard_values(replicas);
+  }
+  /// The bytes of the sharded buffers on this rank over `replicas` replicas (0 without sharding).
+  constexpr std::size_t sharded_bytes(std::size_t replicas) const noexcept {
+    return shard_bytes_per_value * shard_values(replicas);
+  }
+
+  /// Everything that does not grow with the batch, but the sharded buffers (sharded_bytes).
   constexpr std::size_t fixed_bytes() const noexcept {
     return parameter_bytes + gradient_bytes + optimizer_state_bytes + communication_bytes + workspace_bytes;
   }
@@ -130,18 +153,19 @@ struct rank_memory {
   constexpr std::size_t micro_batch_bytes_per_sample() const noexcept {
     return activation_bytes_per_sample + communication_bytes_per_sample + workspace_bytes_per_sample;
   }
-  /// The rank's bytes when its replica trains on `share` samples of each global batch of
-  /// `global_batch`: micro-batches of ceil(share / micro_batches), the largest of a step, which
-  /// every buffer grows to; the trainer's batch buffers have room for the whole global batch
-  /// (loom::trainer reserves them so on every rank).
-  constexpr std::size_t bytes_at(std::size_t share, std::size_t global_batch) const noexcept {
+  /// The rank's bytes when its replica, one of `replicas`, trains on `share` samples of each
+  /// global batch of `global_batch`: micro-batches of ceil(share / micro_batches), the largest
+  /// of a step, which every buffer grows to; the trainer's batch buffers have room for the whole
+  /// global batch (loom::trainer reserves them so on every rank); the largest shard when sharded.
+  constexpr std::size_t bytes_at(std::size_t share, std::size_t global_batch, std::size_t replicas = 1) const noexcept {
     const std::size_t micro = (share + micro_batches - 1) / micro_batches;
-    return fixed_bytes() + micro * micro_batch_bytes_per_sample() + global_batch * input_bytes_per_sample;
+    return fixed_bytes() + sharded_bytes(replicas) + micro * micro_batch_bytes_per_sample() +
+           global_batch * input_bytes_per_sample;
   }
   /// The rank's bytes for global batches of `batch` over `replicas` data-parallel replicas, at
   /// the largest share, ceil(batch / replicas) (the loader's shares differ by at most one).
   constexpr std::size_t bytes(std::size_t batch, std::size_t replicas = 1) const noexcept {
-    return bytes_at(replicas <= 1 ? batch : (batch + replicas - 1) / replicas, batch);
+    return bytes_at(replicas <= 1 ? batch : (batch + replicas - 1) / replicas, batch, replicas);
   }
   /// The largest global batch whose bytes(batch) is at most budget on one replica, where a
   /// rank needs the most (0: not even one sample fits).
@@ -447,6 +471,14 @@ struct policy_facts<Network, data_parallel<Comm, O...>> : replica_facts<Network,
   static constexpr std::array<rank_memory, 1> ranks(std::size_t state_values) {
     auto r = replica_facts<Network, Network, 1>::ranks(state_values);
     r[0].communication_bytes += wire;
+    if constexpr (data_parallel<Comm, O...>::shards_state) {
+      // ZeRO: the state, the reduced gradients and the parameters' copy of the shard (and the
+      // reduced values' 16-bit copy under compress<>), each one value per value of the shard.
+      r[0].optimizer_state_bytes = 0;
+      r[0].shard_state_bytes_per_value = state_values * scalar_bytes;
+      r[0].shard_bytes_per_value = (state_values + 2) * scalar_bytes + (wire ? 2 : 0);
+      r[0].shard_buckets = bucket_plan<Network, float, data_parallel<Comm, O...>::bucket_cap_bytes>::count;
+    }
     return r;
   }
 };
@@ -705,7 +737,12 @@ struct memory_plan {
 
   static constexpr std::size_t parameter_bytes = largest([](const rank_memory& r) { return r.parameter_bytes; });
   static constexpr std::size_t gradient_bytes = largest([](const rank_memory& r) { return r.gradient_bytes; });
-  static constexpr std::size_t optimizer_state_bytes = largest([](const rank_memory& r) { return r.optimizer_state_bytes; });
+  /// The optimizer state on one replica (all of it); optimizer_state_bytes_on(R) for R replicas,
+  /// which under loom::shard_optimizer_state is about 1/R of it.
+  static constexpr std::size_t optimizer_state_bytes = largest([](const rank_memory& r) { return r.optimizer_state_bytes_on(1); });
+  static constexpr std::size_t optimizer_state_bytes_on(std::size_t replicas) noexcept {
+    return largest([&](const rank_memory& r) { return r.optimizer_state_bytes_on(replicas); });
+  }
   static constexpr std::size_t communication_bytes = largest([](const rank_memory& r) { return r.communication_bytes; });
   static constexpr std::size_t workspace_bytes = largest([](const rank_memory& r) { return r.workspace_bytes; });
   static constexpr std::size_t activation_bytes_per_sample =
