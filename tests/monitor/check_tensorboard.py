@@ -22,7 +22,8 @@ from tensorboard.plugins.hparams import api_pb2, metadata as hparams_metadata
 
 FIGURES = ["compute_s", "comm_s", "comm_exposed_s", "wait_s", "data_s", "bytes_sent", "samples", "seconds",
            "bubble_s", "peak_activation_bytes", "parameter_bytes", "stage", "replica", "step_s", "step_compute_s",
-           "step_data_s", "resident_bytes", "comm_bytes", "bus_bytes", "flops", "peak_gflops"]
+           "step_data_s", "resident_bytes", "comm_bytes", "bus_bytes", "flops", "peak_gflops", "memory_peak_bytes",
+           "planned_bytes"]
 
 
 def f32(x):

@@ -30,6 +30,7 @@ void measure(const char* name, std::size_t batch, bool exact) {
   const std::size_t base = loom::host_memory().live_bytes;
   loom::reset_host_memory_peak();
   std::size_t share = 0, replicas = 1;
+  loom::rank_figures fig;
   {
     loom::trainer<Net, loom::softmax_cross_entropy, loom::sgd, Policy> t{{.lr = 0.02f, .momentum = 0.9f},
                                                                          {.seed = 1, .threads = 1}};
@@ -38,7 +39,7 @@ void measure(const char* name, std::size_t batch, bool exact) {
     share = batch * (i + 1) / replicas - batch * i / replicas;
     auto o = steps(4, batch);
     o.epochs = 1;
-    t.fit(data, o);
+    fig = t.fit(data, o).figures[static_cast<std::size_t>(comm.rank())];
   }
   const std::size_t measured = loom::host_memory().peak_bytes - base;
   const loom::rank_memory& mine = plan::for_rank(static_cast<std::size_t>(comm.rank()));
@@ -48,6 +49,10 @@ void measure(const char* name, std::size_t batch, bool exact) {
                            std::to_string(planned) + " bytes, measured " + std::to_string(measured);
   check(std::abs(double(measured) - double(planned)) <= 0.10 * double(planned) + 256.0 * 1024, what + ": off by more than 10% + 256 KiB");
   if (exact) check(measured == planned, what + ": expected exactly the plan");
+  // The per-rank table's columns: fit's own plan_MB and mem_MB (the process's peak, base included).
+  check(fig.planned_bytes == double(planned), what + ": fit reports planned_bytes " + std::to_string(fig.planned_bytes));
+  check(fig.memory_peak_bytes == double(base + measured),
+        what + ": fit reports memory_peak_bytes " + std::to_string(fig.memory_peak_bytes) + ", expected " + std::to_string(base + measured));
   std::printf("memory_plan: %s rank %d of %zu replica(s): planned %zu, measured %zu (%+.2f%%)\n", name, comm.rank(),
               replicas, planned, measured, 100 * off);
   std::fflush(stdout);

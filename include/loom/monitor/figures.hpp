@@ -45,6 +45,9 @@ struct rank_figures {
   double bus_bytes = 0;    ///< bytes this rank's collectives moved over its links (allreduce: 2 (n-1)/n x comm_bytes, as a ring sends them)
   double flops = 0;        ///< floating-point operations of this rank's passes: 3 x its layers' forward FLOPs (known at compile time) per sample
   double peak_gflops = 0;  ///< this rank's measured ceiling, GFLOP/s (monitor::measure_peak_gflops; 0: not measured)
+  // Memory of loom's host buffers (loom::host_memory):
+  double memory_peak_bytes = 0;  ///< the most this process's loom buffers held at once, when fit ended (since the process started or the last loom::reset_host_memory_peak())
+  double planned_bytes = 0;      ///< what loom::memory_plan says this rank needs at its share of a full batch (0: no plan, e.g. on a GPU backend)
 
   double samples_per_s() const { return seconds > 0 ? samples / seconds : 0; }
   /// Algorithm and bus bandwidth of the gradient collectives while they were in flight, GB/s
@@ -68,7 +71,7 @@ struct figure_field {
 
 /// Every field of rank_figures, in declaration order: the one list that gathering, sums and
 /// the writers go through, so a field added above and here is carried everywhere.
-inline constexpr std::array<figure_field, 21> figure_fields{{
+inline constexpr std::array<figure_field, 23> figure_fields{{
     {"compute_s", &rank_figures::compute_s},
     {"comm_s", &rank_figures::comm_s},
     {"comm_exposed_s", &rank_figures::comm_exposed_s},
@@ -90,6 +93,8 @@ inline constexpr std::array<figure_field, 21> figure_fields{{
     {"bus_bytes", &rank_figures::bus_bytes},
     {"flops", &rank_figures::flops},
     {"peak_gflops", &rank_figures::peak_gflops},
+    {"memory_peak_bytes", &rank_figures::memory_peak_bytes},
+    {"planned_bytes", &rank_figures::planned_bytes},
 }};
 static_assert(sizeof(rank_figures) == figure_fields.size() * sizeof(double),
               "loom::monitor::figure_fields must name every field of loom::rank_figures");
@@ -282,12 +287,13 @@ inline std::string figures_summary(const std::vector<rank_figures>& ranks) {
 /// The table of all ranks' figures, one row per rank, as rank 0 prints it, closed by
 /// figures_summary (the straggler and the diagnosis).
 inline std::string figures_table(const std::vector<rank_figures>& ranks) {
-  std::string out = "rank  compute_s  comm_s  exposed_s  wait_s  data_s  sent_MB  samples/s\n";
+  std::string out = "rank  compute_s  comm_s  exposed_s  wait_s  data_s  mem_MB  plan_MB  sent_MB  samples/s\n";
   char line[256];
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     const auto& f = ranks[r];
-    std::snprintf(line, sizeof line, "%4zu  %9.3f  %6.3f  %9.3f  %6.3f  %6.3f  %7.1f  %9.0f\n", r, f.compute_s, f.comm_s,
-                  f.comm_exposed_s, f.wait_s, f.data_s, f.bytes_sent / 1e6, f.samples_per_s());
+    std::snprintf(line, sizeof line, "%4zu  %9.3f  %6.3f  %9.3f  %6.3f  %6.3f  %6.1f  %7.1f  %7.1f  %9.0f\n", r, f.compute_s,
+                  f.comm_s, f.comm_exposed_s, f.wait_s, f.data_s, f.memory_peak_bytes / 1e6, f.planned_bytes / 1e6,
+                  f.bytes_sent / 1e6, f.samples_per_s());
     out += line;
   }
   return out + figures_summary(ranks);
@@ -298,14 +304,16 @@ inline std::string figures_table(const std::vector<rank_figures>& ranks) {
 /// (hybrid), peak activation memory and parameter memory, as rank 0 prints it, closed by
 /// figures_summary.
 inline std::string stage_figures_table(const std::vector<rank_figures>& ranks) {
-  std::string out = "rank  stage  replica  compute_s  bubble_s  bubble%  exposed_s  act_peak_MB  params_MB  sent_MB\n";
+  std::string out =
+      "rank  stage  replica  compute_s  bubble_s  bubble%  exposed_s  act_peak_MB  params_MB  mem_MB  plan_MB  sent_MB\n";
   char line[256];
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     const auto& f = ranks[r];
     const double busy = f.compute_s + f.bubble_s;
-    std::snprintf(line, sizeof line, "%4zu  %5.0f  %7.0f  %9.3f  %8.3f  %6.1f%%  %9.3f  %11.3f  %9.3f  %7.1f\n", r, f.stage,
-                  f.replica, f.compute_s, f.bubble_s, busy > 0 ? 100.0 * f.bubble_s / busy : 0.0, f.comm_exposed_s,
-                  f.peak_activation_bytes / 1e6, f.parameter_bytes / 1e6, f.bytes_sent / 1e6);
+    std::snprintf(line, sizeof line, "%4zu  %5.0f  %7.0f  %9.3f  %8.3f  %6.1f%%  %9.3f  %11.3f  %9.3f  %6.1f  %7.1f  %7.1f\n", r,
+                  f.stage, f.replica, f.compute_s, f.bubble_s, busy > 0 ? 100.0 * f.bubble_s / busy : 0.0, f.comm_exposed_s,
+                  f.peak_activation_bytes / 1e6, f.parameter_bytes / 1e6, f.memory_peak_bytes / 1e6, f.planned_bytes / 1e6,
+                  f.bytes_sent / 1e6);
     out += line;
   }
   return out + figures_summary(ranks);

@@ -800,7 +800,13 @@ struct memory_plan {
 template <class Network, class Optimizer, class Policy = single_process>
 constexpr rank_memory rank_memory_for(const typename Optimizer::options& options, std::size_t world_rank) noexcept {
   rank_memory m = memory_plan<Network, Optimizer, Policy>::for_rank(world_rank);
-  m.optimizer_state_bytes = Optimizer::state_values_per_parameter(options) * m.parameter_bytes;
+  const std::size_t state = Optimizer::state_values_per_parameter(options);
+  if (m.shard_bytes_per_value > 0) {  // ZeRO: the state is a shard's
+    m.shard_bytes_per_value = m.shard_bytes_per_value - m.shard_state_bytes_per_value + state * sizeof(float);
+    m.shard_state_bytes_per_value = state * sizeof(float);
+  } else {
+    m.optimizer_state_bytes = state * m.parameter_bytes;
+  }
   return m;
 }
 

@@ -49,6 +49,7 @@
 #include "loom/parallel/engine.hpp"
 #include "loom/core/fault.hpp"
 #include "loom/parallel/hybrid.hpp"
+#include "loom/parallel/memory_plan.hpp"
 #include "loom/parallel/pipeline_engine.hpp"
 #include "loom/parallel/replica_engine.hpp"
 #include "loom/parallel/single_process.hpp"
@@ -568,6 +569,8 @@ class trainer {
     }
     r.seconds = monitor::seconds_between(start, monitor::clock::now());
     fig.seconds = r.seconds;
+    fig.memory_peak_bytes = static_cast<double>(host_memory().peak_bytes);
+    fig.planned_bytes = static_cast<double>(planned_bytes(opts.batch));
     point.elapsed_s = r.seconds;
     live.finish();
     metrics.tick(fig, point, sampler.sample_now(), /*force=*/true);
@@ -804,6 +807,18 @@ class trainer {
   std::size_t state_count() const {
     if constexpr (sharded_state) return engine_.state_count();
     else return engine_.local_count();
+  }
+  /// What loom::memory_plan says this rank needs at its share of a full batch of `batch` (its
+  /// stage or slice, its replica's share); 0 where the plan does not apply (a GPU backend).
+  std::size_t planned_bytes(std::size_t batch) const {
+    if constexpr (!Backend::memory_space::host_accessible) {
+      return 0;
+    } else {
+      const std::size_t replicas = static_cast<std::size_t>(engine_.replicas()), i = static_cast<std::size_t>(engine_.replica());
+      const std::size_t share = batch * (i + 1) / replicas - batch * i / replicas;
+      return rank_memory_for<Network, Optimizer, Policy>(opt_, static_cast<std::size_t>(engine_.rank()))
+          .bytes_at(share, batch, replicas);
+    }
   }
   /// The optimizer's state buffers here: as many of Optimizer::buffer_names as it keeps.
   std::vector<std::string> buffer_names() {
