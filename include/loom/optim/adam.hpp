@@ -37,9 +37,17 @@ class adam_state {
 
   void step(T* params, const T* grads, std::size_t n, float lr) {
     check_step_arguments(Optimizer::qualified_name, n, size_, lr);
-    ++steps_;
+    step_part(params, grads, 0, n, lr);
+    end_step();
+  }
+
+  /// Part of step t = steps() + 1 (loom::shard_optimizer_state steps a rank's slices where
+  /// they lie): params and grads (n elements) against state elements [offset, offset + n);
+  /// end_step() closes the step. step() is step_part over everything and end_step().
+  void step_part(T* params, const T* grads, std::size_t offset, std::size_t n, float lr) {
+    check_step_part(Optimizer::qualified_name, offset, n, size_, lr);
     // Host-side scalars in double, as PyTorch computes them in Python floats.
-    const double t = static_cast<double>(steps_);
+    const double t = static_cast<double>(steps_ + 1);
     const double beta1 = opts_.beta1;
     const double beta2 = opts_.beta2;
     const double wd = opts_.weight_decay;
@@ -50,8 +58,8 @@ class adam_state {
     const double l2 = Optimizer::decoupled ? 0.0 : wd;
     const detail::adam_update<T> body{params,
                                       grads,
-                                      moments_.data(),
-                                      moments_.data() + size_,
+                                      moments_.data() + offset,
+                                      moments_.data() + size_ + offset,
                                       static_cast<T>(beta1),
                                       static_cast<T>(beta2),
                                       static_cast<T>(1.0 - beta1),
@@ -63,6 +71,7 @@ class adam_state {
                                       static_cast<T>(std::sqrt(bias_correction2))};
     Backend::for_each(n, body);
   }
+  void end_step() noexcept { ++steps_; }
 
   const options& opts() const noexcept { return opts_; }
   std::span<T> buffers() noexcept { return {moments_.data(), moments_.size()}; }

@@ -57,9 +57,19 @@ struct sgd {
     /// Throws: loom::invalid_argument when either does not hold.
     void step(T* params, const T* grads, std::size_t n, float lr) {
       detail::check_step_arguments("loom::sgd", n, size_, lr);
+      step_part(params, grads, 0, n, lr);
+      end_step();
+    }
+
+    /// Part of one step (loom::shard_optimizer_state steps a rank's slices where they lie):
+    /// params and grads (n elements) against state elements [offset, offset + n); end_step()
+    /// closes the step. step() is step_part over everything and end_step().
+    void step_part(T* params, const T* grads, std::size_t offset, std::size_t n, float lr) {
+      detail::check_step_part("loom::sgd", offset, n, size_, lr);
       const T lr_t = static_cast<T>(lr), mom = static_cast<T>(opts_.momentum), wd = static_cast<T>(opts_.weight_decay);
+      T* const v = velocity_.size() ? velocity_.data() + offset : nullptr;
       auto run = [&]<bool WD, bool M, bool N>() {
-        Backend::for_each(n, detail::sgd_update<T, WD, M, N>{params, grads, velocity_.data(), lr_t, mom, wd});
+        Backend::for_each(n, detail::sgd_update<T, WD, M, N>{params, grads, v, lr_t, mom, wd});
       };
       const bool decay = opts_.weight_decay != 0.0f, momentum = velocity_.size() != 0;
       if (momentum && opts_.nesterov)
@@ -68,8 +78,8 @@ struct sgd {
         decay ? run.template operator()<true, true, false>() : run.template operator()<false, true, false>();
       else
         decay ? run.template operator()<true, false, false>() : run.template operator()<false, false, false>();
-      ++steps_;
     }
+    void end_step() noexcept { ++steps_; }
 
     /// The options this state was built with.
     const options& opts() const noexcept { return opts_; }

@@ -47,4 +47,13 @@ inline void check_step_arguments(const char* who, std::size_t n, std::size_t exp
   require_in_range(non_negative_finite(lr), who, "the learning rate passed to step()", "finite and >= 0", lr);
 }
 
+/// step_part's arguments: [offset, offset + n) within the state's expected_n values, lr finite
+/// and >= 0.
+inline void check_step_part(const char* who, std::size_t offset, std::size_t n, std::size_t expected_n, float lr) {
+  if (offset > expected_n || n > expected_n - offset)
+    throw invalid_argument(std::string(who) + ": step_part() was given values [" + std::to_string(offset) + ", " +
+                           std::to_string(offset + n) + "), but the state holds " + std::to_string(expected_n));
+  require_in_range(non_negative_finite(lr), who, "the learning rate passed to step_part()", "finite and >= 0", lr);
+}
+
 }  // namespace loom::detail

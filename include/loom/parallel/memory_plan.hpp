@@ -124,8 +124,8 @@ struct rank_memory {
   /// Under loom::shard_optimizer_state (ZeRO stage 1) the optimizer state is laid out as this
   /// rank's shard of the parameters, not counted in optimizer_state_bytes: its bytes per value
   /// of the shard (shard_state_bytes_per_value), and those of every buffer the shard has — the
-  /// state, the shard's reduced gradients and its parameters' working copy, and under
-  /// compress<> their 16-bit copy (shard_bytes_per_value). shard_buckets: the buckets the shard
+  /// state, the shard's reduced gradients, and under compress<> their 16-bit copy
+  /// (shard_bytes_per_value). shard_buckets: the buckets the shard
   /// takes a slice of each. All 0 without sharding.
   std::size_t shard_state_bytes_per_value = 0, shard_bytes_per_value = 0, shard_buckets = 0;
 
@@ -472,11 +472,12 @@ struct policy_facts<Network, data_parallel<Comm, O...>> : replica_facts<Network,
     auto r = replica_facts<Network, Network, 1>::ranks(state_values);
     r[0].communication_bytes += wire;
     if constexpr (data_parallel<Comm, O...>::shards_state) {
-      // ZeRO: the state, the reduced gradients and the parameters' copy of the shard (and the
-      // reduced values' 16-bit copy under compress<>), each one value per value of the shard.
+      // ZeRO: the state and the reduced gradients of the shard (and the reduced values' 16-bit
+      // copy under compress<>), each one value per value of the shard. loom's optimizers step
+      // the shard's parameters where they lie (step_part): no copy of them.
       r[0].optimizer_state_bytes = 0;
       r[0].shard_state_bytes_per_value = state_values * scalar_bytes;
-      r[0].shard_bytes_per_value = (state_values + 2) * scalar_bytes + (wire ? 2 : 0);
+      r[0].shard_bytes_per_value = (state_values + 1) * scalar_bytes + (wire ? 2 : 0);
       r[0].shard_buckets = bucket_plan<Network, float, data_parallel<Comm, O...>::bucket_cap_bytes>::count;
     }
     return r;

@@ -227,12 +227,22 @@ class replica_passes {
   /// into the parameters. In the split-invariant mode every rank holds the whole summed
   /// gradient, bitwise the same: the slices are copied from it and the norm is the unsharded
   /// one, so the result is bitwise that of unsharded training.
+  /// Whether an optimizer state steps part of itself (step_part, end_step: loom's optimizers
+  /// do); one that does not is stepped on a contiguous copy of the shard's parameters.
+  template <class State>
+  static constexpr bool steps_in_place = requires(State& s, T* p, const T* g, std::size_t n, float lr) {
+    s.step_part(p, g, n, n, lr);
+    s.end_step();
+  };
   template <class State>
   void sharded_step(State& state, float lr, double clip)
     requires shards_state
   {
     const zero_layout& z = sync_.zero();
     T* g = gshard_.data();
+    if constexpr (!steps_in_place<State>) {
+      if (pshard_.size() != gshard_.size()) pshard_ = buffer<T, typename Backend::memory_space>(gshard_.size());
+    }
     T* p = pshard_.data();
     T* params = model_.parameters().data();
     const T* grads = model_.gradients().data();
@@ -252,9 +262,15 @@ class replica_passes {
       monitor::timed compute(fig, &rank_figures::compute_s);
       if (clip > 0 && z.shard_count) scale_to_norm<Backend>(g, z.shard_count, std::sqrt(sq), clip);
       had_samples_ = false;
-      for (const shard_piece& q : z.pieces) Backend::copy(p + q.local_offset, params + q.whole_offset, q.count);
-      state.step(p, g, z.shard_count, lr);
-      for (const shard_piece& q : z.pieces) Backend::copy(params + q.whole_offset, p + q.local_offset, q.count);
+      if constexpr (steps_in_place<State>) {
+        // Each slice where it lies: no copy of the parameters.
+        for (const shard_piece& q : z.pieces) state.step_part(params + q.whole_offset, g + q.local_offset, q.local_offset, q.count, lr);
+        state.end_step();
+      } else {
+        for (const shard_piece& q : z.pieces) Backend::copy(p + q.local_offset, params + q.whole_offset, q.count);
+        state.step(p, g, z.shard_count, lr);
+        for (const shard_piece& q : z.pieces) Backend::copy(params + q.whole_offset, p + q.local_offset, q.count);
+      }
     }
     sync_.gather_parameters(params);
   }
@@ -297,12 +313,11 @@ class replica_passes {
   static constexpr std::size_t in_width = Network::input_shape::size;
   static constexpr std::size_t out_width = Network::output_shape::size;
 
-  /// ZeRO: the shard's reduced gradients and its parameters' working copy, sized for the
-  /// world as it is, and the gradients' place given to the communication.
+  /// ZeRO: the shard's reduced gradients, sized for the world as it is, and their place given
+  /// to the communication.
   void bind_shard() {
     const std::size_t n = std::max<std::size_t>(1, sync_.zero().shard_count);
     gshard_ = buffer<T, typename Backend::memory_space>(n);
-    pshard_ = buffer<T, typename Backend::memory_space>(n);
     sync_.bind_shard(gshard_.data());
   }
 
@@ -398,7 +413,8 @@ class replica_passes {
   buffer<std::int32_t, typename Backend::memory_space> labels_chunk_;
   gradient_tree<T, Backend> chunk_tree_, step_tree_;
   chunk_exchange<T, Backend> exchange_;
-  // ZeRO (shard_optimizer_state): this rank's slices of the summed gradients and of the parameters.
+  // ZeRO (shard_optimizer_state): this rank's slices of the summed gradients, and of the
+  // parameters for an optimizer that cannot step them where they lie (steps_in_place).
   buffer<T, typename Backend::memory_space> gshard_, pshard_;
 };
 
