@@ -61,6 +61,14 @@ static_assert(mlp_sgd::parameter_bytes == f32 * mlp_p && mlp_sgd::gradient_bytes
 static_assert(mlp_sgd::optimizer_state_bytes == f32 * mlp_p);                               // the momentum buffer
 static_assert(loom::memory_plan<mlp, loom::sgd>::optimizer_state_bytes == 0);                 // sgd's defaults: none
 static_assert(loom::memory_plan<mlp, loom::adam>::optimizer_state_bytes == 2 * f32 * mlp_p);  // exp_avg, exp_avg_sq
+// ZeRO stage 1: the state and the summed gradients of a shard of 1/R of the model (the mlp is
+// one bucket, so the largest shard is exactly ceil(P / R)); parameters and gradients stay whole.
+using mlp_zero = loom::memory_plan<mlp, loom::adam, loom::data_parallel<loom::local_comm, loom::shard_optimizer_state>>;
+static_assert(mlp_zero::optimizer_state_bytes == 2 * f32 * mlp_p && mlp_zero::optimizer_state_bytes == 1'881'168);
+static_assert(mlp_zero::optimizer_state_bytes_on(2) == 940'584 && mlp_zero::optimizer_state_bytes_on(3) == 2 * f32 * ((mlp_p + 2) / 3));
+static_assert(mlp_zero::ranks[0].sharded_bytes(4) == 3 * f32 * ((mlp_p + 3) / 4));  // exp_avg, exp_avg_sq, summed gradients
+static_assert(mlp_zero::bytes_per_rank(64, 4) ==
+              loom::memory_plan<mlp, loom::adam, local_dp>::bytes_per_rank(64, 4) - 2 * f32 * mlp_p + 3 * f32 * ((mlp_p + 3) / 4));
 static_assert(loom::memory_plan<mlp, loom::adamw, local_dp>::optimizer_state_bytes == 2 * f32 * mlp_p);
 static_assert(mlp_sgd::activation_bytes_per_sample == f32 * (256 + 256 + 128 + 128 + 10));
 // + the loss gradient (10), the loss workspace (a double and a byte per sample).
