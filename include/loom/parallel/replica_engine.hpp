@@ -95,7 +95,7 @@ class replica_passes {
     shard_map m = sync_.shard();
     if constexpr (shards_state) {
       // One copy of the state, spread over every rank: to a checkpoint, they are one replica.
-      const zero_layout& z = sync_.zero();
+      const auto& z = sync_.zero();
       m.replica = 0;
       m.replicas = 1;
       m.local_count = z.shard_count;
@@ -238,7 +238,7 @@ class replica_passes {
   void sharded_step(State& state, float lr, double clip)
     requires shards_state
   {
-    const zero_layout& z = sync_.zero();
+    const auto& z = sync_.zero();
     T* g = gshard_.data();
     if constexpr (!steps_in_place<State>) {
       if (pshard_.size() != gshard_.size()) pshard_ = buffer<T, typename Backend::memory_space>(gshard_.size());
