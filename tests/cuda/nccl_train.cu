@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// train_mlp on loom::cuda, data-parallel over nccl_comm, on a 2-stage pipeline over nccl_comm
+// train_mlp on loom::cuda, data-parallel over nccl_comm (also with ZeRO stage 1), on a 2-stage pipeline over nccl_comm
 // (alone and in 2 replicas), and alone; a tensor-parallel mlp over nccl_comm and alone: the one
 // change between the trainers is the policy.
 #include "loom/backend/cuda.hpp"
@@ -35,6 +35,17 @@ using plain_mlp = network<input<1, 12, 12>, flatten, linear<64>, relu, linear<32
 
 std::vector<float> train_mlp_data_parallel(std::size_t steps) {
   trainer<train_mlp, softmax_cross_entropy, sgd, data_parallel<nccl_comm>, cuda> t{sgd_options, options};
+  return run(t, steps);
+}
+
+std::vector<float> train_mlp_zero(std::size_t steps) {
+  trainer<train_mlp, softmax_cross_entropy, adam, data_parallel<nccl_comm, shard_optimizer_state>, cuda> t{{.lr = 1e-3f},
+                                                                                                           options};
+  return run(t, steps);
+}
+
+std::vector<float> train_mlp_data_parallel_adam(std::size_t steps) {
+  trainer<train_mlp, softmax_cross_entropy, adam, data_parallel<nccl_comm>, cuda> t{{.lr = 1e-3f}, options};
   return run(t, steps);
 }
 

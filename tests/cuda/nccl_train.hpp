@@ -12,6 +12,11 @@ namespace loom::cuda_tests {
 std::vector<float> train_mlp_data_parallel(std::size_t steps);
 std::vector<float> train_mlp_alone(std::size_t steps);
 
+/// The same with Adam (lr 1e-3), data-parallel over nccl_comm::world() with the optimizer state
+/// sharded (shard_optimizer_state: reduce-scatter, then allgather) and without. Collective.
+std::vector<float> train_mlp_zero(std::size_t steps);
+std::vector<float> train_mlp_data_parallel_adam(std::size_t steps);
+
 /// The same on a 2-stage pipeline (model_parallel<pipeline<2, micro_batches<4>>, nccl_comm>,
 /// 1F1B, the default) over nccl_comm::world(), which must have 2 ranks: the whole model's parameters,
 /// gathered over the stages, on every rank. Collective.

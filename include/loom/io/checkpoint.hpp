@@ -313,9 +313,6 @@ inline std::vector<tensor_values> assemble(collectives& c, const world_map& w, c
   const int me = c.rank();
   const std::size_t nbuf = sources.size();
   auto source = [&](std::size_t b) -> const float* { return sources[b]; };
-  struct {
-    const shard_map& map;
-  } s{held};
   std::vector<tensor_values> out;
   std::vector<float> part;
   for (std::size_t t = 0; t < tensors.size(); ++t) {
@@ -326,13 +323,13 @@ inline std::vector<tensor_values> assemble(collectives& c, const world_map& w, c
       for (std::size_t b = 0; b < nbuf; ++b) {
         part.clear();
         const float* src = source(b);
-        for_each_overlap(s.map.pieces, d.offset, d.count,
+        for_each_overlap(held.pieces, d.offset, d.count,
                          [&](std::size_t l, std::size_t, std::size_t k) { part.insert(part.end(), src + l, src + l + k); });
         c.send(part.data(), part.size(), e.writer, static_cast<int>(t % 30000));
       }
     }
     if (e.writer != me) continue;
-    if (const std::size_t at = contiguous_at(s.map.pieces, d.offset, d.count); e.senders.empty() && at != static_cast<std::size_t>(-1)) {
+    if (const std::size_t at = contiguous_at(held.pieces, d.offset, d.count); e.senders.empty() && at != static_cast<std::size_t>(-1)) {
       // Held whole and contiguous (one process, data_parallel replicas): written from the
       // snapshot itself. A copy here cost as much as the snapshot's own (a first touch of
       // fresh memory for every byte).
@@ -345,7 +342,7 @@ inline std::vector<tensor_values> assemble(collectives& c, const world_map& w, c
     for (std::size_t b = 0; b < nbuf; ++b) {
       const float* src = source(b);
       float* dst = tv.values[b].data();
-      for_each_overlap(s.map.pieces, d.offset, d.count,
+      for_each_overlap(held.pieces, d.offset, d.count,
                        [&](std::size_t l, std::size_t g, std::size_t k) { std::memcpy(dst + (g - d.offset), src + l, k * 4); });
       for (int r : e.senders) {
         const auto& theirs = w.ranks[static_cast<std::size_t>(r)].pieces;

@@ -47,7 +47,7 @@ struct rank_figures {
   double peak_gflops = 0;  ///< this rank's measured ceiling, GFLOP/s (monitor::measure_peak_gflops; 0: not measured)
   // Memory of loom's host buffers (loom::host_memory):
   double memory_peak_bytes = 0;  ///< the most this process's loom buffers held at once, when fit ended (since the process started or the last loom::reset_host_memory_peak())
-  double planned_bytes = 0;      ///< what loom::memory_plan says this rank needs at its share of a full batch (0: no plan, e.g. on a GPU backend)
+  double planned_bytes = 0;      ///< what loom::memory_plan says this rank needs at its share of a full batch (0: no plan, on a backend other than loom::cpu)
 
   double samples_per_s() const { return seconds > 0 ? samples / seconds : 0; }
   /// Algorithm and bus bandwidth of the gradient collectives while they were in flight, GB/s

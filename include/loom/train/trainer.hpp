@@ -809,9 +809,10 @@ class trainer {
     else return engine_.local_count();
   }
   /// What loom::memory_plan says this rank needs at its share of a full batch of `batch` (its
-  /// stage or slice, its replica's share); 0 where the plan does not apply (a GPU backend).
+  /// stage or slice, its replica's share); 0 where the plan does not apply: a backend other
+  /// than loom::cpu, which the plan models (loom::cuda, a test's reference backend).
   std::size_t planned_bytes(std::size_t batch) const {
-    if constexpr (!Backend::memory_space::host_accessible) {
+    if constexpr (!std::is_same_v<Backend, cpu>) {
       return 0;
     } else {
       const std::size_t replicas = static_cast<std::size_t>(engine_.replicas()), i = static_cast<std::size_t>(engine_.replica());
