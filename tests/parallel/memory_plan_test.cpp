@@ -270,29 +270,46 @@ namespace {
 template <class Net, class Policy, class Plan>
 std::size_t measure_local(int world, std::size_t batch, std::size_t steps = 4) {
   const auto& data = images(steps * batch);
-  std::vector<int> checked(static_cast<std::size_t>(world), 0);
+  // What each rank found, checked on this thread afterwards: Catch2's macros are not
+  // thread-safe (called from the ranks' threads they corrupted its heap now and then).
+  struct rank_found {
+    bool done = false, has_activations = false;
+    std::size_t parameter_bytes = 0, gradient_bytes = 0, optimizer_state_bytes = 0;
+    std::size_t peak_activation_bytes = 0, planned_activation_bytes = 0, live = 0, micro = 0;
+  };
+  std::vector<rank_found> found(static_cast<std::size_t>(world));
   const std::size_t measured = measure_peak([&] {
     loom::local_world(world).run([&](loom::local_comm& c) {
       loom::trainer<Net, loom::softmax_cross_entropy, loom::sgd, Policy> t{
           c, {.lr = 0.02f, .momentum = 0.9f}, {.seed = 1, .threads = 1}};
-      {
-        const loom::rank_memory& plan = Plan::for_rank(static_cast<std::size_t>(c.rank()));
-        auto& e = t.engine();
-        CHECK(plan.parameter_bytes == e.local_count() * sizeof(float));
-        CHECK(plan.gradient_bytes == e.local_count() * sizeof(float));
-        CHECK(plan.optimizer_state_bytes == e.optimizer().buffers().size() * sizeof(float));
-        t.fit(data, one_epoch(batch));
-        if constexpr (requires { e.peak_activation_bytes(); }) {
-          const std::size_t per_replica = (batch + static_cast<std::size_t>(t.replicas()) - 1) / static_cast<std::size_t>(t.replicas());
-          const std::size_t micro = (per_replica + plan.micro_batches - 1) / plan.micro_batches;
-          INFO("rank " << c.rank() << ": " << plan.live_micro_batches << " live micro-batches of " << micro);
-          CHECK(e.peak_activation_bytes() == plan.activation_bytes_per_sample * micro);
-        }
-        checked[static_cast<std::size_t>(c.rank())] = 1;
+      const loom::rank_memory& plan = Plan::for_rank(static_cast<std::size_t>(c.rank()));
+      auto& e = t.engine();
+      rank_found& f = found[static_cast<std::size_t>(c.rank())];
+      f.parameter_bytes = e.local_count() * sizeof(float);
+      f.gradient_bytes = e.local_count() * sizeof(float);
+      f.optimizer_state_bytes = e.optimizer().buffers().size() * sizeof(float);
+      t.fit(data, one_epoch(batch));
+      if constexpr (requires { e.peak_activation_bytes(); }) {
+        const std::size_t per_replica = (batch + static_cast<std::size_t>(t.replicas()) - 1) / static_cast<std::size_t>(t.replicas());
+        f.has_activations = true;
+        f.micro = (per_replica + plan.micro_batches - 1) / plan.micro_batches;
+        f.live = plan.live_micro_batches;
+        f.peak_activation_bytes = e.peak_activation_bytes();
+        f.planned_activation_bytes = plan.activation_bytes_per_sample * f.micro;
       }
+      f.done = true;
     });
   });
-  for (int r : checked) CHECK(r == 1);
+  for (std::size_t r = 0; r < found.size(); ++r) {
+    const rank_found& f = found[r];
+    const loom::rank_memory& plan = Plan::for_rank(r);
+    INFO("rank " << r << ": " << f.live << " live micro-batches of " << f.micro);
+    CHECK(f.done);
+    CHECK(plan.parameter_bytes == f.parameter_bytes);
+    CHECK(plan.gradient_bytes == f.gradient_bytes);
+    CHECK(plan.optimizer_state_bytes == f.optimizer_state_bytes);
+    if (f.has_activations) CHECK(f.peak_activation_bytes == f.planned_activation_bytes);
+  }
   return measured;
 }
 
