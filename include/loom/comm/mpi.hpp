@@ -666,6 +666,9 @@ class mpi_comm {
     watch_->wait(static_cast<int>(rs.size()), rs.data(), MPI_STATUSES_IGNORE, op, rank_);
   }
 
+  /// An empty request of operation op on this communicator (its rank and failure detector).
+  request new_request(const char* op) const;
+
   /// Whether blocks of counts (size() of them) go in one MPI call: each at most max_count()
   /// and all of them within int.
   bool v_fits(const std::size_t* counts) const noexcept {
@@ -839,13 +842,18 @@ class mpi_comm::request {
   std::shared_ptr<std::vector<int>> arrays_;  // counts and displacements MPI reads until completion
 };
 
-template <detail::comm_reducible T>
-mpi_comm::request mpi_comm::iallreduce(T* data, std::size_t count, reduce_op op) {
+inline mpi_comm::request mpi_comm::new_request(const char* op) const {
   request r;
-  r.op_ = "iallreduce";
+  r.op_ = op;
   r.rank_ = rank_;
   r.watch_ = watch_;
   r.generation_ = watch_ ? watch_->generation : 0;
+  return r;
+}
+
+template <detail::comm_reducible T>
+mpi_comm::request mpi_comm::iallreduce(T* data, std::size_t count, reduce_op op) {
+  request r = new_request("iallreduce");
   r.type_ = detail::mpi_datatype<T>();
   for_chunks(count, [&](std::size_t at, int n) {
     request::part p;
@@ -859,11 +867,7 @@ mpi_comm::request mpi_comm::iallreduce(T* data, std::size_t count, reduce_op op)
 template <detail::comm_value T>
 mpi_comm::request mpi_comm::isend(const T* data, std::size_t count, int peer, int tag) {
   check_rank("isend", "peer", peer);
-  request r;
-  r.op_ = "isend";
-  r.rank_ = rank_;
-  r.watch_ = watch_;
-  r.generation_ = watch_ ? watch_->generation : 0;
+  request r = new_request("isend");
   r.peer_ = peer;
   r.tag_ = tag;
   r.type_ = detail::mpi_datatype<T>();
@@ -878,11 +882,7 @@ mpi_comm::request mpi_comm::isend(const T* data, std::size_t count, int peer, in
 template <detail::comm_value T>
 mpi_comm::request mpi_comm::irecv(T* data, std::size_t count, int peer, int tag) {
   check_rank("irecv", "peer", peer);
-  request r;
-  r.op_ = "irecv";
-  r.rank_ = rank_;
-  r.watch_ = watch_;
-  r.generation_ = watch_ ? watch_->generation : 0;
+  request r = new_request("irecv");
   r.peer_ = peer;
   r.tag_ = tag;
   r.type_ = detail::mpi_datatype<T>();
@@ -897,11 +897,7 @@ mpi_comm::request mpi_comm::irecv(T* data, std::size_t count, int peer, int tag)
 
 template <detail::comm_reducible T>
 mpi_comm::request mpi_comm::ireduce_scatter_v(const T* in, T* out, const std::size_t* counts, reduce_op op) {
-  request r;
-  r.op_ = "ireduce_scatter_v";
-  r.rank_ = rank_;
-  r.watch_ = watch_;
-  r.generation_ = watch_ ? watch_->generation : 0;
+  request r = new_request("ireduce_scatter_v");
   r.type_ = detail::mpi_datatype<T>();
   const std::size_t n = static_cast<std::size_t>(size_);
   if (v_fits(counts)) {
@@ -930,11 +926,7 @@ mpi_comm::request mpi_comm::ireduce_scatter_v(const T* in, T* out, const std::si
 
 template <detail::comm_value T>
 mpi_comm::request mpi_comm::iallgather_v(T* data, const std::size_t* counts) {
-  request r;
-  r.op_ = "iallgather_v";
-  r.rank_ = rank_;
-  r.watch_ = watch_;
-  r.generation_ = watch_ ? watch_->generation : 0;
+  request r = new_request("iallgather_v");
   r.type_ = detail::mpi_datatype<T>();
   const std::size_t n = static_cast<std::size_t>(size_);
   if (v_fits(counts)) {
