@@ -9,6 +9,16 @@
 //              back to back (mpi_comm::with_max_count: the library's own chunking loop);
 //              chunked:SIZE for another piece size (several can run side by side)
 //   chunked-i  iallreduce in pieces of --chunk bytes, all in flight together, then wait
+//   bf16, fp16 what data_parallel<Comm, loom::compress<H>> does with its last bucket: the floats
+//              converted into a 16-bit copy (loom::to_half), one blocking allreduce of the copy
+//              (summed in float by loom's MPI_Op, rounded to 16 bits at every step), converted
+//              back (loom::from_half). Its bandwidth is counted on the float size, so that it
+//              compares with the others as time for the same gradients.
+//   rs-raw-b   MPI_Reduce_scatter of the buffer in size() equal blocks (out of place), blocking
+//   rs-raw     MPI_Ireduce_scatter + wait, the same (Open MPI: libnbc)
+//   rs-loom    loom::mpi_comm::ireduce_scatter_v + wait, the same (what ZeRO does with a bucket;
+//              a direct exchange over point-to-point messages). A reduce-scatter moves half
+//              what an allreduce does: "/raw" near 0.5 is what it should reach.
 // A `row:` line per (variant, size) on stdout: median latency over --repeats timed batches (each
 // a number of calls fixed by the size, about --seconds at 5 GB/s), the bus bandwidth
 // algbw * 2(n-1)/n, and the page faults per call (minor faults: fresh memory touched).
@@ -38,12 +48,14 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <numeric>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "../common/bench.hpp"
 #include "loom/comm/mpi.hpp"
+#include "loom/core/half.hpp"
 
 namespace {
 
@@ -67,7 +79,7 @@ struct flags {
 constexpr const char* usage = R"(usage: mpirun -np 2 bench_allreduce [flags]
   --sizes LIST      message sizes in bytes, comma-separated; K and M suffixes (default
                     4K,16K,64K,256K,1M,2M,4M,8M,16M,32M,64M)
-  --variants LIST   raw,loom,loom-i,chunked,chunked-i (default all); chunked:SIZE and
+  --variants LIST   raw,loom,loom-i,chunked,chunked-i,bf16,fp16 (default the first five); chunked:SIZE and
                     chunked-i:SIZE give a piece size of their own (e.g. chunked:4M,chunked:16M)
   --chunk BYTES     piece size of chunked and chunked-i without :SIZE (default 8M)
   --seconds X       length of one timed batch (default 0.1)
@@ -135,8 +147,10 @@ flags parse(int argc, char** argv) {
       f.variants = split_list(value);
       for (const auto& v : f.variants) {
         const std::string base = v.substr(0, v.find(':'));
-        if (base != "raw" && base != "loom" && base != "loom-i" && base != "chunked" && base != "chunked-i")
-          bad_flag("--variants takes raw, loom, loom-i, chunked[:SIZE], chunked-i[:SIZE]; got '" + v + "'");
+        if (base != "raw" && base != "loom" && base != "loom-i" && base != "chunked" && base != "chunked-i" &&
+            base != "bf16" && base != "fp16" && base != "rs-raw-b" && base != "rs-raw" && base != "rs-loom")
+          bad_flag("--variants takes raw, loom, loom-i, chunked[:SIZE], chunked-i[:SIZE], bf16, fp16, rs-raw-b, rs-raw, "
+                   "rs-loom; got '" + v + "'");
         if (v.find(':') != std::string::npos && base.rfind("chunked", 0) != 0)
           bad_flag("only chunked and chunked-i take a :SIZE, got '" + v + "'");
         if (v.find(':') != std::string::npos && bytes_value("variants", v.substr(v.find(':') + 1)) % sizeof(float))
@@ -178,11 +192,24 @@ double sum_over_ranks(double v) { return over_ranks(v, MPI_SUM); }
 // A variant: how it reduces, and the communicator it uses (for the chunked ones, the world with
 // counts above the piece size split into pieces: mpi_comm's own chunking loop).
 struct variant {
-  std::string name;  // as given: raw, loom, loom-i, chunked[:SIZE], chunked-i[:SIZE]
+  std::string name;  // as given: raw, loom, loom-i, chunked[:SIZE], chunked-i[:SIZE], bf16, fp16
   std::string kind;  // name without :SIZE
   std::size_t chunk = 0;
   loom::mpi_comm comm;
+  std::vector<loom::bf16> wire_bf16;  // bf16, fp16: the 16-bit copy, allocated once (as data_parallel's)
+  std::vector<loom::fp16> wire_fp16;
+  std::vector<float> shard;             // rs-*: this rank's reduced block
+  std::vector<int> counts;              // rs-raw*: MPI's receive counts
+  std::vector<std::size_t> loom_counts;  // rs-loom
 };
+
+template <class H>
+void compressed_allreduce(loom::mpi_comm& comm, std::vector<H>& wire, float* buf, std::size_t n) {
+  if (wire.size() < n) wire.resize(n);
+  loom::to_half(buf, wire.data(), n);
+  comm.allreduce(wire.data(), n, loom::reduce_op::sum);
+  loom::from_half(wire.data(), buf, n);
+}
 
 // One in-place float-sum allreduce of buf[0, n) the way v does it.
 void run_variant(variant& v, float* buf, std::size_t n) {
@@ -194,6 +221,40 @@ void run_variant(variant& v, float* buf, std::size_t n) {
     }
   } else if (v.kind == "loom" || v.kind == "chunked") {
     v.comm.allreduce(buf, n, loom::reduce_op::sum);
+  } else if (v.kind.rfind("rs-", 0) == 0) {
+    // Blocks of n / ranks (the last one takes the rest), as ZeRO cuts a bucket.
+    const int ranks = v.comm.size();
+    if (v.counts.size() != std::size_t(ranks) || std::accumulate(v.counts.begin(), v.counts.end(), std::size_t(0)) != n) {
+      v.counts.assign(std::size_t(ranks), int(n / std::size_t(ranks)));
+      v.counts.back() = int(n - (std::size_t(ranks) - 1) * (n / std::size_t(ranks)));
+      v.loom_counts.assign(v.counts.begin(), v.counts.end());
+      v.shard.assign(std::size_t(*std::max_element(v.counts.begin(), v.counts.end())), 0.0f);
+    }
+    int rc = MPI_SUCCESS;
+    if (v.kind == "rs-raw-b") {
+      rc = MPI_Reduce_scatter(buf, v.shard.data(), v.counts.data(), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    } else if (v.kind == "rs-raw") {
+      MPI_Request q;
+      rc = MPI_Ireduce_scatter(buf, v.shard.data(), v.counts.data(), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &q);
+      if (rc == MPI_SUCCESS) rc = MPI_Wait(&q, MPI_STATUS_IGNORE);
+    } else {
+      v.comm.ireduce_scatter_v(buf, v.shard.data(), v.loom_counts.data(), loom::reduce_op::sum).wait();
+    }
+    if (rc != MPI_SUCCESS) {
+      std::fprintf(stderr, "bench_allreduce: %s failed\n", v.kind.c_str());
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    // The reduced block back into its place, so that the check below sees an allreduce's
+    // result in this rank's block. The copy (n / ranks floats) is timed with each of the three
+    // alike.
+    const int me = v.comm.rank();
+    std::size_t at = 0;
+    for (int j = 0; j < me; ++j) at += std::size_t(v.counts[std::size_t(j)]);
+    std::copy(v.shard.begin(), v.shard.begin() + v.counts[std::size_t(me)], buf + at);
+  } else if (v.kind == "bf16") {
+    compressed_allreduce(v.comm, v.wire_bf16, buf, n);
+  } else if (v.kind == "fp16") {
+    compressed_allreduce(v.comm, v.wire_fp16, buf, n);
   } else {  // loom-i, chunked-i: what data_parallel does with a bucket
     v.comm.iallreduce(buf, n, loom::reduce_op::sum).wait();
   }
@@ -204,7 +265,7 @@ int allreduce_mode(const flags& f) {
   const int rank = world.rank(), ranks = world.size();
   std::vector<variant> variants;
   for (const auto& name : f.variants) {
-    variant v{name, name.substr(0, name.find(':')), 0, world};
+    variant v{name, name.substr(0, name.find(':')), 0, world, {}, {}, {}, {}, {}};
     if (v.kind.rfind("chunked", 0) == 0) {
       v.chunk = name.find(':') == std::string::npos ? f.chunk : bytes_value("variants", name.substr(name.find(':') + 1));
       v.comm = world.with_max_count(v.chunk / sizeof(float));
@@ -223,8 +284,12 @@ int allreduce_mode(const flags& f) {
     for (auto& v : variants) {
       std::fill(buf.begin(), buf.begin() + std::ptrdiff_t(n), float(rank + 1));
       run_variant(v, buf.data(), n);
-      std::size_t bad = 0;
-      for (std::size_t i = 0; i < n; ++i) bad += buf[i] != want;
+      std::size_t bad = 0, lo = 0, hi = n;
+      if (v.kind.rfind("rs-", 0) == 0) {  // only this rank's block holds the reduction
+        lo = std::size_t(rank) * (n / std::size_t(ranks));
+        hi = rank + 1 == ranks ? n : lo + n / std::size_t(ranks);
+      }
+      for (std::size_t i = lo; i < hi; ++i) bad += buf[i] != want;
       if (max_over_ranks(double(bad)) > 0) {
         std::fprintf(stderr, "bench_allreduce: %s at %zu bytes gave wrong sums on rank %d (%zu elements)\n", v.name.c_str(),
                      bytes, rank, bad);

@@ -14,6 +14,17 @@
 #                         choice), and loom's iallreduce with each of libnbc's (0..4).
 #   run.sh malloc         raw, loom-i and chunked at 16-64 MiB with glibc's malloc as is and with
 #                         mmap off (GLIBC_TUNABLES), to show what the per-call scratch buffer costs.
+#   run.sh cluster [--rate R] [--repeats 5] [--seconds 0.1] [--sizes LIST]
+#                         the main table over TCP: 2 hosts x 1 rank of the multi-host harness
+#                         (tests/cluster/harness.sh: network namespaces, veth, btl tcp,self,
+#                         --bind-to none), each host's link limited to R with tc tbf when given
+#                         (e.g. 1gbit; default: not limited). Needs root; exits 77 without it.
+#   run.sh reduce-scatter [--cluster] [--rate R] [--repeats 5] [--sizes LIST]
+#                         ZeRO's gradient exchange: Open MPI's MPI_Reduce_scatter (blocking) and
+#                         MPI_Ireduce_scatter against loom's ireduce_scatter_v (a direct exchange),
+#                         each as time over a raw MPI_Allreduce of the same buffer in the same run
+#                         (a reduce-scatter moves half of it: 0.5 is the goal); --cluster: 2 hosts
+#                         x 1 rank of the multi-host harness over TCP, as cluster.
 #   run.sh print FILE...  the tables again from the raw lines of earlier runs.
 # Environment: LOOM_BUILD_DIR (default build/; if configuring or building there fails,
 # build-bench/ with LOOM_BUILD_TESTS=OFF), LOOM_JOBS (default 2), RANKS (default 2), RESULTS
@@ -84,23 +95,25 @@ table_print() {
     }
     END {
       for (k in runs) { split(k, kk, SUBSEP); lat[kk[1], kk[2]] = med(runs[k]) }
-      printf "%6s %9s %6s | %9s %6s %5s | %6s %5s | %9s %6s %5s | %6s %5s | %7s %7s %7s | %s\n", "", "raw", "", \
-        "loom", "", "", "loom-i", "", "chunked", "", "", "chunk-i", "", "faults", "per", "call", "others"
-      printf "%6s %9s %6s | %9s %6s %5s | %6s %5s | %9s %6s %5s | %6s %5s | %7s %7s %7s | %s\n", "size", "us", "GB/s", \
-        "us", "GB/s", "/raw", "GB/s", "/raw", "us", "GB/s", "/raw", "GB/s", "/raw", "raw", "loom-i", "chunked", "cores"
+      printf "%6s %9s %6s | %9s %6s %5s | %6s %5s | %9s %6s %5s | %6s %5s | %6s %5s | %6s %5s | %7s %7s %7s | %s\n", "", "raw", "", \
+        "loom", "", "", "loom-i", "", "chunked", "", "", "chunk-i", "", "bf16", "", "fp16", "", "faults", "per", "call", "others"
+      printf "%6s %9s %6s | %9s %6s %5s | %6s %5s | %9s %6s %5s | %6s %5s | %6s %5s | %6s %5s | %7s %7s %7s | %s\n", "size", "us", "GB/s", \
+        "us", "GB/s", "/raw", "GB/s", "/raw", "us", "GB/s", "/raw", "GB/s", "/raw", "GB/s", "/raw", "GB/s", "/raw", "raw", "loom-i", "chunked", "cores"
       for (i = 1; i <= rows; i++) {
         b = order[i]
-        printf "%6s %9s %6s | %9s %6s %5s | %6s %5s | %9s %6s %5s | %6s %5s | %7s %7s %7s | %s\n", size(b), \
+        printf "%6s %9s %6s | %9s %6s %5s | %6s %5s | %9s %6s %5s | %6s %5s | %6s %5s | %6s %5s | %7s %7s %7s | %s\n", size(b), \
           us("raw", b), bw("raw", b), us("loom", b), bw("loom", b), r("loom", b), bw("loom-i", b), r("loom-i", b), \
           us("chunked", b), bw("chunked", b), r("chunked", b), bw("chunked-i", b), r("chunked-i", b), \
+          bw("bf16", b), r("bf16", b), bw("fp16", b), r("fp16", b), \
           fl("raw", b), fl("loom-i", b), fl("chunked", b), oth[b] ((oth[b] + 0 > 0.25) ? "*" : "")
-        if (b >= 1048576) {
-          for (k = 1; k <= 2; k++) {
-            v = (k == 1) ? "loom" : "chunked"
-            if (((v, b) in lat) && (("raw", b) in lat)) {
-              q = lat["raw", b] / lat[v, b]
-              if (!(v in worst) || q < worst[v]) { worst[v] = q; wsize[v] = size(b) }
-            }
+        # Targets: loom and chunked from 1 MiB (the allreduce issue), loom-i (the overlapped path
+        # data_parallel takes) from 64 KiB (issue 13).
+        for (k = 1; k <= 3; k++) {
+          v = (k == 1) ? "loom" : (k == 2) ? "chunked" : "loom-i"
+          if (b < ((k == 3) ? 65536 : 1048576)) continue
+          if (((v, b) in lat) && (("raw", b) in lat)) {
+            q = lat["raw", b] / lat[v, b]
+            if (!(v in worst) || q < worst[v]) { worst[v] = q; wsize[v] = size(b) }
           }
         }
         if (oth[b] + 0 > 0.25) marked = 1
@@ -109,13 +122,15 @@ table_print() {
       print "us: median time per call; GB/s: bus bandwidth = size / time * 2(n-1)/n; /raw: raw time / this time"
       print "(above 1: faster than raw MPI_Allreduce); faults: minor page faults per call (fresh memory touched)."
       printf "chunked = allreduce in pieces of %s bytes back to back (mpi_comm::with_max_count); chunk-i = the same\n", chunk
-      print "pieces as iallreduce, all in flight, then wait; loom-i = one iallreduce + wait (what data_parallel does)."
+      print "pieces as iallreduce, all in flight, then wait; loom-i = one iallreduce + wait (what data_parallel does);"
+      print "bf16, fp16 = to 16 bits, allreduce of the copy (summed in float), back (the last bucket of loom::compress<H>),"
+      print "GB/s on the float size."
       if (marked) print "* other processes kept more than 0.25 cores busy during that size (the most of any batch): noisy."
       print ""
-      for (k = 1; k <= 2; k++) {
-        v = (k == 1) ? "loom" : "chunked"
+      for (k = 1; k <= 3; k++) {
+        v = (k == 1) ? "loom" : (k == 2) ? "chunked" : "loom-i"
         if (v in worst)
-          printf "target (%s/raw >= 0.95 at every size from 1M): %s (lowest %.2f at %s)\n", v, \
+          printf "target (%s/raw >= 0.95 at every size from %s): %s (lowest %.2f at %s)\n", v, (k == 3) ? "64K" : "1M", \
             (worst[v] >= 0.95 ? "meets" : "misses"), worst[v], wsize[v]
       }
     }' "$@"
@@ -141,7 +156,7 @@ table() {
   # blocks they leave would serve raw's 32-64 MiB scratch allocations without page faults,
   # which a program of only raw calls does not get.
   for size in ${sizes//,/ }; do
-    for v in raw,loom,loom-i,chunked chunked-i; do
+    for v in raw,loom,loom-i,chunked,bf16,fp16 chunked-i; do
       echo "run.sh: table: ${mpi[*]} -np $ranks $bench --variants $v --sizes $size --chunk $chunk --repeats $repeats" \
         "--seconds $seconds" >&2
       quiet_wait
@@ -151,7 +166,7 @@ table() {
   done
   echo
   header "Allreduce, float sum in place, $ranks ranks, median of $repeats batches, $((SECONDS - started)) s"
-  echo "  (per size, raw, loom, loom-i, chunked interleaved batch by batch in one mpirun -np $ranks, chunk-i in"
+  echo "  (per size, raw, loom, loom-i, chunked, bf16, fp16 interleaved batch by batch in one mpirun -np $ranks, chunk-i in"
   echo "  a second one; batches of ~${seconds} s at 5 GB/s)"
   echo
   table_print "$out"
@@ -355,6 +370,118 @@ malloc_print() {
 }
 
 # ---------------------------------------------------------------------------------------------
+# The main table across 2 hosts of the multi-host harness (one rank each, TCP over veth).
+cluster() {
+  local repeats=5 seconds=0.1 chunk=16M sizes=64K,256K,1M,4M,16M,64M rate="" v size
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --rate) rate=$2; shift 2 ;;
+      --repeats) repeats=$2; shift 2 ;;
+      --seconds) seconds=$2; shift 2 ;;
+      --chunk) chunk=$2; shift 2 ;;
+      --sizes) sizes=$2; shift 2 ;;
+      *) die "unknown flag $1 (see the top of $0)" ;;
+    esac
+  done
+  [ "$(id -u)" = 0 ] || { echo "run.sh: cluster needs root (ip netns, tc)" >&2; exit 77; }
+  [ "$ranks" = 2 ] || die "cluster runs 2 hosts x 1 rank (RANKS=$ranks)"
+  CLUSTER_PREFIX=${CLUSTER_PREFIX:-loomar}
+  # shellcheck source=../../tests/cluster/harness.sh
+  source "$repo/tests/cluster/harness.sh"
+  cluster_up 2
+  cluster_hostfile "$CLUSTER_DIR/hosts" 1
+  if [ -n "$rate" ]; then cluster_limit 0 "$rate" 4mbit; cluster_limit 1 "$rate" 4mbit; fi
+  local out="$results-cluster.txt" started=$SECONDS
+  : >"$out"
+  : >"$out.stderr"
+  for size in ${sizes//,/ }; do
+    for v in raw,loom,loom-i,chunked,bf16,fp16 chunked-i; do
+      echo "run.sh: cluster: -np 2 --map-by node $bench --variants $v --sizes $size --repeats $repeats" >&2
+      cluster_mpirun --hostfile "$CLUSTER_DIR/hosts" --map-by node -np 2 -x OMP_NUM_THREADS=1 "$bench" --variants "$v" \
+        --chunk "$chunk" --sizes "$size" --repeats "$repeats" --seconds "$seconds" 2>>"$out.stderr" | tee -a "$out" >&2 ||
+        die "bench_allreduce failed across the hosts (see $out.stderr)"
+    done
+  done
+  echo
+  header "Allreduce over TCP, float sum in place, 2 hosts x 1 rank (network namespaces, veth, btl tcp,self; link $([ -n "$rate" ] && echo "limited to $rate by tc tbf" || echo "not limited")), median of $repeats batches, $((SECONDS - started)) s"
+  echo
+  table_print "$out"
+  echo "raw lines: $out"
+  cluster_down
+  trap - EXIT
+}
+
+# ---------------------------------------------------------------------------------------------
+reduce_scatter() {
+  local repeats=5 seconds=0.1 sizes=64K,256K,1M,4M,16M,64M rate="" on_cluster=0 size out started=$SECONDS
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --cluster) on_cluster=1; shift ;;
+      --rate) rate=$2; shift 2 ;;
+      --repeats) repeats=$2; shift 2 ;;
+      --seconds) seconds=$2; shift 2 ;;
+      --sizes) sizes=$2; shift 2 ;;
+      *) die "unknown flag $1 (see the top of $0)" ;;
+    esac
+  done
+  out="$results-rs.txt"
+  local run=("${mpi[@]}" -np "$ranks") where="$ranks ranks on one host (shared memory)"
+  if [ "$on_cluster" = 1 ]; then
+    [ "$(id -u)" = 0 ] || { echo "run.sh: --cluster needs root (ip netns, tc)" >&2; exit 77; }
+    CLUSTER_PREFIX=${CLUSTER_PREFIX:-loomar}
+    # shellcheck source=../../tests/cluster/harness.sh
+    source "$repo/tests/cluster/harness.sh"
+    cluster_up 2
+    cluster_hostfile "$CLUSTER_DIR/hosts" 1
+    if [ -n "$rate" ]; then cluster_limit 0 "$rate" 4mbit; cluster_limit 1 "$rate" 4mbit; fi
+    run=(cluster_mpirun --hostfile "$CLUSTER_DIR/hosts" --map-by node -np 2 -x OMP_NUM_THREADS=1)
+    where="2 hosts x 1 rank over TCP (network namespaces; link $([ -n "$rate" ] && echo "limited to $rate" || echo "not limited"))"
+    out="$results-rs-cluster.txt"
+  fi
+  : >"$out"
+  for size in ${sizes//,/ }; do
+    echo "run.sh: reduce-scatter: ${run[*]} $bench --variants raw,rs-raw-b,rs-raw,rs-loom --sizes $size" >&2
+    "${run[@]}" "$bench" --variants raw,rs-raw-b,rs-raw,rs-loom --sizes "$size" --repeats "$repeats" --seconds "$seconds" \
+      2>>"$out.stderr" | tee -a "$out" >&2 || die "bench_allreduce failed (see $out.stderr)"
+  done
+  echo
+  header "Reduce-scatter, float sum, $where, median of $repeats batches, $((SECONDS - started)) s"
+  echo
+  rs_print "$out"
+  echo "raw lines: $out"
+  if [ "$on_cluster" = 1 ]; then cluster_down; trap - EXIT; fi
+}
+
+rs_print() {
+  awk '
+    function get(line, key,   n, i, a) {
+      n = split(line, a, " ")
+      for (i = 1; i <= n; i++) if (index(a[i], key "=") == 1) return substr(a[i], length(key) + 2)
+      return ""
+    }
+    function size(b) { return (b + 0 >= 1048576) ? sprintf("%dM", b / 1048576) : sprintf("%dK", b / 1024) }
+    /^row:/ {
+      b = get($0, "bytes"); v = get($0, "impl")
+      if (!(b in seen)) { seen[b] = 1; order[++rows] = b }
+      lat[v, b] = get($0, "latency_us"); o = get($0, "others_cores"); if (!(b in oth) || o + 0 > oth[b] + 0) oth[b] = o
+    }
+    function cell(v, b) { return ((v, b) in lat) ? sprintf("%9.1f %5.2f", lat[v, b], lat[v, b] / lat["raw", b]) : sprintf("%9s %5s", "-", "-") }
+    END {
+      printf "%6s | %12s | %15s | %15s | %15s | %s\n", "", "MPI_Allreduce", "MPI_Reduce_sc.", "MPI_Ireduce_sc.", "loom ireduce_sc.", "others"
+      printf "%6s | %12s | %9s %5s | %9s %5s | %9s %5s | %s\n", "size", "us", "us", "/ar", "us", "/ar", "us", "/ar", "cores"
+      for (i = 1; i <= rows; i++) {
+        b = order[i]
+        printf "%6s | %12.1f | %s | %s | %s | %s\n", size(b), lat["raw", b], cell("rs-raw-b", b), cell("rs-raw", b), cell("rs-loom", b), oth[b]
+        if (("rs-loom", b) in lat && ("rs-raw", b) in lat) { q = lat["rs-raw", b] / lat["rs-loom", b]; if (worst == "" || q < worst) { worst = q; ws = size(b) } }
+      }
+      print ""
+      print "us: median time per call; /ar: that time over the MPI_Allreduce of the whole buffer (a reduce-scatter"
+      print "moves half of what an allreduce does: 0.5 is the goal). MPI_Ireduce_sc. and loom are followed by a wait."
+      if (worst != "") printf "loom ireduce_scatter_v against MPI_Ireduce_scatter: at least %.2fx as fast (lowest at %s)\n", worst, ws
+    }' "$@"
+}
+
+# ---------------------------------------------------------------------------------------------
 print_files() {
   local f
   for f in "$@"; do
@@ -362,6 +489,7 @@ print_files() {
     if grep -q '^mem:' "$f"; then memory_print "$f"
     elif grep -q 'family=' "$f"; then algorithms_print "$f"
     elif grep -q 'malloc=' "$f"; then malloc_print "$f"
+    elif grep -q 'impl=rs-' "$f"; then rs_print "$f"
     else table_print "$f"; fi
     echo
   done
@@ -369,7 +497,8 @@ print_files() {
 
 mode=all
 case ${1:-} in
-  all | table | memory | algorithms | malloc) mode=$1; shift ;;
+  all | table | memory | algorithms | malloc | cluster) mode=$1; shift ;;
+  reduce-scatter) mode=reduce_scatter; shift ;;
   print) shift; print_files "$@"; exit 0 ;;
   -h | --help) sed -n '3,/^set -e/{/^set -e/!s/^# \{0,1\}//p}' "$0"; exit 0 ;;
 esac
@@ -380,6 +509,8 @@ case $mode in
     memory; echo; table "$@"; echo; algorithms; echo; malloc_sweep
     echo; echo "run.sh: all done in $((SECONDS - started)) s" ;;
   table) table "$@" ;;
+  cluster) cluster "$@" ;;
+  reduce_scatter) reduce_scatter "$@" ;;
   memory) memory ;;
   algorithms) algorithms ;;
   malloc) malloc_sweep ;;

@@ -144,17 +144,52 @@ TEST_CASE("ZeRO's collectives: reduce-scatter and in-place allgather of blocks o
           if (j < me) mine_at += counts[j];
           total += counts[j];
         }
-        const auto in = values<float>(c.rank(), total, 2);
-        std::vector<float> out(std::max<std::size_t>(1, counts[me]), 7.0f);
-        c.ireduce_scatter_v(in.data(), out.data(), counts.data(), reduce_op::sum).wait();
-        std::vector<float> want(counts[me]);
-        for (std::size_t i = 0; i < counts[me]; ++i) {
-          float acc = value<float>(0, mine_at + i, 2);
-          for (int r = 1; r < c.size(); ++r) acc = reduce(acc, value<float>(r, mine_at + i, 2), reduce_op::sum);
-          want[i] = acc;
+        // Every reducible type and op, non-blocking and blocking; sums combined in rank order.
+        for_types<float, double, std::int64_t>([&]<class T>(std::type_identity<T>) {
+          for (const reduce_op op : {reduce_op::sum, reduce_op::max}) {
+            const auto in = values<T>(c.rank(), total, 2);
+            std::vector<T> want(counts[me]);
+            for (std::size_t i = 0; i < counts[me]; ++i) {
+              T acc = value<T>(0, mine_at + i, 2);
+              for (int r = 1; r < c.size(); ++r) acc = reduce(acc, value<T>(r, mine_at + i, 2), op);
+              want[i] = acc;
+            }
+            const std::string what = std::string(" ") + loom::to_string(op) + " of " + type_name<T>();
+            std::vector<T> out(std::max<std::size_t>(1, counts[me]), T(7));
+            c.ireduce_scatter_v(in.data(), out.data(), counts.data(), op).wait();
+            out.resize(counts[me]);
+            k.equal(at("ireduce_scatter_v" + what, n), out, want);
+            std::vector<T> blocking(std::max<std::size_t>(1, counts[me]), T(7));
+            c.reduce_scatter_v(in.data(), blocking.data(), counts.data(), op);
+            blocking.resize(counts[me]);
+            k.equal(at("reduce_scatter_v" + what, n), blocking, want);
+          }
+        });
+        // Two in flight at once, completed in the other order (test() polled on the second, as
+        // data_parallel does with its buckets): each gets its own blocks.
+        {
+          const auto in1 = values<float>(c.rank(), total, 2), in2 = values<float>(c.rank(), total, 3);
+          std::vector<float> out1(std::max<std::size_t>(1, counts[me])), out2(out1.size());
+          auto r1 = c.ireduce_scatter_v(in1.data(), out1.data(), counts.data(), reduce_op::sum);
+          auto r2 = c.ireduce_scatter_v(in2.data(), out2.data(), counts.data(), reduce_op::sum);
+          while (!r2.test()) {
+          }
+          r1.wait();
+          std::vector<float> want1(counts[me]), want2(counts[me]);
+          for (std::size_t i = 0; i < counts[me]; ++i) {
+            float a1 = value<float>(0, mine_at + i, 2), a2 = value<float>(0, mine_at + i, 3);
+            for (int r = 1; r < c.size(); ++r) {
+              a1 = reduce(a1, value<float>(r, mine_at + i, 2), reduce_op::sum);
+              a2 = reduce(a2, value<float>(r, mine_at + i, 3), reduce_op::sum);
+            }
+            want1[i] = a1;
+            want2[i] = a2;
+          }
+          out1.resize(counts[me]);
+          out2.resize(counts[me]);
+          k.equal(at("two ireduce_scatter_v in flight, the first", n), out1, want1);
+          k.equal(at("two ireduce_scatter_v in flight, the second", n), out2, want2);
         }
-        out.resize(counts[me]);
-        k.equal(at("ireduce_scatter_v", n), out, want);
         // In place: every rank's own block, the others' overwritten.
         std::vector<float> data(total, -1.0f), whole(total);
         for (std::size_t j = 0, at_j = 0; j < ranks; at_j += counts[j], ++j) {
