@@ -298,6 +298,7 @@ class environment {
   /// makes the result mpi_comm::world(). The trainer then skips its start-up collectives and
   /// its first fit takes the survivors' state (detail::joining_as_replacement).
   static void join_survivors(MPI_Comm parent) {
+    detail::exit_status_name = "replacement-" + std::to_string(::getpid());
     detail::replacement_started_unix =
         std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     MPI_Comm_set_errhandler(parent, MPI_ERRORS_RETURN);
@@ -456,6 +457,7 @@ class mpi_comm {
     } me{static_cast<long>(::getpid()), 0, {}};
     std::copy(host, host + sizeof host, me.host);
     MPI_Comm_rank(MPI_COMM_WORLD, &me.world_rank);
+    if (detail::joined_world != MPI_COMM_NULL) me.world_rank = -1;  // a replacement: not of the job's MPI_COMM_WORLD
     std::vector<me_t> all(static_cast<std::size_t>(size_));
     detail::check_mpi(MPI_Allgather(&me, sizeof me, MPI_BYTE, all.data(), sizeof me, MPI_BYTE, comm_),
                       "watch_for_failures", rank_);

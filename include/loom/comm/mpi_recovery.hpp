@@ -478,7 +478,10 @@ inline replacement_spawn spawn_replacements(mpi_comm& c, const std::vector<std::
   if (me == 0) {
     std::error_code ec;
     out.command = std::filesystem::read_symlink("/proc/self/exe", ec).string();
-    const std::vector<std::string> args = detail::own_arguments();
+    std::vector<std::string> args = detail::own_arguments();
+    // LOOM_REPLACE_EXTRA_ARG: one more argument for the newcomers (tests: one that changes
+    // the job, which the survivors must refuse).
+    if (const char* extra = std::getenv("LOOM_REPLACE_EXTRA_ARG"); extra && *extra) args.emplace_back(extra);
     std::vector<char*> argv;
     for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);

@@ -151,13 +151,17 @@ inline double replacement_started_unix = 0;
 /// `mpirun --enable-recovery` mpirun's own exit status is 0 whatever the ranks do): writes
 /// `<dir>/rank-<world rank>.status` holding `what` ("finished", "failed <code>", "left"); the
 /// first call wins. Never throws.
+/// The name of this process in those files instead of its world rank (a replacement of a lost
+/// rank, whose MPI_COMM_WORLD is its own: "replacement-<pid>").
+inline std::string exit_status_name;
 inline void write_exit_status(const std::string& what) noexcept {
   static bool written = false;
   const char* dir = std::getenv("LOOM_STATUS_DIR");
   if (written || !dir || !*dir) return;
   written = true;
   const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
-  const std::string path = std::string(dir) + "/rank-" + (rank && *rank ? rank : "0") + ".status";
+  const std::string name = !exit_status_name.empty() ? exit_status_name : rank && *rank ? rank : "0";
+  const std::string path = std::string(dir) + "/rank-" + name + ".status";
   if (std::FILE* f = std::fopen(path.c_str(), "w")) {
     std::fprintf(f, "%s\n", what.c_str());
     std::fclose(f);

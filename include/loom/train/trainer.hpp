@@ -1135,7 +1135,8 @@ class trainer {
       const int old_rank = comm.rank();
       const recovery_result res = recover_world(comm, q);
       auto who = [&](const recovery_roll_entry& e) {
-        return "rank " + std::to_string(e.rank) + " (world rank " + std::to_string(e.world_rank) + ", pid " +
+        return "rank " + std::to_string(e.rank) + " (" +
+               (e.world_rank < 0 ? std::string("a replacement") : "world rank " + std::to_string(e.world_rank)) + ", pid " +
                std::to_string(e.pid) + " on " + e.host + ")";
       };
       std::string roll;
@@ -1252,7 +1253,7 @@ class trainer {
     }
     std::uint64_t refused = diff.empty() ? 0 : 1;
     m.allreduce(&refused, 1, reduce_op::max);
-    if (refused) return newcomer ? diff : std::string(" (a replacement runs another job: it says which on its stderr)");
+    if (refused) return newcomer ? diff : std::string("refused");
     m.watch_for_failures(opts.fault.startup_deadline_s);
     m.watch()->job_id = job_id;
     m.watch()->generation = generation;
@@ -1319,7 +1320,7 @@ class trainer {
     const auto t1 = monitor::clock::now();
     try {
       const std::string refused = join_exchange(merged, /*newcomer=*/false, opts);
-      if (!refused.empty()) return give_up("the process started runs another job" + refused);
+      if (!refused.empty()) return give_up("the process started runs another job (it names the fields that differ on its stderr)");
     } catch (const rank_failure& e) {
       return give_up(std::string("it did not join within fault_options::replace_timeout_s: ") + e.what());
     }
