@@ -19,6 +19,7 @@
 
 #include "loom/backend/kernels/optim.hpp"
 #include "loom/core/error.hpp"
+#include "loom/core/fault.hpp"
 #include "loom/core/memory.hpp"
 #include "loom/monitor/figures.hpp"
 #include "loom/monitor/timeline.hpp"
