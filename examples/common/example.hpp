@@ -59,6 +59,7 @@ struct flags {
   bool fault_detection = true;
   double fault_deadline = 0;
   std::string recovery = "auto";
+  bool replace_failed = false;
 };
 
 inline constexpr const char* common_usage = R"(  --model mlp|cnn        network to train (default mlp: 784-256-128-10 with ReLU;
@@ -100,6 +101,9 @@ inline constexpr const char* common_usage = R"(  --model mlp|cnn        network 
                          mpirun --enable-recovery or loomrun; docs/fault-tolerance.md)
   --fault-deadline S     a collective unfinished after S seconds means a failed peer (default:
                          20 x the median step time, at least 0.5 s)
+  --replace-failed       after a recovery that lost ranks, start as many new processes of this
+                         program (MPI_Comm_spawn) and go on with the same number of ranks
+                         again (data parallel without --zero; under mpirun --enable-recovery)
   --no-fault-detection   no deadlines: a dead peer blocks the others until mpirun ends the job
   --load-weights FILE    start from the weights in FILE (safetensors, PyTorch's names)
   --save-weights FILE    after training, write the weights to FILE (one safetensors file)
@@ -159,6 +163,10 @@ class parser {
       }
       if (a == "--resume") {
         f.resume = true;
+        continue;
+      }
+      if (a == "--replace-failed") {
+        f.replace_failed = true;
         continue;
       }
       if (a == "--no-fault-detection") {
@@ -293,6 +301,7 @@ inline loom::fit_options fit_options_of(const flags& f) {
                    .keep = f.checkpoint_keep, .resume = f.resume};
   fo.fault.detect = f.fault_detection;
   fo.fault.deadline_s = f.fault_deadline;
+  fo.fault.replace = f.replace_failed;
   fo.fault.recovery = f.recovery == "on" ? loom::recovery_mode::on : f.recovery == "off" ? loom::recovery_mode::off
                                                                                         : loom::recovery_mode::automatic;
   fo.progress = f.quiet ? nullptr : &std::cerr;

@@ -23,6 +23,18 @@
 #          byte for byte those of the run without a failure (the split-invariant sum is the same on
 #          N and N-1 ranks, and the interrupted step is computed again from the same state);
 #          Any mode whose flags hold --deterministic-chunk checks the same.
+#   replace  kill as above, with --replace-failed among the flags: the survivors start a new
+#          process for the lost rank and go on with NP ranks again. Requires as kill (ranks=NP
+#          now), plus the replacement's report ("loom: replacement after recovery N ... replaced
+#          rank R ... by rank ..." and its first good step), a status file "finished" from every
+#          rank (the replacement's too: LOOM_STATUS_DIR), and, under --deterministic-chunk, the
+#          clean run's weights byte for byte. Prints spawn, merge and signal -> first good step.
+#   refused  replace, with the runtime refusing the new process (LOOM_REPLACE_HOST names a host
+#          outside the allocation): the survivors say why and go on with NP-1 ranks, each
+#          finished ("finished" status files; mpirun itself then exits with status 1, which is
+#          not asserted).
+#   foreign  replace, with the new process given another seed (LOOM_REPLACE_EXTRA_ARG=--seed=7):
+#          it names the field that differs and leaves; the survivors go on with NP-1 ranks.
 #   plain  plain mpirun (no recovery: it kills the survivors a second after a rank dies), kill -9
 #          of one rank: a survivor writes an emergency checkpoint of the last step it finished,
 #          newer than the last periodic one, and a run resumed from it ends with the weights, byte
@@ -79,6 +91,13 @@ fi
 
 expect=$((np - 1))
 [ "$mode" = twice ] || [ "$mode" = during ] && expect=$((np - 2))
+[ "$mode" = replace ] && expect=$np
+case $mode in
+  refused) export LOOM_REPLACE_HOST=no-such-host.invalid ;;
+  foreign) export LOOM_REPLACE_EXTRA_ARG=--seed=7 ;;
+esac
+replacing=""
+case $mode in replace|refused|foreign) replacing=1 ;; esac
 echo "== the run without a failure ($np ranks)"
 "${mpi[@]}" --enable-recovery -np "$np" "$program" "${flags[@]}" --save-weights "$work/clean.safetensors" \
   > "$work/clean.out" 2> "$work/clean.err" ||
@@ -90,7 +109,9 @@ times=()
 for t in $(seq 1 "$trials"); do
   d="$work/trial$t"
   mkdir -p "$d"
-  (exec "${mpi[@]}" --enable-recovery -np "$np" "$program" "${flags[@]}" --checkpoint-dir "$d/ck" --checkpoint-every 50 \
+  mkdir -p "$d/status"
+  (export LOOM_STATUS_DIR="$d/status"
+   exec "${mpi[@]}" --enable-recovery -x LOOM_STATUS_DIR -np "$np" "$program" "${flags[@]}" --checkpoint-dir "$d/ck" --checkpoint-every 50 \
      --save-weights "$d/weights.safetensors" > "$d/out" 2> "$d/err") &
   job=$!
   for _ in $(seq 1 6000); do [ -d "$d/ck/step-50" ] && break; kill -0 $job 2>/dev/null || break; sleep 0.01; done
@@ -100,7 +121,7 @@ for t in $(seq 1 "$trials"); do
   [ "${#pids[@]}" -eq "$np" ] || fail "trial $t: found ${#pids[@]} rank processes under mpirun, expected $np"
   i=$((RANDOM % np))
   case $mode in
-    kill|twice|during|bitwise) kill -9 "${pids[$i]}"; what="kill -9" ;;
+    kill|twice|during|bitwise|replace|refused|foreign) kill -9 "${pids[$i]}"; what="kill -9" ;;
     stop) kill -STOP "${pids[$i]}"; what="SIGSTOP" ;;
   esac
   at=$(now)
@@ -120,7 +141,39 @@ for t in $(seq 1 "$trials"); do
   fi
   wait $job
   status=$?
-  [ "$status" -eq 0 ] || { cat "$d/err"; fail "trial $t: the job ended with status $status, not 0"; }
+  if [ "$mode" != refused ]; then
+    [ "$status" -eq 0 ] || { cat "$d/err"; fail "trial $t: the job ended with status $status, not 0"; }
+  fi
+  if [ -n "$replacing" ]; then
+    # How every process ended, the replacement's included (its own file: rank-replacement-<pid>).
+    statuses=$(cd "$d/status" && grep -H . rank-*.status 2> /dev/null | tr '\n' ' ')
+    echo "trial $t: status files: $statuses"
+    want=$expect
+    [ "$mode" = foreign ] && want=$((np - 1))
+    finished=$(cat "$d/status"/rank-*.status 2> /dev/null | grep -cx finished)
+    [ "$finished" -eq "$want" ] || { cat "$d/err"; fail "trial $t: $finished processes say finished, expected $want ($statuses)"; }
+  fi
+  case $mode in
+    replace)
+      grep "^loom: replacement" "$d/err"
+      grep -q "^loom: replacement after recovery 1 at step [0-9]*: replaced rank [0-9]* (world rank [0-9]*, pid [0-9]* on [^)]*) by rank $((np - 1)) (pid [0-9]* on " "$d/err" ||
+        { cat "$d/err"; fail "trial $t: no replacement report naming the lost rank and its replacement"; }
+      grep -q "^loom: replacement: first good step ([0-9]*) on $np ranks done" "$d/err" ||
+        { cat "$d/err"; fail "trial $t: no first good step on $np ranks after the replacement"; }
+      ls "$d/status"/rank-replacement-*.status > /dev/null 2>&1 || fail "trial $t: the replacement process wrote no status file"
+      grep -q "^loom: replacement: this process (pid [0-9]* on [^)]*) joined as rank $((np - 1)) of $np" "$d/err" ||
+        { cat "$d/err"; fail "trial $t: the replacement did not report its joining"; }
+      spawn=$(sed -n 's/.*; spawn \([0-9.]*\) s, merge \([0-9.]*\) s, join[^0-9]*\([0-9.]*\) s.*/spawn \1 s, merge \2 s, join \3 s/p' "$d/err" | head -1)
+      echo "trial $t: $spawn" ;;
+    refused)
+      grep -q "^loom: replacement after recovery 1: no replacement for rank [0-9]* .*MPI_Comm_spawn_multiple.* failed: .*; $expect ranks go on" "$d/err" ||
+        { cat "$d/err"; fail "trial $t: the survivors did not say why no replacement was started"; } ;;
+    foreign)
+      grep -q "it does not run the survivors' job: \[seed=7\] where rank 0 has \[seed=" "$d/err" ||
+        { cat "$d/err"; fail "trial $t: the foreign replacement did not name the field that differs"; }
+      grep -q "^loom: replacement after recovery 1: no replacement for rank [0-9]* .*runs another job.*; $expect ranks go on" "$d/err" ||
+        { cat "$d/err"; fail "trial $t: the survivors did not say why they refused the replacement"; } ;;
+  esac
   grep -q "ranks=$expect " "$d/out" || { cat "$d/out" "$d/err"; fail "trial $t: the result line does not say ranks=$expect"; }
   grep "^loom: recovery [0-9]" "$d/err" | sed 's/\. Roll call:.*//'
   grep -q "^loom: recovery [0-9]* at step [0-9]*: lost rank" "$d/err" || { cat "$d/err"; fail "trial $t: no recovery report naming the lost rank"; }
@@ -154,4 +207,4 @@ sorted=$(printf '%s\n' "${times[@]}" | sort -n)
 median=$(echo "$sorted" | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
 max=$(echo "$sorted" | tail -1)
 echo "signal -> first good step over $trials trials: median $median s, max $max s (all: $(echo $sorted))"
-echo "PASS: $trials trials of $mode: every run finished with status 0 on $expect ranks, no step lost, accuracy within 0.5 points"
+echo "PASS: $trials trials of $mode: every run finished${replacing:+ (every process: status files)} on $expect ranks, no step lost, accuracy within 0.5 points"

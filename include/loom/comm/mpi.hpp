@@ -103,6 +103,11 @@ inline bool mpi_running() noexcept {
 /// The tag of the messages the survivors of a failure exchange on a watch's control
 /// communicator (loom/comm/mpi_recovery.hpp).
 inline constexpr int recovery_tag = 0x10f7;
+/// The tag of MPI_Intercomm_create between the survivors and their replacements.
+inline constexpr int replacement_tag = 0x10f9;
+/// The world of a replacement process (the survivors and the newcomers merged; see
+/// mpi::environment), MPI_COMM_NULL otherwise: mpi_comm::world() is then MPI_COMM_WORLD.
+inline MPI_Comm joined_world = MPI_COMM_NULL;
 
 /// A peer of a watched communicator: its process and host, for the roll call and for fencing.
 struct mpi_peer {
@@ -282,6 +287,33 @@ class environment {
     detail::check_mpi(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "environment", 0);
     // The runtime keeps survivors alive: no communicator may wait forever for a dead peer.
     if (runtime_keeps_survivors() && detail::shared_deadline_s == 0) detail::shared_deadline_s = 60;
+    MPI_Comm parent = MPI_COMM_NULL;
+    MPI_Comm_get_parent(&parent);
+    if (parent != MPI_COMM_NULL) join_survivors(parent);
+  }
+
+  /// A replacement of a lost rank (fault_options::replace): the survivors' rank 0 spawned this
+  /// process (over MPI_COMM_SELF, see loom::spawn_replacements) and waits for it to merge.
+  /// Joins that parent (merge: the parent 0, the newcomers after it), then the survivors
+  /// (MPI_Intercomm_create with the parent as the bridge, merged with the survivors low), and
+  /// makes the result mpi_comm::world(). The trainer then skips its start-up collectives and
+  /// its first fit takes the survivors' state (detail::joining_as_replacement).
+  static void join_survivors(MPI_Comm parent) {
+    detail::exit_status_name = "replacement-" + std::to_string(::getpid());
+    detail::replacement_started_unix =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    MPI_Comm_set_errhandler(parent, MPI_ERRORS_RETURN);
+    MPI_Comm bridge = MPI_COMM_NULL, inter = MPI_COMM_NULL, world = MPI_COMM_NULL;
+    detail::check_mpi(MPI_Intercomm_merge(parent, 1, &bridge), "environment (replacement: merge with the parent)", 0);
+    detail::check_mpi(MPI_Intercomm_create(MPI_COMM_WORLD, 0, bridge, 0, detail::replacement_tag, &inter),
+                      "environment (replacement: intercommunicator with the survivors)", 0);
+    detail::check_mpi(MPI_Intercomm_merge(inter, 1, &world), "environment (replacement: merge with the survivors)", 0);
+    MPI_Comm_set_errhandler(world, MPI_ERRORS_RETURN);
+    detail::joined_world = world;
+    detail::joining_as_replacement = true;
+    // The survivors' job has dead processes: MPI_Finalize's fence may never end (as after a
+    // recovery).
+    detail::recovered = true;
   }
 
   /// Open MPI's defaults that loom's communication is measured with, set before MPI starts
@@ -349,7 +381,8 @@ class mpi_comm {
     }
   }
 
-  /// Every process of the job (MPI_COMM_WORLD). Throws communication_error when MPI is not
+  /// Every process of the job (MPI_COMM_WORLD; in a replacement of a lost rank, the world it
+  /// joined: fault_options::replace). Throws communication_error when MPI is not
   /// running.
   /// The tag ireduce_scatter_v's messages carry on this communicator: user point-to-point
   /// messages must not use it.
@@ -358,6 +391,8 @@ class mpi_comm {
   static mpi_comm world() {
     if (!detail::mpi_running())
       throw communication_error("loom::mpi_comm::world: MPI is not running: construct a loom::mpi::environment first");
+    if (detail::joined_world != MPI_COMM_NULL)  // a replacement of a lost rank: the survivors' world
+      return mpi_comm(boost::mpi::communicator(detail::joined_world, boost::mpi::comm_attach));
     return mpi_comm(boost::mpi::communicator());
   }
 
@@ -427,6 +462,7 @@ class mpi_comm {
     } me{static_cast<long>(::getpid()), 0, {}};
     std::copy(host, host + sizeof host, me.host);
     MPI_Comm_rank(MPI_COMM_WORLD, &me.world_rank);
+    if (detail::joined_world != MPI_COMM_NULL) me.world_rank = -1;  // a replacement: not of the job's MPI_COMM_WORLD
     std::vector<me_t> all(static_cast<std::size_t>(size_));
     detail::check_mpi(MPI_Allgather(&me, sizeof me, MPI_BYTE, all.data(), sizeof me, MPI_BYTE, comm_),
                       "watch_for_failures", rank_);
@@ -435,6 +471,14 @@ class mpi_comm {
                                 static_cast<unsigned long long>(std::chrono::steady_clock::now().time_since_epoch().count())};
     detail::check_mpi(MPI_Bcast(id, 2, MPI_UNSIGNED_LONG_LONG, 0, comm_), "watch_for_failures", rank_);
     w->job_id = std::to_string(id[0]) + "-" + std::to_string(id[1] % 1000000007ULL);
+    w->deadline_s = deadline_s;
+    watch_ = std::move(w);
+  }
+  /// Deadlines only (no control communicator, no peers): every wait from now on at most
+  /// deadline_s; watch_for_failures then turns on the whole detector. (The joining of
+  /// replacements: fault_options::replace.)
+  void watch_deadlines_only(double deadline_s) {
+    auto w = std::make_shared<detail::mpi_watch>();
     w->deadline_s = deadline_s;
     watch_ = std::move(w);
   }

@@ -44,6 +44,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -395,6 +396,166 @@ inline recovery_result recover_world(mpi_comm& c, const recovery_request& q) {
   res.new_rank = c.rank();
   res.new_size = c.size();
   return res;
+}
+
+/// What loom::spawn_replacements did.
+struct replacement_spawn {
+  bool ok = false;
+  std::string why;                 // why not (ok false), on rank 0
+  /// The survivors (ranks kept) and the newcomers after them (ok). Never freed: after a
+  /// failed join the newcomers may still have operations pending on it.
+  std::optional<mpi_comm> world;
+  double spawn_s = 0, merge_s = 0;
+  std::string command;             // the program started (rank 0)
+};
+
+namespace detail {
+/// This process's arguments after the program's name (/proc/self/cmdline).
+inline std::vector<std::string> own_arguments() {
+  std::vector<std::string> args;
+  const std::string all = read_small_file("/proc/self/cmdline");
+  for (std::size_t at = 0; at < all.size();) {
+    const std::size_t end = all.find('\0', at);
+    args.push_back(all.substr(at, end == std::string::npos ? std::string::npos : end - at));
+    if (end == std::string::npos) break;
+    at = end + 1;
+  }
+  if (!args.empty()) args.erase(args.begin());
+  return args;
+}
+
+/// Ends the process with status 75 when a blocking step of a recovery does not finish in time.
+class deadline_watchdog {
+ public:
+  deadline_watchdog(double timeout_s, std::string what) : thread_([this, timeout_s, what = std::move(what)] {
+    std::unique_lock<std::mutex> lock(m_);
+    if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [this] { return done_; })) {
+      std::fprintf(stderr, "loom: replacement: %s did not finish within %.1f s; ending this process (status 75) so that "
+                   "the launcher restarts the job from its newest checkpoint\n", what.c_str(), timeout_s);
+      std::fflush(stderr);
+      write_exit_status("failed 75");
+      std::_Exit(75);
+    }
+  }) {}
+  ~deadline_watchdog() {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+}  // namespace detail
+
+/// After a recovery (fault_options::replace): starts hosts.size() processes of this very
+/// program with its arguments, one on each host named (empty: where the runtime places it),
+/// and merges them with the survivors of c into one communicator, the survivors first with
+/// their ranks kept. Collective over c (the survivors' communicator, watched).
+///
+/// Rank 0 alone spawns (MPI_Comm_spawn_multiple over MPI_COMM_SELF): a collective spawn that
+/// fails at its root leaves the other ranks of Open MPI 4.1 waiting in it forever (measured:
+/// "All nodes which are allocated for this job are already filled" returned MPI_ERR_SPAWN at
+/// the root, and the others never returned). It tells the others the outcome with a watched
+/// broadcast; then all build the intercommunicator with the newcomers (rank 0's merged
+/// intercommunicator as the bridge) and merge it. Returns ok false with the reason when the
+/// spawn fails: the survivors go on as they are. A spawn or merge that never returns ends the
+/// process after timeout_s (status 75). The newcomers' side is loom::mpi::environment's.
+inline replacement_spawn spawn_replacements(mpi_comm& c, const std::vector<std::string>& hosts, double timeout_s) {
+  using clock = std::chrono::steady_clock;
+  replacement_spawn out;
+  const auto t0 = clock::now();
+  const int me = c.rank();
+  MPI_Comm bridge = MPI_COMM_NULL;
+  std::uint64_t status[2] = {0, 0};  // ok, MPI error code
+  std::string why;
+  if (me == 0) {
+    std::error_code ec;
+    out.command = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+    std::vector<std::string> args = detail::own_arguments();
+    // LOOM_REPLACE_EXTRA_ARG: one more argument for the newcomers (tests: one that changes
+    // the job, which the survivors must refuse).
+    if (const char* extra = std::getenv("LOOM_REPLACE_EXTRA_ARG"); extra && *extra) args.emplace_back(extra);
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    const int k = static_cast<int>(hosts.size());
+    std::vector<char*> commands(static_cast<std::size_t>(k), const_cast<char*>(out.command.c_str()));
+    std::vector<char**> argvs(static_cast<std::size_t>(k), argv.data());
+    std::vector<int> procs(static_cast<std::size_t>(k), 1), codes(static_cast<std::size_t>(k), MPI_SUCCESS);
+    std::vector<MPI_Info> infos(static_cast<std::size_t>(k), MPI_INFO_NULL);
+    const std::string cwd = std::filesystem::current_path(ec).string();
+    // LOOM_REPLACE_HOST: the host every newcomer is asked for (tests: a host not in the
+    // allocation makes the runtime refuse).
+    const char* forced = std::getenv("LOOM_REPLACE_HOST");
+    for (int i = 0; i < k; ++i) {
+      MPI_Info_create(&infos[static_cast<std::size_t>(i)]);
+      const std::string host = forced && *forced ? std::string(forced) : hosts[static_cast<std::size_t>(i)];
+      if (!host.empty()) MPI_Info_set(infos[static_cast<std::size_t>(i)], "host", host.c_str());
+      if (!cwd.empty()) MPI_Info_set(infos[static_cast<std::size_t>(i)], "wdir", cwd.c_str());
+    }
+    MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
+    MPI_Comm inter = MPI_COMM_NULL;
+    int rc = MPI_SUCCESS;
+    {
+      detail::deadline_watchdog watchdog(timeout_s, "starting the replacement processes (MPI_Comm_spawn_multiple)");
+      rc = MPI_Comm_spawn_multiple(k, commands.data(), argvs.data(), procs.data(), infos.data(), 0, MPI_COMM_SELF,
+                                   &inter, codes.data());
+    }
+    for (auto& i : infos) MPI_Info_free(&i);
+    out.spawn_s = std::chrono::duration<double>(clock::now() - t0).count();
+    if (rc == MPI_SUCCESS)
+      for (const int code : codes)
+        if (code != MPI_SUCCESS) rc = code;
+    if (rc == MPI_SUCCESS) {
+      MPI_Comm_set_errhandler(inter, MPI_ERRORS_RETURN);
+      detail::deadline_watchdog watchdog(timeout_s, "the merge with the replacement processes");
+      rc = MPI_Intercomm_merge(inter, 0, &bridge);
+      if (rc != MPI_SUCCESS) why = "MPI_Intercomm_merge with them failed: " + detail::mpi_error_string(rc);
+    } else {
+      why = "MPI_Comm_spawn_multiple of " + out.command + " failed: " + detail::mpi_error_string(rc);
+    }
+    status[0] = rc == MPI_SUCCESS;
+    status[1] = static_cast<std::uint64_t>(rc);
+  }
+  {
+    // The others wait for rank 0's spawn (0.3 s measured, more on a loaded host) longer than
+    // a step-derived deadline may be.
+    const double deadline = c.watch() ? c.watch()->deadline_s : 0;
+    c.set_deadline(std::max(deadline, timeout_s));
+    try {
+      c.broadcast(status, 2, 0);
+    } catch (...) {
+      c.set_deadline(deadline);
+      throw;
+    }
+    c.set_deadline(deadline);
+  }
+  if (!status[0]) {
+    out.why = me == 0 ? why : "rank 0 could not start them: " + detail::mpi_error_string(static_cast<int>(status[1]));
+    return out;
+  }
+  const auto t1 = clock::now();
+  {
+    detail::deadline_watchdog watchdog(timeout_s, "the survivors' merge with the replacement processes");
+    MPI_Comm inter = MPI_COMM_NULL;
+    detail::check_mpi(MPI_Intercomm_create(c.boost_communicator(), 0, me == 0 ? bridge : MPI_COMM_NULL, 1,
+                                           detail::replacement_tag, &inter),
+                      "spawn_replacements (MPI_Intercomm_create)", me);
+    MPI_Comm world = MPI_COMM_NULL;
+    detail::check_mpi(MPI_Intercomm_merge(inter, 0, &world), "spawn_replacements (MPI_Intercomm_merge)", me);
+    out.world.emplace(boost::mpi::communicator(world, boost::mpi::comm_attach));
+  }
+  out.merge_s = std::chrono::duration<double>(clock::now() - t1).count();
+  if (me != 0) out.spawn_s = std::chrono::duration<double>(t1 - t0).count();
+  out.ok = true;
+  return out;
 }
 
 }  // namespace loom

@@ -59,6 +59,18 @@ struct fault_options {
   /// must see the same directory. Empty: `.loom-recovery` in the checkpoint directory, else
   /// $LOOM_RECOVERY_DIR, else /tmp/loom-recovery (one host only).
   std::string verdict_dir;
+  /// After a recovery that lost ranks, start as many new processes (MPI_Comm_spawn: the same
+  /// program and arguments, on the lost ranks' hosts where the runtime lets) and merge them
+  /// into the world, so that training goes on with N ranks again: the survivors keep their
+  /// ranks, the newcomers take the highest ones and receive the survivors' state. When they
+  /// cannot be started (no slots, the runtime refuses, replace_timeout_s passes) the survivors
+  /// go on with N-1 and say why. data_parallel over loom::mpi_comm without
+  /// shard_optimizer_state only; fit refuses it elsewhere (docs/fault-tolerance.md).
+  bool replace = false;
+  /// How long the survivors wait for the newcomers to join (their start, the job check, the
+  /// state exchange); a spawn or merge the runtime never finishes ends the process after it
+  /// (status 75, as a stuck rebuild).
+  double replace_timeout_s = 30;
 };
 
 /// Whether the runtime keeps survivors alive after a rank dies: mpirun --enable-recovery sets
@@ -127,17 +139,29 @@ inline double shared_deadline_s = 0;
 /// does not wait for it (loom::mpi::environment).
 inline bool recovered = false;
 
+/// This process was started by the survivors of a failure to replace a lost rank
+/// (fault_options::replace; loom::mpi::environment saw a parent and merged into its world) and
+/// has not joined the training yet: the trainer's start-up collectives, which the survivors do
+/// not run, are skipped, and its first fit receives the survivors' state instead.
+inline bool joining_as_replacement = false;
+/// When this replacement process started MPI (unix time), for its report.
+inline double replacement_started_unix = 0;
+
 /// Records how this process ends for a launcher (loomrun exports LOOM_STATUS_DIR; under
 /// `mpirun --enable-recovery` mpirun's own exit status is 0 whatever the ranks do): writes
 /// `<dir>/rank-<world rank>.status` holding `what` ("finished", "failed <code>", "left"); the
 /// first call wins. Never throws.
+/// The name of this process in those files instead of its world rank (a replacement of a lost
+/// rank, whose MPI_COMM_WORLD is its own: "replacement-<pid>").
+inline std::string exit_status_name;
 inline void write_exit_status(const std::string& what) noexcept {
   static bool written = false;
   const char* dir = std::getenv("LOOM_STATUS_DIR");
   if (written || !dir || !*dir) return;
   written = true;
   const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
-  const std::string path = std::string(dir) + "/rank-" + (rank && *rank ? rank : "0") + ".status";
+  const std::string name = !exit_status_name.empty() ? exit_status_name : rank && *rank ? rank : "0";
+  const std::string path = std::string(dir) + "/rank-" + name + ".status";
   if (std::FILE* f = std::fopen(path.c_str(), "w")) {
     std::fprintf(f, "%s\n", what.c_str());
     std::fclose(f);

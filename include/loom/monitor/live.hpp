@@ -265,6 +265,14 @@ class live_view {
     exchange_s_ += seconds_between(start, clock::now());
   }
 
+  /// After a recovery (the world changed, and replacements may have joined with a fresh view):
+  /// the exchanges start over as in a new view, so that every rank exchanges at the same steps.
+  void restart() {
+    steps_ = last_step_ = 0;
+    next_ = interval_ = first_exchange;
+    before_.clear();
+  }
+
   /// Fills this rank's whole-fit medians and resident memory into its figures.
   void finish() {
     recorder_.medians(recorder_.recorded(), *fig_);

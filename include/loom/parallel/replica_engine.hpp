@@ -19,6 +19,7 @@
 
 #include "loom/backend/kernels/optim.hpp"
 #include "loom/core/error.hpp"
+#include "loom/core/fault.hpp"
 #include "loom/core/memory.hpp"
 #include "loom/monitor/figures.hpp"
 #include "loom/monitor/timeline.hpp"
@@ -75,9 +76,11 @@ class replica_passes {
       : sync_(std::move(sync)),
         // The job first, on every rank alike: ranks asking for different math modes hear of
         // the difference rather than one of them stopping alone.
-        math_((sync_.check_same_job(job), detail::checked_math<Backend>(math))),
+        // (Not in a replacement of a lost rank, which the survivors do not run with: its
+        // first fit checks the job and takes their parameters; fault_options::replace.)
+        math_((detail::joining_as_replacement ? void() : sync_.check_same_job(job), detail::checked_math<Backend>(math))),
         model_(seed, 0, model_shard(sync_)) {
-    sync_.broadcast_parameters(model_.parameters().data(), model_type::parameter_count);
+    if (!detail::joining_as_replacement) sync_.broadcast_parameters(model_.parameters().data(), model_type::parameter_count);
     if constexpr (shards_state) bind_shard();
   }
 

@@ -366,7 +366,15 @@ class trainer {
     check(opts, data.size());
     const checkpoint_options& co = opts.checkpoint;
     const fault_options& fo = opts.fault;
-    engine_.check_same_job("fit: epochs=" + std::to_string(opts.epochs) + ";batch=" + std::to_string(opts.batch) +
+    if (fo.replace && !can_watch)
+      throw invalid_argument("loom::trainer::fit: fault_options::replace (start a replacement for a lost rank) needs "
+                             "data_parallel over loom::mpi_comm without shard_optimizer_state; this policy (" +
+                             type_name<Policy>() + ") cannot go on without a lost rank, let alone take a new one: a "
+                             "failure ends the job and loomrun resumes it from its last checkpoint (docs/fault-tolerance.md)");
+    // A replacement of a lost rank (fault_options::replace): the survivors are in their
+    // recovery, not here; it checks the job with them as it joins (join_as_replacement).
+    const bool joining = can_watch && detail::joining_as_replacement;
+    fit_description_ = "fit: epochs=" + std::to_string(opts.epochs) + ";batch=" + std::to_string(opts.batch) +
                            ";accumulation=" + std::to_string(opts.accumulation) + ";max_steps=" +
                            std::to_string(opts.max_steps) + ";samples=" + std::to_string(data.size()) +
                            ";clip_grad_norm=" + std::to_string(opts.clip_grad_norm) +
@@ -376,23 +384,34 @@ class trainer {
                            ";checkpoint_every=" + std::to_string(co.every_steps) + "," + std::to_string(co.every_s) +
                            ";resume=" + (co.resume ? "yes" : "no") + ";on_signal=" + (co.on_signal ? "yes" : "no") +
                            ";fault=" + std::to_string(static_cast<int>(fo.recovery)) + "," + (fo.detect ? "detect" : "no") +
-                           "," + std::to_string(fo.deadline_s));
+                           "," + std::to_string(fo.deadline_s) + ";replace=" + (fo.replace ? "yes" : "no");
+    if (!joining) engine_.check_same_job(fit_description_);
     const bool checkpoints = !co.directory.empty();
     const std::unique_ptr<collectives> coll = make_collectives();
     fit_result r;
     const bool resume = checkpoints && (co.resume || detail::restarted_by_launcher());
-    if (resume) load_checkpoint(*coll, co.directory, /*none_ok=*/true, opts.progress, &opts, data.size());
+    if (resume && !joining) load_checkpoint(*coll, co.directory, /*none_ok=*/true, opts.progress, &opts, data.size());
     // Failure detection (deadlines on every collective), and recovery where the runtime keeps
     // the survivors alive: data parallelism over a communicator that offers it (loom::mpi_comm).
     watching_ = false;
     if constexpr (can_watch) {
-      if (fo.detect && engine_.world() > 1) {
+      if (joining) {
+        resume_ = join_as_replacement(opts);  // the survivors' job check, detector and state
+        watching_ = true;
+      } else if (fo.detect && engine_.world() > 1) {
         engine_.world_comm().watch_for_failures(fo.deadline_s > 0 ? fo.deadline_s : fo.startup_deadline_s);
         watching_ = true;
       }
     }
     const bool recovering = watching_ && (fo.recovery == recovery_mode::on ||
                                           (fo.recovery == recovery_mode::automatic && runtime_keeps_survivors()));
+    if (fo.replace && !recovering && engine_.rank() == 0 && engine_.world() > 1 && !joining) {
+      std::fprintf(stderr, "loom: fault_options::replace is on, but no recovery runs in this fit (%s): a lost rank ends "
+                   "the job and no replacement is started\n",
+                   !watching_ ? "failure detection is off" : fo.recovery == recovery_mode::off ? "recovery is off"
+                                                                        : "not under mpirun --enable-recovery");
+      std::fflush(stderr);
+    }
     // Under failure detection every rank keeps the whole batch's loss sums, step by step, so that
     // a survivor's position (and an emergency checkpoint) has them without a collective.
     global_sums_ = !per_epoch_sums || watching_;
@@ -504,8 +523,12 @@ class trainer {
               std::fprintf(stderr, "%s\nloom: recovery: first good step (%zu) done %.3f s after the wait that failed began "
                            "(unix time %.3f)\n", recovery_report.c_str(), step_, monitor::seconds_between(failure_seen, step_end),
                            std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+            if (replacement_began_ && engine_.rank() == 0)
+              std::fprintf(stderr, "loom: replacement: first good step (%zu) on %d ranks done %.3f s after the spawn began\n",
+                           step_, engine_.world(), monitor::seconds_between(*replacement_began_, step_end));
             std::fflush(stderr);
             recovery_report.clear();
+            replacement_began_.reset();
           }
         }
         point = {.step = step_, .epoch = epoch + 1, .loss = sums[2] ? sums[0] / sums[2] : 0,
@@ -609,6 +632,7 @@ class trainer {
         loader.reshard(engine_.replica(), engine_.replicas());
         loader.set_rank_block(engine_.prepare_fit(opts.batch, opts.deterministic_chunk));
         steps_timed.restart();
+        live.restart();  // the same exchange steps on every rank, replacements included
         if constexpr (can_watch) engine_.world_comm().set_deadline(steps_timed.deadline());
         r.recoveries = recoveries;
       }
@@ -643,6 +667,7 @@ class trainer {
   /// rank (naming the file, tensor or field, what was expected and what was found) when no
   /// valid checkpoint is there; nothing is changed then.
   std::filesystem::path load(const std::filesystem::path& where) {
+    if (replacement_pending()) return {};  // a replacement takes the survivors' state in fit
     const std::unique_ptr<collectives> coll = make_collectives();
     return load_checkpoint(*coll, where, /*none_ok=*/false, nullptr, nullptr, 0);
   }
@@ -667,6 +692,7 @@ class trainer {
   /// rank reads the file and takes the part it holds. Collective; on any rank's error every rank
   /// throws and no parameter changes.
   void load_weights(const std::filesystem::path& path) {
+    if (replacement_pending()) return;  // a replacement takes the survivors' state in fit
     std::vector<value_type> whole;
     std::string err;
     try {
@@ -1109,7 +1135,8 @@ class trainer {
       const int old_rank = comm.rank();
       const recovery_result res = recover_world(comm, q);
       auto who = [&](const recovery_roll_entry& e) {
-        return "rank " + std::to_string(e.rank) + " (world rank " + std::to_string(e.world_rank) + ", pid " +
+        return "rank " + std::to_string(e.rank) + " (" +
+               (e.world_rank < 0 ? std::string("a replacement") : "world rank " + std::to_string(e.world_rank)) + ", pid " +
                std::to_string(e.pid) + " on " + e.host + ")";
       };
       std::string roll;
@@ -1144,21 +1171,8 @@ class trainer {
       comm.allreduce(most + 1, 1, reduce_op::max);
       const int root = comm.size() - static_cast<int>(most[1]);
       const std::uint64_t behind = step_;
-      double head[10] = {static_cast<double>(step_), static_cast<double>(engine_.optimizer().steps()),
-                         static_cast<double>(cur_.valid), static_cast<double>(cur_.epoch),
-                         static_cast<double>(cur_.batch), static_cast<double>(cur_.batches),
-                         cur_.sums[0], cur_.sums[1], cur_.sums[2], static_cast<double>(last_lr_)};
-      comm.broadcast(head, 10, root);
-      comm.broadcast(engine_.local_parameters(), engine_.local_count(), root);
-      auto bufs = engine_.optimizer().buffers();
-      comm.broadcast(bufs.data(), bufs.size(), root);
-      step_ = static_cast<std::size_t>(head[0]);
-      engine_.optimizer().set_steps(static_cast<std::size_t>(head[1]));
-      cur_ = {.valid = head[2] != 0, .epoch = static_cast<std::size_t>(head[3]), .batch = static_cast<std::size_t>(head[4]),
-              .batches = static_cast<std::size_t>(head[5]), .sums = {head[6], head[7], head[8]}};
-      last_lr_ = static_cast<float>(head[9]);
-      position p = cur_;
-      if (p.valid && p.batch >= p.batches) p = {.valid = true, .epoch = p.epoch + 1};  // an epoch had just ended
+      broadcast_state(comm, root);
+      const position p = continue_from();
       std::string lost;
       for (const int l : res.lost) lost += (lost.empty() ? "" : ", ") + who(res.roll_call[static_cast<std::size_t>(l)]);
       char text[512];
@@ -1173,8 +1187,160 @@ class trainer {
                     monitor::seconds_between(t0, monitor::clock::now()) - res.agree_s - res.rebuild_s);
       report = text + (res.fenced.empty() ? std::string() : "; fenced (killed) the left-out process on this host") +
                ". Roll call:" + roll;
+      if (opts.fault.replace && !res.lost.empty()) bring_replacements(res, opts, number, report, who);
       return p;
     }
+  }
+
+  /// Whether this process replaces a lost rank and has not joined yet (its first fit joins).
+  static bool replacement_pending() { return can_watch && detail::joining_as_replacement; }
+
+  /// What a replacement must share with the survivors: the trainer's job and the fit's options.
+  std::string joined_description() const { return job_description() + ";" + fit_description_; }
+
+  /// The step count, position, learning rate, parameters and optimizer buffers of rank root to
+  /// every rank of comm (collective).
+  template <class Comm>
+  void broadcast_state(Comm& comm, int root) {
+    double head[10] = {static_cast<double>(step_), static_cast<double>(engine_.optimizer().steps()),
+                       static_cast<double>(cur_.valid), static_cast<double>(cur_.epoch),
+                       static_cast<double>(cur_.batch), static_cast<double>(cur_.batches),
+                       cur_.sums[0], cur_.sums[1], cur_.sums[2], static_cast<double>(last_lr_)};
+    comm.broadcast(head, 10, root);
+    comm.broadcast(engine_.local_parameters(), engine_.local_count(), root);
+    auto bufs = engine_.optimizer().buffers();
+    comm.broadcast(bufs.data(), bufs.size(), root);
+    step_ = static_cast<std::size_t>(head[0]);
+    engine_.optimizer().set_steps(static_cast<std::size_t>(head[1]));
+    cur_ = {.valid = head[2] != 0, .epoch = static_cast<std::size_t>(head[3]), .batch = static_cast<std::size_t>(head[4]),
+            .batches = static_cast<std::size_t>(head[5]), .sums = {head[6], head[7], head[8]}};
+    last_lr_ = static_cast<float>(head[9]);
+  }
+  /// Where to continue from the current position (an epoch that had just ended: the next).
+  position continue_from() const {
+    position p = cur_;
+    if (p.valid && p.batch >= p.batches) p = {.valid = true, .epoch = p.epoch + 1};
+    return p;
+  }
+
+  /// The handshake of the survivors and their replacements over m (survivors first; both
+  /// sides call it, in this order): rank 0 sends the job id, the membership epoch and its
+  /// job's description (joined_description), each newcomer compares it with its own, and all
+  /// learn whether every newcomer runs the same job; on a match m gets its failure detector
+  /// (collective) with the survivors' job id and epoch. Waits at most replace_timeout_s for
+  /// the newcomers (a rank_failure otherwise). Returns the fields a newcomer found different
+  /// (empty: the same job; on a newcomer, its own findings).
+  template <class Comm>
+  std::string join_exchange(Comm& m, bool newcomer, const fit_options& opts) {
+    m.watch_deadlines_only(opts.fault.replace_timeout_s);
+    std::string text;
+    if (!newcomer) {
+      const auto* w = engine_.world_comm().watch();
+      text = w->job_id + "\n" + std::to_string(w->generation) + "\n" + joined_description();
+    }
+    std::uint64_t len = text.size();
+    m.broadcast(&len, 1, 0);
+    text.resize(static_cast<std::size_t>(len));
+    m.broadcast(text.data(), text.size(), 0);
+    const std::size_t a = text.find('\n'), b = text.find('\n', a + 1);
+    const std::string job_id = text.substr(0, a);
+    const std::uint64_t generation = std::stoull(text.substr(a + 1, b - a - 1));
+    const std::string theirs = text.substr(b + 1);
+    std::string diff;
+    if (newcomer && theirs != joined_description()) {
+      diff = detail::job_field_diff(theirs, joined_description());
+      if (diff.empty()) diff = " (the descriptions differ)";
+    }
+    std::uint64_t refused = diff.empty() ? 0 : 1;
+    m.allreduce(&refused, 1, reduce_op::max);
+    if (refused) return newcomer ? diff : std::string("refused");
+    m.watch_for_failures(opts.fault.startup_deadline_s);
+    m.watch()->job_id = job_id;
+    m.watch()->generation = generation;
+    return {};
+  }
+
+  /// A replacement's first fit (fault_options::replace): joins the survivors waiting in their
+  /// recovery (join_exchange, then their state), and returns where to continue. A replacement
+  /// that runs another job, or that the survivors gave up on, says so and leaves (status 1).
+  position join_as_replacement(const fit_options& opts) {
+    detail::set_phase(fault_phase::recovery);
+    auto& comm = engine_.world_comm();
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    auto leave = [&](const std::string& why) {
+      std::fprintf(stderr, "loom: replacement: this process (pid %ld on %s) was started to replace a lost rank, and %s; "
+                   "it leaves (status 1), and the survivors go on without it\n", static_cast<long>(::getpid()), host,
+                   why.c_str());
+      std::fflush(stderr);
+      detail::write_exit_status("failed 1");
+      std::_Exit(1);
+    };
+    try {
+      const std::string diff = join_exchange(comm, /*newcomer=*/true, opts);
+      if (!diff.empty()) leave("it does not run the survivors' job:" + diff);
+      broadcast_state(comm, 0);
+    } catch (const rank_failure& e) {
+      leave(std::string("the survivors did not complete its joining: ") + e.what());
+    }
+    detail::joining_as_replacement = false;
+    engine_.after_recovery();  // fresh gradient buffers, as on the survivors
+    const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    std::fprintf(stderr, "loom: replacement: this process (pid %ld on %s) joined as rank %d of %d at step %zu, %.3f s after "
+                 "it started MPI\n", static_cast<long>(::getpid()), host, comm.rank(), comm.size(), step_,
+                 now - detail::replacement_started_unix);
+    std::fflush(stderr);
+    return continue_from();
+  }
+
+  /// The survivors' side of fault_options::replace, after a recovery that lost ranks: start
+  /// one process per lost rank on its host (loom::spawn_replacements), join them
+  /// (join_exchange), and hand them the state. On success the world is back to its size
+  /// before the failure, the survivors with their ranks; otherwise the survivors go on as they
+  /// are, and rank 0 says why. Appends its report to `report`.
+  template <class Who>
+  void bring_replacements(const recovery_result& res, const fit_options& opts, int number, std::string& report, Who&& who) {
+    auto& comm = engine_.world_comm();
+    const auto t0 = monitor::clock::now();
+    std::vector<std::string> hosts;
+    std::string lost;
+    for (const int l : res.lost) {
+      hosts.push_back(res.roll_call[static_cast<std::size_t>(l)].host);
+      lost += (lost.empty() ? "" : ", ") + who(res.roll_call[static_cast<std::size_t>(l)]);
+    }
+    auto give_up = [&](const std::string& why) {
+      if (comm.rank() == 0)
+        std::fprintf(stderr, "loom: replacement after recovery %d: no replacement for %s: %s; %d ranks go on\n", number,
+                     lost.c_str(), why.c_str(), comm.size());
+      std::fflush(stderr);
+    };
+    auto sp = spawn_replacements(comm, hosts, opts.fault.replace_timeout_s);
+    if (!sp.ok) return give_up(sp.why);
+    auto merged = *sp.world;
+    const auto t1 = monitor::clock::now();
+    try {
+      const std::string refused = join_exchange(merged, /*newcomer=*/false, opts);
+      if (!refused.empty()) return give_up("the process started runs another job (it names the fields that differ on its stderr)");
+    } catch (const rank_failure& e) {
+      return give_up(std::string("it did not join within fault_options::replace_timeout_s: ") + e.what());
+    }
+    const int old_size = comm.size();
+    comm.replace_after_recovery(std::move(merged));
+    broadcast_state(comm, 0);
+    const double join_s = monitor::seconds_between(t1, monitor::clock::now());
+    replacement_began_ = t0;
+    std::string joined;
+    const auto& peers = comm.watch()->peers;
+    for (int r = old_size; r < comm.size(); ++r)
+      joined += (joined.empty() ? "" : ", ") + ("rank " + std::to_string(r) + " (pid " +
+                 std::to_string(peers[static_cast<std::size_t>(r)].pid) + " on " + peers[static_cast<std::size_t>(r)].host + ")");
+    char text[768];
+    std::snprintf(text, sizeof text,
+                  "loom: replacement after recovery %d at step %zu: replaced %s by %s (%s, asked for host %s); %d ranks go on "
+                  "(were %d); spawn %.3f s, merge %.3f s, join (job check, detector, state) %.3f s",
+                  number, step_, lost.c_str(), joined.c_str(), sp.command.c_str(), hosts.empty() ? "-" : hosts[0].c_str(),
+                  comm.size(), old_size, sp.spawn_s, sp.merge_s, join_s);
+    report += std::string("\n") + text;
   }
 
   /// When no recovery is possible: a survivor holding a whole replica writes the state after
@@ -1230,6 +1396,8 @@ class trainer {
   bool watching_ = false;     // failure detection is on in this fit
   fault_marker failed_at_{};  // where the last rank_failure found this rank
   std::string interrupted_lost_;  // the ranks the recovery in progress left out
+  std::string fit_description_;   // the fit's options, as the ranks compare them
+  std::optional<monitor::clock::time_point> replacement_began_;  // the last replacement's spawn, until its first good step
   bool global_sums_ = false;  // the loss sums are the whole batch's on every rank, step by step
   buffer<value_type, staging_space> snapshot_stage_;  // checkpoints' host copy; empty unless staged
   std::unique_ptr<io::checkpointer> ckpt_;
