@@ -370,6 +370,18 @@ malloc_print() {
 }
 
 # ---------------------------------------------------------------------------------------------
+# two_hosts_up [RATE]: 2 hosts of the multi-host harness with a hostfile of 1 slot each
+# ($CLUSTER_DIR/hosts), each link limited to RATE by tc tbf when given. Exits 77 without root.
+two_hosts_up() {
+  [ "$(id -u)" = 0 ] || { echo "run.sh: the 2-host runs need root (ip netns, tc)" >&2; exit 77; }
+  CLUSTER_PREFIX=${CLUSTER_PREFIX:-loomar}
+  # shellcheck source=../../tests/cluster/harness.sh
+  source "$repo/tests/cluster/harness.sh"
+  cluster_up 2
+  cluster_hostfile "$CLUSTER_DIR/hosts" 1
+  if [ -n "${1:-}" ]; then cluster_limit 0 "$1" 4mbit; cluster_limit 1 "$1" 4mbit; fi
+}
+
 # The main table across 2 hosts of the multi-host harness (one rank each, TCP over veth).
 cluster() {
   local repeats=5 seconds=0.1 chunk=16M sizes=64K,256K,1M,4M,16M,64M rate="" v size
@@ -383,14 +395,8 @@ cluster() {
       *) die "unknown flag $1 (see the top of $0)" ;;
     esac
   done
-  [ "$(id -u)" = 0 ] || { echo "run.sh: cluster needs root (ip netns, tc)" >&2; exit 77; }
   [ "$ranks" = 2 ] || die "cluster runs 2 hosts x 1 rank (RANKS=$ranks)"
-  CLUSTER_PREFIX=${CLUSTER_PREFIX:-loomar}
-  # shellcheck source=../../tests/cluster/harness.sh
-  source "$repo/tests/cluster/harness.sh"
-  cluster_up 2
-  cluster_hostfile "$CLUSTER_DIR/hosts" 1
-  if [ -n "$rate" ]; then cluster_limit 0 "$rate" 4mbit; cluster_limit 1 "$rate" 4mbit; fi
+  two_hosts_up "$rate"
   local out="$results-cluster.txt" started=$SECONDS
   : >"$out"
   : >"$out.stderr"
@@ -427,13 +433,7 @@ reduce_scatter() {
   out="$results-rs.txt"
   local run=("${mpi[@]}" -np "$ranks") where="$ranks ranks on one host (shared memory)"
   if [ "$on_cluster" = 1 ]; then
-    [ "$(id -u)" = 0 ] || { echo "run.sh: --cluster needs root (ip netns, tc)" >&2; exit 77; }
-    CLUSTER_PREFIX=${CLUSTER_PREFIX:-loomar}
-    # shellcheck source=../../tests/cluster/harness.sh
-    source "$repo/tests/cluster/harness.sh"
-    cluster_up 2
-    cluster_hostfile "$CLUSTER_DIR/hosts" 1
-    if [ -n "$rate" ]; then cluster_limit 0 "$rate" 4mbit; cluster_limit 1 "$rate" 4mbit; fi
+    two_hosts_up "$rate"
     run=(cluster_mpirun --hostfile "$CLUSTER_DIR/hosts" --map-by node -np 2 -x OMP_NUM_THREADS=1)
     where="2 hosts x 1 rank over TCP (network namespaces; link $([ -n "$rate" ] && echo "limited to $rate" || echo "not limited"))"
     out="$results-rs-cluster.txt"

@@ -105,23 +105,24 @@ inline std::string link_verdict(const std::filesystem::path& dir, const std::fil
   return read_small_file(final);
 }
 
-/// Ends the process when a rebuild does not finish in time (see the file comment).
-class rebuild_watchdog {
+/// Ends the process (status 75, so that the launcher restarts the job from its newest
+/// checkpoint) when a blocking MPI call that no deadline can abandon — a communicator's rebuild,
+/// a spawn, a merge — has not finished within timeout_s; `what` names it (see the file comment).
+class deadline_watchdog {
  public:
-  rebuild_watchdog(double timeout_s, int rank) : thread_([this, timeout_s, rank] {
+  deadline_watchdog(double timeout_s, std::string what) : thread_([this, timeout_s, what = std::move(what)] {
     std::unique_lock<std::mutex> lock(m_);
     if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [this] { return done_; })) {
       std::fprintf(stderr,
-                   "loom: recovery: rank %d: the survivors' communicator was not built within %.1f s (a survivor died "
-                   "while it was built); ending this process (status 75) so that the launcher restarts the job from "
-                   "its newest checkpoint\n",
-                   rank, timeout_s);
+                   "loom: %s did not finish within %.1f s; ending this process (status 75) so that the launcher "
+                   "restarts the job from its newest checkpoint\n",
+                   what.c_str(), timeout_s);
       std::fflush(stderr);
       write_exit_status("failed 75");
       std::_Exit(75);
     }
   }) {}
-  ~rebuild_watchdog() {
+  ~deadline_watchdog() {
     {
       std::lock_guard<std::mutex> lock(m_);
       done_ = true;
@@ -372,7 +373,8 @@ inline recovery_result recover_world(mpi_comm& c, const recovery_request& q) {
   // 3. The survivors' communicator.
   const auto t1 = clock::now();
   {
-    detail::rebuild_watchdog watchdog(q.rebuild_timeout_s, me);
+    detail::deadline_watchdog watchdog(
+        q.rebuild_timeout_s, "recovery: rank " + std::to_string(me) + ": the survivors' communicator (a survivor died while it was built)");
     MPI_Group old_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
     MPI_Comm_group(c.boost_communicator(), &old_group);
     MPI_Group_incl(old_group, static_cast<int>(members.size()), members.data(), &group);
@@ -424,34 +426,6 @@ inline std::vector<std::string> own_arguments() {
   return args;
 }
 
-/// Ends the process with status 75 when a blocking step of a recovery does not finish in time.
-class deadline_watchdog {
- public:
-  deadline_watchdog(double timeout_s, std::string what) : thread_([this, timeout_s, what = std::move(what)] {
-    std::unique_lock<std::mutex> lock(m_);
-    if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [this] { return done_; })) {
-      std::fprintf(stderr, "loom: replacement: %s did not finish within %.1f s; ending this process (status 75) so that "
-                   "the launcher restarts the job from its newest checkpoint\n", what.c_str(), timeout_s);
-      std::fflush(stderr);
-      write_exit_status("failed 75");
-      std::_Exit(75);
-    }
-  }) {}
-  ~deadline_watchdog() {
-    {
-      std::lock_guard<std::mutex> lock(m_);
-      done_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-
- private:
-  std::mutex m_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::thread thread_;
-};
 }  // namespace detail
 
 /// After a recovery (fault_options::replace): starts hosts.size() processes of this very
@@ -504,7 +478,7 @@ inline replacement_spawn spawn_replacements(mpi_comm& c, const std::vector<std::
     MPI_Comm inter = MPI_COMM_NULL;
     int rc = MPI_SUCCESS;
     {
-      detail::deadline_watchdog watchdog(timeout_s, "starting the replacement processes (MPI_Comm_spawn_multiple)");
+      detail::deadline_watchdog watchdog(timeout_s, "replacement: starting the replacement processes (MPI_Comm_spawn_multiple)");
       rc = MPI_Comm_spawn_multiple(k, commands.data(), argvs.data(), procs.data(), infos.data(), 0, MPI_COMM_SELF,
                                    &inter, codes.data());
     }
@@ -515,7 +489,7 @@ inline replacement_spawn spawn_replacements(mpi_comm& c, const std::vector<std::
         if (code != MPI_SUCCESS) rc = code;
     if (rc == MPI_SUCCESS) {
       MPI_Comm_set_errhandler(inter, MPI_ERRORS_RETURN);
-      detail::deadline_watchdog watchdog(timeout_s, "the merge with the replacement processes");
+      detail::deadline_watchdog watchdog(timeout_s, "replacement: the merge with the replacement processes");
       rc = MPI_Intercomm_merge(inter, 0, &bridge);
       if (rc != MPI_SUCCESS) why = "MPI_Intercomm_merge with them failed: " + detail::mpi_error_string(rc);
     } else {
@@ -543,7 +517,7 @@ inline replacement_spawn spawn_replacements(mpi_comm& c, const std::vector<std::
   }
   const auto t1 = clock::now();
   {
-    detail::deadline_watchdog watchdog(timeout_s, "the survivors' merge with the replacement processes");
+    detail::deadline_watchdog watchdog(timeout_s, "replacement: the survivors' merge with the replacement processes");
     MPI_Comm inter = MPI_COMM_NULL;
     detail::check_mpi(MPI_Intercomm_create(c.boost_communicator(), 0, me == 0 ? bridge : MPI_COMM_NULL, 1,
                                            detail::replacement_tag, &inter),
