@@ -11,6 +11,7 @@
 
 #include "common.hpp"
 #include "loom/comm/local.hpp"
+#include "rank_results.hpp"
 
 using namespace loom_test;
 using local_dp = loom::data_parallel<loom::local_comm>;
@@ -148,9 +149,13 @@ TEST_CASE("Ranks built with different networks are told which, in the types as w
 }
 
 TEST_CASE("Each rank's figures are gathered on every rank", "[parallel]") {
-  loom::local_world(2).run([&](loom::local_comm& c) {
+  const auto results = loom::testing::on_local_ranks(2, [&](loom::local_comm& c) {
     loom::trainer<mlp, loom::softmax_cross_entropy, loom::sgd, local_dp> t{c, {.lr = 0.02f}, {.seed = 1, .threads = 1}};
-    const auto r = t.fit(train_set(), steps(10, 64));
+    return t.fit(train_set(), steps(10, 64));
+  });
+  for (std::size_t rank = 0; rank < results.size(); ++rank) {
+    const auto& r = results[rank];
+    INFO("rank " << rank);
     REQUIRE(r.figures.size() == 2);
     for (const auto& f : r.figures) {
       CHECK(f.samples == 320);  // 10 steps x 32 samples each
@@ -159,7 +164,7 @@ TEST_CASE("Each rank's figures are gathered on every rank", "[parallel]") {
     }
     CHECK(r.ranks == 2);
     CHECK(r.samples == 640);
-  });
+  }
 }
 
 // As PyTorch DDP, the first bucket is capped at 1 MiB so communication starts early: the cnn's

@@ -13,8 +13,10 @@
 #include <string>
 #include <variant>
 
+#include "error_message.hpp"
 #include "loom/comm/local.hpp"
 #include "pipeline_local.hpp"
+#include "rank_results.hpp"
 
 using namespace loom_test;
 
@@ -306,18 +308,32 @@ TEST_CASE("Stages built with different seeds or fit options all stop, naming the
 }
 
 TEST_CASE("stage_model<S>() gives this rank's stage model and refuses another stage", "[parallel][pipeline]") {
-  loom::local_world(2).run([&](loom::local_comm& c) {
+  struct rank_stage {
+    int stage = -1;
+    std::size_t model_index = 0, stage_parameters = 0;
+    std::string other_stage_error;  // rank 0, asking for stage 1's model
+  };
+  const auto found = loom::testing::on_local_ranks(2, [&](loom::local_comm& c) {
     pipeline_trainer<mlp, local_pipeline<2>> t{c, pipeline_sgd, {.seed = 1, .threads = 1}};
-    using P = local_pipeline<2>::partition<mlp>;
-    CHECK(t.stage() == c.rank());
-    CHECK(t.model().index() == static_cast<std::size_t>(c.rank()));
+    rank_stage s;
+    s.stage = t.stage();
+    s.model_index = t.model().index();
     if (c.rank() == 0) {
-      CHECK(t.stage_model<0>().parameters().size() == P::parameter_counts[0]);
-      CHECK_THROWS_WITH(t.stage_model<1>(), Catch::Contains("runs stage 0, not 1"));
+      s.stage_parameters = t.stage_model<0>().parameters().size();
+      s.other_stage_error = loom::testing::error_message<std::exception>([&] { (void)t.stage_model<1>(); });
     } else {
-      CHECK(t.stage_model<1>().parameters().size() == P::parameter_counts[1]);
+      s.stage_parameters = t.stage_model<1>().parameters().size();
     }
+    return s;
   });
+  using P = local_pipeline<2>::partition<mlp>;
+  for (std::size_t r = 0; r < found.size(); ++r) {
+    INFO("rank " << r);
+    CHECK(found[r].stage == static_cast<int>(r));
+    CHECK(found[r].model_index == r);
+    CHECK(found[r].stage_parameters == P::parameter_counts[r]);
+  }
+  CHECK_THAT(found[0].other_stage_error, Catch::Contains("runs stage 0, not 1"));
 }
 
 namespace {

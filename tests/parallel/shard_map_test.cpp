@@ -14,6 +14,7 @@
 #include "common.hpp"
 #include "loom/comm/local.hpp"
 #include "loom/parallel/hybrid.hpp"
+#include "rank_results.hpp"
 
 using namespace loom_test;
 
@@ -121,46 +122,50 @@ static_assert(engine_of<tp_mlp, loom::hybrid<loom::data_parallel<lcomm>, loom::t
 /// gather_parameters() wherever the rank holds them; and the ranks together hold everything.
 template <class Net, class Policy>
 void check_shards_place_parameters(int ranks, int expected_replicas, int expected_stages, int expected_slices) {
-  std::vector<std::vector<float>> placed(static_cast<std::size_t>(ranks)), whole(static_cast<std::size_t>(ranks));
-  std::vector<loom::shard_map> maps(static_cast<std::size_t>(ranks));
-  std::vector<std::vector<char>> held(static_cast<std::size_t>(ranks));
-  loom::local_world(ranks).run([&](loom::local_comm& c) {
+  struct rank_shard {
+    loom::shard_map map;
+    std::vector<float> local, back;    // its own parameters; them placed into the whole and read back
+    std::vector<float> placed, whole;  // its own placed into the whole layout; gather_parameters()
+    std::vector<char> held;            // which values of the whole layout it holds
+  };
+  const auto found = loom::testing::on_local_ranks(ranks, [&](loom::local_comm& c) {
     loom::trainer<Net, loom::softmax_cross_entropy, loom::sgd, Policy> t{c, {.lr = 0.02f}, {.seed = 3, .threads = 1}};
     t.fit(train_set(), steps(2, 32));
-    const std::size_t r = static_cast<std::size_t>(c.rank());
-    const loom::shard_map m = t.shard();
-    std::vector<float> local;
+    rank_shard s;
+    s.map = t.shard();
+    const loom::shard_map& m = s.map;
     if constexpr (requires { t.model().copy_parameters_to_host(); }) {
-      local = t.model().copy_parameters_to_host();
+      s.local = t.model().copy_parameters_to_host();
     } else {
-      local = std::visit([](auto& s) { return s.copy_parameters_to_host(); }, t.model());
+      s.local = std::visit([](auto& st) { return st.copy_parameters_to_host(); }, t.model());
     }
-    REQUIRE(local.size() == m.local_count);
-    std::vector<float> out(m.whole_count, -1e30f);
-    loom::copy_to_whole(m, local.data(), out.data());
-    std::vector<char> mark(m.whole_count, 0);
-    for (const auto& p : m.pieces)
-      for (std::size_t i = 0; i < p.rows; ++i)
-        for (std::size_t k = 0; k < p.count; ++k) mark[p.whole_offset + i * p.whole_stride + k] = 1;
-    // Back again: copy_from_whole is its inverse on this rank's values.
-    std::vector<float> back(m.local_count, 0.0f);
-    loom::copy_from_whole(m, out.data(), back.data());
-    CHECK(back == local);
-    placed[r] = std::move(out);
-    whole[r] = t.gather_parameters();
-    maps[r] = m;
-    held[r] = std::move(mark);
+    if (s.local.size() == m.local_count) {  // else the REQUIRE below stops the test
+      s.placed.assign(m.whole_count, -1e30f);
+      loom::copy_to_whole(m, s.local.data(), s.placed.data());
+      s.held.assign(m.whole_count, 0);
+      for (const auto& p : m.pieces)
+        for (std::size_t i = 0; i < p.rows; ++i)
+          for (std::size_t k = 0; k < p.count; ++k) s.held[p.whole_offset + i * p.whole_stride + k] = 1;
+      // Back again: copy_from_whole is its inverse on this rank's values.
+      s.back.assign(m.local_count, 0.0f);
+      loom::copy_from_whole(m, s.placed.data(), s.back.data());
+    }
+    s.whole = t.gather_parameters();
+    return s;
   });
   std::vector<int> writers(Net::parameter_count, 0);
-  for (int r = 0; r < ranks; ++r) {
-    const auto& m = maps[static_cast<std::size_t>(r)];
+  for (std::size_t r = 0; r < found.size(); ++r) {
+    const rank_shard& s = found[r];
+    const auto& m = s.map;
     INFO("rank " << r);
+    REQUIRE(s.local.size() == m.local_count);
+    CHECK(s.back == s.local);
     CHECK(m.whole_count == Net::parameter_count);
     CHECK(m.replicas == expected_replicas);
     CHECK(m.stages == expected_stages);
     CHECK(m.slices == expected_slices);
     for (std::size_t i = 0; i < Net::parameter_count; ++i)
-      if (held[static_cast<std::size_t>(r)][i]) REQUIRE(placed[static_cast<std::size_t>(r)][i] == whole[0][i]);
+      if (s.held[i]) REQUIRE(s.placed[i] == found[0].whole[i]);
     for (const auto& p : m.pieces)
       if (m.writes(p))
         for (std::size_t i = 0; i < p.rows; ++i)
