@@ -371,9 +371,14 @@ class trainer {
                              "data_parallel over loom::mpi_comm without shard_optimizer_state; this policy (" +
                              type_name<Policy>() + ") cannot go on without a lost rank, let alone take a new one: a "
                              "failure ends the job and loomrun resumes it from its last checkpoint (docs/fault-tolerance.md)");
+    if (fo.replace && !can_replace)
+      throw invalid_argument("loom::trainer::fit: fault_options::replace (start a replacement for a lost rank) needs "
+                             "data_parallel over loom::mpi_comm; this policy (" + type_name<Policy>() +
+                             ") recovers on fewer ranks but cannot merge a new process into its communicator "
+                             "(docs/fault-tolerance.md)");
     // A replacement of a lost rank (fault_options::replace): the survivors are in their
     // recovery, not here; it checks the job with them as it joins (join_as_replacement).
-    const bool joining = can_watch && detail::joining_as_replacement;
+    const bool joining = can_replace && detail::joining_as_replacement;
     fit_description_ = "fit: epochs=" + std::to_string(opts.epochs) + ";batch=" + std::to_string(opts.batch) +
                            ";accumulation=" + std::to_string(opts.accumulation) + ";max_steps=" +
                            std::to_string(opts.max_steps) + ";samples=" + std::to_string(data.size()) +
@@ -395,10 +400,13 @@ class trainer {
     // the survivors alive: data parallelism over a communicator that offers it (loom::mpi_comm).
     watching_ = false;
     if constexpr (can_watch) {
-      if (joining) {
-        resume_ = join_as_replacement(opts);  // the survivors' job check, detector and state
-        watching_ = true;
-      } else if (fo.detect && engine_.world() > 1) {
+      if constexpr (can_replace) {
+        if (joining) {
+          resume_ = join_as_replacement(opts);  // the survivors' job check, detector and state
+          watching_ = true;
+        }
+      }
+      if (!joining && fo.detect && engine_.world() > 1) {
         engine_.world_comm().watch_for_failures(fo.deadline_s > 0 ? fo.deadline_s : fo.startup_deadline_s);
         watching_ = true;
       }
@@ -1113,6 +1121,15 @@ class trainer {
     }
   }();
 
+  /// Whether a recovery can also merge new processes in (fault_options::replace): recovery
+  /// over loom::mpi_comm (the spawn, the merge and the newcomers' detector are MPI's).
+  static constexpr bool can_replace = [] {
+    if constexpr (can_watch)
+      return std::is_same_v<std::remove_cvref_t<decltype(std::declval<engine_type&>().world_comm())>, mpi_comm>;
+    else
+      return false;
+  }();
+
   /// After a rank_failure under recovery: the survivors agree on who goes on and rebuild the
   /// communicator (loom::recover_world), take the state of the survivor that finished the most
   /// steps, and continue from its position with the same global batch shared by fewer ranks.
@@ -1187,7 +1204,8 @@ class trainer {
                     monitor::seconds_between(t0, monitor::clock::now()) - res.agree_s - res.rebuild_s);
       report = text + (res.fenced.empty() ? std::string() : "; fenced (killed) the left-out process on this host") +
                ". Roll call:" + roll;
-      if (opts.fault.replace && !res.lost.empty()) bring_replacements(res, opts, number, report, who);
+      if constexpr (can_replace)
+        if (opts.fault.replace && !res.lost.empty()) bring_replacements(res, opts, number, report, who);
       return p;
     }
   }
