@@ -1125,7 +1125,10 @@ class trainer {
   /// over loom::mpi_comm (the spawn, the merge and the newcomers' detector are MPI's).
   static constexpr bool can_replace = [] {
     if constexpr (can_watch)
-      return std::is_same_v<std::remove_cvref_t<decltype(std::declval<engine_type&>().world_comm())>, mpi_comm>;
+      return requires(engine_type& e, const std::vector<std::string>& hosts) {
+        spawn_replacements(e.world_comm(), hosts, 1.0);
+        e.world_comm().watch_deadlines_only(1.0);
+      };
     else
       return false;
   }();
