@@ -54,6 +54,7 @@
 #include "loom/parallel/replica_engine.hpp"
 #include "loom/parallel/single_process.hpp"
 #include "loom/parallel/tensor_parallel_sync.hpp"
+#include "loom/train/recovery.hpp"
 
 namespace loom {
 
@@ -125,11 +126,6 @@ struct engine_for<Network, Loss, Optimizer, hybrid<data_parallel<Comm, DO...>, p
   static type make(Comm c, const engine_setup<typename Optimizer::options>& s) { return type(std::move(c), s); }
 };
 
-inline std::string fmt_seconds(double s) {
-  char t[32];
-  std::snprintf(t, sizeof t, "%.3f s", s);
-  return t;
-}
 extern "C" inline void loom_preemption_handler(int sig) { preemption_signal = sig; }
 
 /// SIGUSR1 and SIGTERM set preemption_signal while this lives; the previous handlers come back
@@ -527,14 +523,8 @@ class trainer {
         if (watching_) {
           if constexpr (can_watch) engine_.world_comm().set_deadline(steps_timed.add(monitor::seconds_between(step_start, step_end)));
           if (!recovery_report.empty()) {
-            if (engine_.rank() == 0)
-              std::fprintf(stderr, "%s\nloom: recovery: first good step (%zu) done %.3f s after the wait that failed began "
-                           "(unix time %.3f)\n", recovery_report.c_str(), step_, monitor::seconds_between(failure_seen, step_end),
-                           std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
-            if (replacement_began_ && engine_.rank() == 0)
-              std::fprintf(stderr, "loom: replacement: first good step (%zu) on %d ranks done %.3f s after the spawn began\n",
-                           step_, engine_.world(), monitor::seconds_between(*replacement_began_, step_end));
-            std::fflush(stderr);
+            detail::report_first_good_step(engine_.rank(), engine_.world(), step_, recovery_report, failure_seen, step_end,
+                                           replacement_began_);
             recovery_report.clear();
             replacement_began_.reset();
           }
@@ -793,13 +783,7 @@ class trainer {
  private:
   static constexpr bool per_epoch_sums = detail::every_rank_holds_loss<engine_type>();
 
-  /// A place in the run: the epoch in progress, the global batches of it taken, and its sums so
-  /// far (this rank's, as the fit loop keeps them).
-  struct position {
-    bool valid = false;
-    std::size_t epoch = 0, batch = 0, batches = 0;
-    double sums[3] = {0, 0, 0};
-  };
+  using position = detail::fit_position;
   /// The options of the last fit (what a checkpoint records of them).
   struct fit_record {
     std::size_t batch = 0, accumulation = 1, epochs = 0, max_steps = 0, deterministic_chunk = 0;
@@ -899,8 +883,7 @@ class trainer {
   /// The record of the current state (collective where the epoch's sums are summed over replicas).
   io::trainer_record record_now() {
     io::trainer_record r;
-    position p = cur_;
-    if (p.valid && p.batch >= p.batches) p = {.valid = true, .epoch = p.epoch + 1};  // an epoch just ended
+    position p = cur_.next();  // an epoch that just ended: the next one's start
     if (per_epoch_sums && !global_sums_) engine_.sum(p.sums, 3);
     r.step = step_;
     r.epoch = p.epoch;
@@ -1078,33 +1061,7 @@ class trainer {
     return b;
   }
 
-  /// The deadline of the collectives under failure detection: fault_options::deadline_s, or
-  /// deadline_steps times the median of the last 16 step times (at least min_deadline_s), and
-  /// startup_deadline_s until 4 steps are measured.
-  class step_clock {
-   public:
-    step_clock(const fault_options& f, double floor_s) : f_(f), floor_s_(floor_s) {}
-    /// Adds a step's time; returns the deadline now.
-    double add(double s) {
-      times_[n_++ % times_.size()] = s;
-      return deadline();
-    }
-    double deadline() const {
-      if (f_.deadline_s > 0) return f_.deadline_s;
-      const std::size_t k = std::min(n_, times_.size());
-      if (k < 4) return f_.startup_deadline_s;
-      std::array<double, 16> t = times_;
-      std::nth_element(t.begin(), t.begin() + k / 2, t.begin() + k);
-      return std::max(floor_s_, f_.deadline_steps * t[k / 2]);
-    }
-    void restart() { n_ = 0; }
-
-   private:
-    const fault_options& f_;
-    double floor_s_;
-    std::array<double, 16> times_{};
-    std::size_t n_ = 0;
-  };
+  using step_clock = detail::step_clock;
 
   /// Whether this trainer's engine and communicator can detect failures and recover.
   static constexpr bool can_watch = [] {
@@ -1133,83 +1090,34 @@ class trainer {
       return false;
   }();
 
-  /// After a rank_failure under recovery: the survivors agree on who goes on and rebuild the
-  /// communicator (loom::recover_world), take the state of the survivor that finished the most
-  /// steps, and continue from its position with the same global batch shared by fewer ranks.
-  /// A rank left out leaves the process (status 0: the job goes on without it). Returns the
-  /// position to continue from; sets `report` to the line printed after the first good step.
+  /// The trainer's part in a recovery (loom/train/recovery.hpp), over the engine's communicator C.
+  template <class C>
+  struct recovery_part final : detail::recovery_host<C> {
+    explicit recovery_part(trainer& t) : t_(t) {}
+    C& world_comm() override { return t_.engine_.world_comm(); }
+    void after_recovery() override { t_.engine_.after_recovery(); }
+    void broadcast_state(C& comm, int root) override { t_.broadcast_state(comm, root); }
+    std::size_t step() const override { return t_.step_; }
+    detail::fit_position position() const override { return t_.continue_from(); }
+    std::string joined_description() const override { return t_.joined_description(); }
+
+   private:
+    trainer& t_;
+  };
+  template <class E>
+  using recovery_part_of = recovery_part<std::remove_cvref_t<decltype(std::declval<E&>().world_comm())>>;
+
+  /// After a rank_failure under recovery (detail::survive): the survivors rebuild the world,
+  /// take the state of the one ahead and go on with the same global batch on fewer ranks (and
+  /// bring replacements in, with fault_options::replace). Returns the position to continue
+  /// from; sets `report` to the line printed after the first good step.
   position survive(const rank_failure& f, const fit_options& opts, int number, std::string& report) {
     if constexpr (!can_watch) {
       throw f;
     } else {
-      detail::set_phase(fault_phase::recovery);
-      const auto t0 = monitor::clock::now();
-      auto& comm = engine_.world_comm();
-      // The survivors wait in collectives, or compute for at most a step: they answer within a
-      // deadline (at least 0.2 s; a silent peer on this host is looked at instead).
-      const double window = std::max(0.2, comm.watch()->deadline_s);
-      if (ckpt_) ckpt_->abandon();
-      const recovery_request q{.committed_step = step_, .window_s = window,
-                               .verdict_dir = verdict_directory(opts.fault, opts.checkpoint.directory),
-                               .rebuild_timeout_s = std::max(5.0, 4 * window)};
-      const int old_rank = comm.rank();
-      const recovery_result res = recover_world(comm, q);
-      auto who = [&](const recovery_roll_entry& e) {
-        return "rank " + std::to_string(e.rank) + " (" +
-               (e.world_rank < 0 ? std::string("a replacement") : "world rank " + std::to_string(e.world_rank)) + ", pid " +
-               std::to_string(e.pid) + " on " + e.host + ")";
-      };
-      std::string roll;
-      for (const auto& e : res.roll_call) {
-        roll += "\n  " + who(e) + ": ";
-        if (e.answered)
-          roll += "finished " + std::to_string(e.committed_step) + " steps; last completed " + e.last_op + " at " +
-                  to_string(e.last_done) + "; now at " + to_string(e.now);
-        else
-          roll += "did not answer within " + detail::fmt_seconds(window) + ": the rank the others wait for";
-      }
-      if (res.excluded) {
-        std::fprintf(stderr,
-                     "loom: recovery %d: rank %d was left out by the verdict %s (the others did not hear from it in "
-                     "time): this process leaves the job, which goes on without it. Roll call:%s\n",
-                     number, old_rank, res.verdict.c_str(), roll.c_str());
-        std::fflush(stderr);
-        detail::write_exit_status("left");
-        std::_Exit(0);
-      }
-      {
-        std::string lost;
-        for (const int l : res.lost) lost += (lost.empty() ? "" : ", ") + who(res.roll_call[static_cast<std::size_t>(l)]);
-        interrupted_lost_ = lost;  // reported if the state exchange below fails
-      }
-      engine_.after_recovery();
-      // The state of the survivor that finished the most steps (the first such): a rank whose
-      // last allreduce finished holds a step the others had not taken yet.
-      std::uint64_t most[2] = {step_, 0};
-      comm.allreduce(most, 1, reduce_op::max);
-      most[1] = step_ == most[0] ? static_cast<std::uint64_t>(comm.size() - comm.rank()) : 0;
-      comm.allreduce(most + 1, 1, reduce_op::max);
-      const int root = comm.size() - static_cast<int>(most[1]);
-      const std::uint64_t behind = step_;
-      broadcast_state(comm, root);
-      const position p = continue_from();
-      std::string lost;
-      for (const int l : res.lost) lost += (lost.empty() ? "" : ", ") + who(res.roll_call[static_cast<std::size_t>(l)]);
-      char text[512];
-      std::snprintf(text, sizeof text,
-                    "loom: recovery %d at step %zu: %s; %d ranks go on (were %d); %s %s after %.3f s waiting (%s); "
-                    "agreement %.3f s, rebuild %.3f s, state from rank %d (%zu steps; this rank had %zu) %.3f s",
-                    number, step_, lost.empty() ? "no rank lost (all answered: a deadline expired on a slow peer)" : ("lost " + lost).c_str(),
-                    res.new_size, res.old_size, f.operation().c_str(),
-                    f.why() == rank_failure::kind::deadline ? "timed out" : f.why() == rank_failure::kind::peer_recovery ? "was interrupted by a peer's recovery" : f.why() == rank_failure::kind::peer_gone ? "found a peer's process gone" : "failed",
-                    f.waited_s(), to_string(failed_at_).c_str(), res.agree_s, res.rebuild_s, root,
-                    step_, static_cast<std::size_t>(behind),
-                    monitor::seconds_between(t0, monitor::clock::now()) - res.agree_s - res.rebuild_s);
-      report = text + (res.fenced.empty() ? std::string() : "; fenced (killed) the left-out process on this host") +
-               ". Roll call:" + roll;
-      if constexpr (can_replace)
-        if (opts.fault.replace && !res.lost.empty()) bring_replacements(res, opts, number, report, who);
-      return p;
+      recovery_part_of<engine_type> part(*this);
+      return detail::survive(part, f, opts.fault, opts.checkpoint.directory, number, failed_at_, ckpt_.get(),
+                             interrupted_lost_, report, replacement_began_);
     }
   }
 
@@ -1238,135 +1146,18 @@ class trainer {
     last_lr_ = static_cast<float>(head[9]);
   }
   /// Where to continue from the current position (an epoch that had just ended: the next).
-  position continue_from() const {
-    position p = cur_;
-    if (p.valid && p.batch >= p.batches) p = {.valid = true, .epoch = p.epoch + 1};
-    return p;
-  }
+  position continue_from() const { return cur_.next(); }
 
-  /// The handshake of the survivors and their replacements over m (survivors first; both
-  /// sides call it, in this order): rank 0 sends the job id, the membership epoch and its
-  /// job's description (joined_description), each newcomer compares it with its own, and all
-  /// learn whether every newcomer runs the same job; on a match m gets its failure detector
-  /// (collective) with the survivors' job id and epoch. Waits at most replace_timeout_s for
-  /// the newcomers (a rank_failure otherwise). Returns the fields a newcomer found different
-  /// (empty: the same job; on a newcomer, its own findings).
-  template <class Comm>
-  std::string join_exchange(Comm& m, bool newcomer, const fit_options& opts) {
-    m.watch_deadlines_only(opts.fault.replace_timeout_s);
-    std::string text;
-    if (!newcomer) {
-      const auto* w = engine_.world_comm().watch();
-      text = w->job_id + "\n" + std::to_string(w->generation) + "\n" + joined_description();
-    }
-    std::uint64_t len = text.size();
-    m.broadcast(&len, 1, 0);
-    text.resize(static_cast<std::size_t>(len));
-    m.broadcast(text.data(), text.size(), 0);
-    const std::size_t a = text.find('\n'), b = text.find('\n', a + 1);
-    const std::string job_id = text.substr(0, a);
-    const std::uint64_t generation = std::stoull(text.substr(a + 1, b - a - 1));
-    const std::string theirs = text.substr(b + 1);
-    std::string diff;
-    if (newcomer && theirs != joined_description()) {
-      diff = detail::job_field_diff(theirs, joined_description());
-      if (diff.empty()) diff = " (the descriptions differ)";
-    }
-    std::uint64_t refused = diff.empty() ? 0 : 1;
-    m.allreduce(&refused, 1, reduce_op::max);
-    if (refused) return newcomer ? diff : std::string("refused");
-    m.watch_for_failures(opts.fault.startup_deadline_s);
-    m.watch()->job_id = job_id;
-    m.watch()->generation = generation;
-    return {};
-  }
-
-  /// A replacement's first fit (fault_options::replace): joins the survivors waiting in their
-  /// recovery (join_exchange, then their state), and returns where to continue. A replacement
-  /// that runs another job, or that the survivors gave up on, says so and leaves (status 1).
+  /// A replacement's first fit (fault_options::replace; detail::join_as_replacement): joins the
+  /// survivors waiting in their recovery and returns where to continue.
   position join_as_replacement(const fit_options& opts) {
-    detail::set_phase(fault_phase::recovery);
-    auto& comm = engine_.world_comm();
-    char host[256] = {};
-    ::gethostname(host, sizeof host - 1);
-    auto leave = [&](const std::string& why) {
-      std::fprintf(stderr, "loom: replacement: this process (pid %ld on %s) was started to replace a lost rank, and %s; "
-                   "it leaves (status 1), and the survivors go on without it\n", static_cast<long>(::getpid()), host,
-                   why.c_str());
-      std::fflush(stderr);
-      detail::write_exit_status("failed 1");
-      std::_Exit(1);
-    };
-    try {
-      const std::string diff = join_exchange(comm, /*newcomer=*/true, opts);
-      if (!diff.empty()) leave("it does not run the survivors' job:" + diff);
-      broadcast_state(comm, 0);
-    } catch (const rank_failure& e) {
-      leave(std::string("the survivors did not complete its joining: ") + e.what());
-    }
-    detail::joining_as_replacement = false;
-    engine_.after_recovery();  // fresh gradient buffers, as on the survivors
-    const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-    std::fprintf(stderr, "loom: replacement: this process (pid %ld on %s) joined as rank %d of %d at step %zu, %.3f s after "
-                 "it started MPI\n", static_cast<long>(::getpid()), host, comm.rank(), comm.size(), step_,
-                 now - detail::replacement_started_unix);
-    std::fflush(stderr);
-    return continue_from();
-  }
-
-  /// The survivors' side of fault_options::replace, after a recovery that lost ranks: start
-  /// one process per lost rank on its host (loom::spawn_replacements), join them
-  /// (join_exchange), and hand them the state. On success the world is back to its size
-  /// before the failure, the survivors with their ranks; otherwise the survivors go on as they
-  /// are, and rank 0 says why. Appends its report to `report`.
-  template <class Who>
-  void bring_replacements(const recovery_result& res, const fit_options& opts, int number, std::string& report, Who&& who) {
-    auto& comm = engine_.world_comm();
-    const auto t0 = monitor::clock::now();
-    std::vector<std::string> hosts;
-    std::string lost;
-    for (const int l : res.lost) {
-      hosts.push_back(res.roll_call[static_cast<std::size_t>(l)].host);
-      lost += (lost.empty() ? "" : ", ") + who(res.roll_call[static_cast<std::size_t>(l)]);
-    }
-    auto give_up = [&](const std::string& why) {
-      if (comm.rank() == 0)
-        std::fprintf(stderr, "loom: replacement after recovery %d: no replacement for %s: %s; %d ranks go on\n", number,
-                     lost.c_str(), why.c_str(), comm.size());
-      std::fflush(stderr);
-    };
-    auto sp = spawn_replacements(comm, hosts, opts.fault.replace_timeout_s);
-    if (!sp.ok) return give_up(sp.why);
-    auto merged = *sp.world;
-    const auto t1 = monitor::clock::now();
-    try {
-      const std::string refused = join_exchange(merged, /*newcomer=*/false, opts);
-      if (!refused.empty()) return give_up("the process started runs another job (it names the fields that differ on its stderr)");
-    } catch (const rank_failure& e) {
-      return give_up(std::string("it did not join within fault_options::replace_timeout_s: ") + e.what());
-    }
-    const int old_size = comm.size();
-    comm.replace_after_recovery(std::move(merged));
-    broadcast_state(comm, 0);
-    const double join_s = monitor::seconds_between(t1, monitor::clock::now());
-    replacement_began_ = t0;
-    std::string joined;
-    const auto& peers = comm.watch()->peers;
-    for (int r = old_size; r < comm.size(); ++r)
-      joined += (joined.empty() ? "" : ", ") + ("rank " + std::to_string(r) + " (pid " +
-                 std::to_string(peers[static_cast<std::size_t>(r)].pid) + " on " + peers[static_cast<std::size_t>(r)].host + ")");
-    char text[768];
-    std::snprintf(text, sizeof text,
-                  "loom: replacement after recovery %d at step %zu: replaced %s by %s (%s, asked for host %s); %d ranks go on "
-                  "(were %d); spawn %.3f s, merge %.3f s, join (job check, detector, state) %.3f s",
-                  number, step_, lost.c_str(), joined.c_str(), sp.command.c_str(), hosts.empty() ? "-" : hosts[0].c_str(),
-                  comm.size(), old_size, sp.spawn_s, sp.merge_s, join_s);
-    report += std::string("\n") + text;
+    recovery_part_of<engine_type> part(*this);
+    return detail::join_as_replacement(part, opts.fault);
   }
 
   /// When no recovery is possible: a survivor holding a whole replica writes the state after
-  /// the last step it finished as a checkpoint on its own (the first to claim the step does),
-  /// so that plain mpirun loses no step. Never throws; says on stderr what it did.
+  /// the last step it finished as a checkpoint on its own (detail::emergency_checkpoint), so
+  /// that plain mpirun loses no step. Never throws; says on stderr what it did.
   void emergency_checkpoint(const fit_options& opts) noexcept {
     const checkpoint_options& co = opts.checkpoint;
     if (co.directory.empty() || !co.on_signal || !opts.fault.emergency_checkpoint || !global_sums_) return;
@@ -1380,25 +1171,9 @@ class trainer {
       return;
     }
     if constexpr (can_watch) {
-      try {
-        if (ckpt_) ckpt_->abandon();
-        const std::filesystem::path dir = co.directory;
-        const std::string name = "step-" + std::to_string(step_);
-        std::error_code ec;
-        if (std::filesystem::exists(dir / name / "checkpoint.json", ec)) return;  // committed already
-        const std::filesystem::path claim = dir / (".emergency-" + name);
-        std::filesystem::create_directories(dir, ec);
-        if (::mkdir(claim.c_str(), 0755) != 0) return;  // another survivor writes it
-        solo_collectives solo;
-        io::checkpointer writer;
-        writer.start(solo, dir, tensors(), snapshot(), record_now(), buffer_names(), /*async=*/false, co.keep, 10);
-        std::filesystem::remove(claim, ec);
-        std::fprintf(stderr, "loom: rank %d: emergency checkpoint of step %zu committed: %s\n", rank(), step_,
-                     (dir / name).c_str());
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "loom: rank %d: the emergency checkpoint of step %zu failed: %s\n", rank(), step_, e.what());
-      }
-      std::fflush(stderr);
+      detail::emergency_checkpoint(co.directory, rank(), step_, ckpt_.get(), [&](io::checkpointer& writer, collectives& solo) {
+        writer.start(solo, co.directory, tensors(), snapshot(), record_now(), buffer_names(), /*async=*/false, co.keep, 10);
+      });
     }
   }
 

@@ -1,0 +1,384 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// The trainer's side of a failed rank (docs/fault-tolerance.md): the survivors' recovery
+// (loom::recover_world, the roll call, the state of the survivor ahead), the replacement of
+// lost ranks (fault_options::replace), the handshake of a replacement, and the emergency
+// checkpoint when nothing can recover. Written once for every trainer: what depends on the
+// network and the engine (the state broadcast, the engine's fresh buffers, the checkpoint's
+// tensors) comes in through detail::recovery_host<Comm>, so that this code is compiled once per
+// communicator type (loom::mpi_comm, loom::nccl_comm) and not once per trainer type — a program
+// with a dozen trainers compiles it once (benchmarks/compile_time).
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdlib>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "loom/comm/communicator.hpp"
+#include "loom/core/error.hpp"
+#include "loom/core/fault.hpp"
+#include "loom/io/checkpoint.hpp"
+#include "loom/monitor/timeline.hpp"
+#include "loom/parallel/collectives.hpp"
+#include "loom/parallel/data_parallel.hpp"  // job_field_diff
+
+namespace loom {
+namespace detail {
+
+inline std::string fmt_seconds(double s) {
+  char t[32];
+  std::snprintf(t, sizeof t, "%.3f s", s);
+  return t;
+}
+
+/// A place in the run: the epoch in progress, the global batches of it taken, and its sums so
+/// far (this rank's, as the fit loop keeps them).
+struct fit_position {
+  bool valid = false;
+  std::size_t epoch = 0, batch = 0, batches = 0;
+  double sums[3] = {0, 0, 0};
+
+  /// Where to continue from here (an epoch that had just ended: the next one's start).
+  fit_position next() const {
+    if (valid && batch >= batches) return {.valid = true, .epoch = epoch + 1};
+    return *this;
+  }
+};
+
+/// The deadline of the collectives under failure detection: fault_options::deadline_s, or
+/// deadline_steps times the median of the last 16 step times (at least floor_s), and
+/// startup_deadline_s until 4 steps are measured.
+class step_clock {
+ public:
+  step_clock(const fault_options& f, double floor_s) : f_(f), floor_s_(floor_s) {}
+  /// Adds a step's time; returns the deadline now.
+  double add(double s) {
+    times_[n_++ % times_.size()] = s;
+    return deadline();
+  }
+  double deadline() const {
+    if (f_.deadline_s > 0) return f_.deadline_s;
+    const std::size_t k = std::min(n_, times_.size());
+    if (k < 4) return f_.startup_deadline_s;
+    std::array<double, 16> t = times_;
+    std::nth_element(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(k / 2), t.begin() + static_cast<std::ptrdiff_t>(k));
+    return std::max(floor_s_, f_.deadline_steps * t[k / 2]);
+  }
+  void restart() { n_ = 0; }
+
+ private:
+  const fault_options& f_;
+  double floor_s_;
+  std::array<double, 16> times_{};
+  std::size_t n_ = 0;
+};
+
+/// What a recovery needs from the trainer that runs it: the parts that depend on its network,
+/// optimizer and engine. Implemented by loom::trainer for its communicator type.
+template <class Comm>
+class recovery_host {
+ public:
+  /// The communicator of the whole job (the engine's).
+  virtual Comm& world_comm() = 0;
+  /// The engine after its communicator changed (fresh gradient buffers, the new replica count).
+  virtual void after_recovery() = 0;
+  /// The step count, position, learning rate, parameters and optimizer buffers of rank root to
+  /// every rank of comm (collective).
+  virtual void broadcast_state(Comm& comm, int root) = 0;
+  /// The optimizer steps finished here.
+  virtual std::size_t step() const = 0;
+  /// Where the run is: the position after the last finished step.
+  virtual fit_position position() const = 0;
+  /// What a replacement must share with the survivors: the trainer's job and the fit's options.
+  virtual std::string joined_description() const = 0;
+
+ protected:
+  ~recovery_host() = default;
+};
+
+/// Whether a recovery over Comm can also merge new processes in (fault_options::replace): the
+/// spawn, the merge and the newcomers' detector are loom::mpi_comm's.
+template <class Comm>
+inline constexpr bool can_spawn_replacements = requires(Comm& c, const std::vector<std::string>& hosts) {
+  spawn_replacements(c, hosts, 1.0);
+  c.watch_deadlines_only(1.0);
+};
+
+/// A rank of a roll call, as the reports name it.
+inline std::string recovery_who(const recovery_roll_entry& e) {
+  return "rank " + std::to_string(e.rank) + " (" +
+         (e.world_rank < 0 ? std::string("a replacement") : "world rank " + std::to_string(e.world_rank)) + ", pid " +
+         std::to_string(e.pid) + " on " + e.host + ")";
+}
+
+/// The ranks a recovery left out, named.
+inline std::string recovery_lost(const recovery_result& res) {
+  std::string lost;
+  for (const int l : res.lost) lost += (lost.empty() ? "" : ", ") + recovery_who(res.roll_call[static_cast<std::size_t>(l)]);
+  return lost;
+}
+
+/// The roll call of a recovery, a line per rank of the old communicator.
+inline std::string recovery_roll(const recovery_result& res, double window) {
+  std::string roll;
+  for (const auto& e : res.roll_call) {
+    roll += "\n  " + recovery_who(e) + ": ";
+    if (e.answered)
+      roll += "finished " + std::to_string(e.committed_step) + " steps; last completed " + e.last_op + " at " +
+              to_string(e.last_done) + "; now at " + to_string(e.now);
+    else
+      roll += "did not answer within " + fmt_seconds(window) + ": the rank the others wait for";
+  }
+  return roll;
+}
+
+/// This rank was left out by the verdict of a recovery: it says so and leaves (status 0: the
+/// job goes on without it).
+[[noreturn]] inline void leave_after_verdict(int number, int old_rank, const recovery_result& res, const std::string& roll) {
+  std::fprintf(stderr,
+               "loom: recovery %d: rank %d was left out by the verdict %s (the others did not hear from it in "
+               "time): this process leaves the job, which goes on without it. Roll call:%s\n",
+               number, old_rank, res.verdict.c_str(), roll.c_str());
+  std::fflush(stderr);
+  write_exit_status("left");
+  std::_Exit(0);
+}
+
+/// The line a recovery prints once the first step after it is good.
+inline std::string recovery_report(int number, std::size_t step, const recovery_result& res, const rank_failure& f,
+                                   const fault_marker& failed_at, int root, std::size_t behind, double exchange_s,
+                                   const std::string& roll) {
+  const std::string lost = recovery_lost(res);
+  const char* how = f.why() == rank_failure::kind::deadline         ? "timed out"
+                    : f.why() == rank_failure::kind::peer_recovery ? "was interrupted by a peer's recovery"
+                    : f.why() == rank_failure::kind::peer_gone     ? "found a peer's process gone"
+                                                                   : "failed";
+  char text[512];
+  std::snprintf(text, sizeof text,
+                "loom: recovery %d at step %zu: %s; %d ranks go on (were %d); %s %s after %.3f s waiting (%s); "
+                "agreement %.3f s, rebuild %.3f s, state from rank %d (%zu steps; this rank had %zu) %.3f s",
+                number, step, lost.empty() ? "no rank lost (all answered: a deadline expired on a slow peer)" : ("lost " + lost).c_str(),
+                res.new_size, res.old_size, f.operation().c_str(), how, f.waited_s(), to_string(failed_at).c_str(), res.agree_s,
+                res.rebuild_s, root, step, behind, exchange_s);
+  return text + (res.fenced.empty() ? std::string() : "; fenced (killed) the left-out process on this host") +
+         ". Roll call:" + roll;
+}
+
+/// The handshake of the survivors and their replacements over m (survivors first; both sides
+/// call it, in this order): rank 0 sends the job id, the membership epoch and its job's
+/// description, each newcomer compares it with its own (`joined`), and all learn whether every
+/// newcomer runs the same job; on a match m gets its failure detector (collective) with the
+/// survivors' job id and epoch. `world` is the survivors' communicator (unused on a newcomer).
+/// Waits at most replace_timeout_s for the newcomers (a rank_failure otherwise). Returns the
+/// fields a newcomer found different (empty: the same job; on a newcomer, its own findings).
+template <class Comm>
+std::string join_exchange(Comm& m, Comm& world, bool newcomer, const fault_options& fo, const std::string& joined) {
+  m.watch_deadlines_only(fo.replace_timeout_s);
+  std::string text;
+  if (!newcomer) {
+    const auto* w = world.watch();
+    text = w->job_id + "\n" + std::to_string(w->generation) + "\n" + joined;
+  }
+  std::uint64_t len = text.size();
+  m.broadcast(&len, 1, 0);
+  text.resize(static_cast<std::size_t>(len));
+  m.broadcast(text.data(), text.size(), 0);
+  const std::size_t a = text.find('\n'), b = text.find('\n', a + 1);
+  const std::string job_id = text.substr(0, a);
+  const std::uint64_t generation = std::stoull(text.substr(a + 1, b - a - 1));
+  const std::string theirs = text.substr(b + 1);
+  std::string diff;
+  if (newcomer && theirs != joined) {
+    diff = job_field_diff(theirs, joined);
+    if (diff.empty()) diff = " (the descriptions differ)";
+  }
+  std::uint64_t refused = diff.empty() ? 0 : 1;
+  m.allreduce(&refused, 1, reduce_op::max);
+  if (refused) return newcomer ? diff : std::string("refused");
+  m.watch_for_failures(fo.startup_deadline_s);
+  m.watch()->job_id = job_id;
+  m.watch()->generation = generation;
+  return {};
+}
+
+/// The survivors' side of fault_options::replace, after a recovery that lost ranks: start one
+/// process per lost rank on its host (loom::spawn_replacements), join them (join_exchange), and
+/// hand them the state. On success the world is back to its size before the failure, the
+/// survivors with their ranks; otherwise the survivors go on as they are, and rank 0 says why.
+/// Appends its report to `report`; sets `began` to when the spawn began on success.
+template <class Comm>
+void bring_replacements(recovery_host<Comm>& h, const recovery_result& res, const fault_options& fo, int number,
+                        std::string& report, std::optional<monitor::clock::time_point>& began) {
+  Comm& comm = h.world_comm();
+  const auto t0 = monitor::clock::now();
+  std::vector<std::string> hosts;
+  for (const int l : res.lost) hosts.push_back(res.roll_call[static_cast<std::size_t>(l)].host);
+  const std::string lost = recovery_lost(res);
+  auto give_up = [&](const std::string& why) {
+    if (comm.rank() == 0)
+      std::fprintf(stderr, "loom: replacement after recovery %d: no replacement for %s: %s; %d ranks go on\n", number,
+                   lost.c_str(), why.c_str(), comm.size());
+    std::fflush(stderr);
+  };
+  auto sp = spawn_replacements(comm, hosts, fo.replace_timeout_s);
+  if (!sp.ok) return give_up(sp.why);
+  auto merged = *sp.world;
+  const auto t1 = monitor::clock::now();
+  try {
+    const std::string refused = join_exchange(merged, comm, /*newcomer=*/false, fo, h.joined_description());
+    if (!refused.empty()) return give_up("the process started runs another job (it names the fields that differ on its stderr)");
+  } catch (const rank_failure& e) {
+    return give_up(std::string("it did not join within fault_options::replace_timeout_s: ") + e.what());
+  }
+  const int old_size = comm.size();
+  comm.replace_after_recovery(std::move(merged));
+  h.broadcast_state(comm, 0);
+  const double join_s = monitor::seconds_between(t1, monitor::clock::now());
+  began = t0;
+  std::string joined;
+  const auto& peers = comm.watch()->peers;
+  for (int r = old_size; r < comm.size(); ++r)
+    joined += (joined.empty() ? "" : ", ") + ("rank " + std::to_string(r) + " (pid " +
+               std::to_string(peers[static_cast<std::size_t>(r)].pid) + " on " + peers[static_cast<std::size_t>(r)].host + ")");
+  char text[768];
+  std::snprintf(text, sizeof text,
+                "loom: replacement after recovery %d at step %zu: replaced %s by %s (%s, asked for host %s); %d ranks go on "
+                "(were %d); spawn %.3f s, merge %.3f s, join (job check, detector, state) %.3f s",
+                number, h.step(), lost.c_str(), joined.c_str(), sp.command.c_str(), hosts.empty() ? "-" : hosts[0].c_str(),
+                comm.size(), old_size, sp.spawn_s, sp.merge_s, join_s);
+  report += std::string("\n") + text;
+}
+
+/// After a rank_failure under recovery: the survivors agree on who goes on and rebuild the
+/// communicator (loom::recover_world), take the state of the survivor that finished the most
+/// steps, and continue from its position with the same global batch shared by fewer ranks; with
+/// fault_options::replace, they start processes for the lost ranks (bring_replacements). A rank
+/// left out leaves the process (status 0: the job goes on without it). Returns the position to
+/// continue from; sets `report` to the line printed after the first good step and `lost_now` to
+/// the ranks lost, as soon as they are known (reported if the state exchange fails).
+template <class Comm>
+fit_position survive(recovery_host<Comm>& h, const rank_failure& f, const fault_options& fo, const std::string& checkpoint_dir,
+                     int number, const fault_marker& failed_at, io::checkpointer* ckpt, std::string& lost_now,
+                     std::string& report, std::optional<monitor::clock::time_point>& replacement_began) {
+  set_phase(fault_phase::recovery);
+  const auto t0 = monitor::clock::now();
+  Comm& comm = h.world_comm();
+  // The survivors wait in collectives, or compute for at most a step: they answer within a
+  // deadline (at least 0.2 s; a silent peer on this host is looked at instead).
+  const double window = std::max(0.2, comm.watch()->deadline_s);
+  if (ckpt) ckpt->abandon();
+  const std::size_t step = h.step();
+  const recovery_request q{.committed_step = step, .window_s = window,
+                           .verdict_dir = verdict_directory(fo, checkpoint_dir),
+                           .rebuild_timeout_s = std::max(5.0, 4 * window)};
+  const int old_rank = comm.rank();
+  const recovery_result res = recover_world(comm, q);
+  const std::string roll = recovery_roll(res, window);
+  if (res.excluded) leave_after_verdict(number, old_rank, res, roll);
+  lost_now = recovery_lost(res);
+  h.after_recovery();
+  // The state of the survivor that finished the most steps (the first such): a rank whose
+  // last allreduce finished holds a step the others had not taken yet.
+  std::uint64_t most[2] = {step, 0};
+  comm.allreduce(most, 1, reduce_op::max);
+  most[1] = step == most[0] ? static_cast<std::uint64_t>(comm.size() - comm.rank()) : 0;
+  comm.allreduce(most + 1, 1, reduce_op::max);
+  const int root = comm.size() - static_cast<int>(most[1]);
+  h.broadcast_state(comm, root);
+  const fit_position p = h.position();
+  report = recovery_report(number, h.step(), res, f, failed_at, root, step, 
+                           monitor::seconds_between(t0, monitor::clock::now()) - res.agree_s - res.rebuild_s, roll);
+  if constexpr (can_spawn_replacements<Comm>)
+    if (fo.replace && !res.lost.empty()) bring_replacements(h, res, fo, number, report, replacement_began);
+  return p;
+}
+
+/// A replacement's first fit (fault_options::replace): joins the survivors waiting in their
+/// recovery (join_exchange, then their state), and returns where to continue. A replacement
+/// that runs another job, or that the survivors gave up on, says so and leaves (status 1).
+template <class Comm>
+fit_position join_as_replacement(recovery_host<Comm>& h, const fault_options& fo) {
+  set_phase(fault_phase::recovery);
+  Comm& comm = h.world_comm();
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  auto leave = [&](const std::string& why) {
+    std::fprintf(stderr, "loom: replacement: this process (pid %ld on %s) was started to replace a lost rank, and %s; "
+                 "it leaves (status 1), and the survivors go on without it\n", static_cast<long>(::getpid()), host,
+                 why.c_str());
+    std::fflush(stderr);
+    write_exit_status("failed 1");
+    std::_Exit(1);
+  };
+  try {
+    const std::string diff = join_exchange(comm, comm, /*newcomer=*/true, fo, h.joined_description());
+    if (!diff.empty()) leave("it does not run the survivors' job:" + diff);
+    h.broadcast_state(comm, 0);
+  } catch (const rank_failure& e) {
+    leave(std::string("the survivors did not complete its joining: ") + e.what());
+  }
+  joining_as_replacement = false;
+  h.after_recovery();  // fresh gradient buffers, as on the survivors
+  const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  std::fprintf(stderr, "loom: replacement: this process (pid %ld on %s) joined as rank %d of %d at step %zu, %.3f s after "
+               "it started MPI\n", static_cast<long>(::getpid()), host, comm.rank(), comm.size(), h.step(),
+               now - replacement_started_unix);
+  std::fflush(stderr);
+  return h.position();
+}
+
+/// The first good step after a recovery: rank 0 prints the recovery's report (and the
+/// replacement's, when one joined) with the time since the wait that failed began.
+inline void report_first_good_step(int rank, int world, std::size_t step, const std::string& report,
+                                   monitor::clock::time_point failure_seen, monitor::clock::time_point step_end,
+                                   const std::optional<monitor::clock::time_point>& replacement_began) {
+  if (rank != 0) return;
+  std::fprintf(stderr, "%s\nloom: recovery: first good step (%zu) done %.3f s after the wait that failed began "
+               "(unix time %.3f)\n", report.c_str(), step, monitor::seconds_between(failure_seen, step_end),
+               std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+  if (replacement_began)
+    std::fprintf(stderr, "loom: replacement: first good step (%zu) on %d ranks done %.3f s after the spawn began\n", step,
+                 world, monitor::seconds_between(*replacement_began, step_end));
+  std::fflush(stderr);
+}
+
+/// When no recovery is possible: a survivor holding a whole replica writes the state after the
+/// last step it finished as a checkpoint on its own (the first to claim the step does), so that
+/// plain mpirun loses no step. `write` starts the checkpoint on the writer and collectives it is
+/// given (solo). Never throws; says on stderr what it did.
+inline void emergency_checkpoint(const std::string& directory, int rank, std::size_t step, io::checkpointer* ckpt,
+                                 const std::function<void(io::checkpointer&, collectives&)>& write) noexcept {
+  try {
+    if (ckpt) ckpt->abandon();
+    const std::filesystem::path dir = directory;
+    const std::string name = "step-" + std::to_string(step);
+    std::error_code ec;
+    if (std::filesystem::exists(dir / name / "checkpoint.json", ec)) return;  // committed already
+    const std::filesystem::path claim = dir / (".emergency-" + name);
+    std::filesystem::create_directories(dir, ec);
+    if (::mkdir(claim.c_str(), 0755) != 0) return;  // another survivor writes it
+    solo_collectives solo;
+    io::checkpointer writer;
+    write(writer, solo);
+    std::filesystem::remove(claim, ec);
+    std::fprintf(stderr, "loom: rank %d: emergency checkpoint of step %zu committed: %s\n", rank, step, (dir / name).c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "loom: rank %d: the emergency checkpoint of step %zu failed: %s\n", rank, step, e.what());
+  }
+  std::fflush(stderr);
+}
+
+}  // namespace detail
+}  // namespace loom
