@@ -303,6 +303,86 @@ struct eval_result {
 };
 
 
+namespace detail {
+
+/// The checks of fit's options, on every rank alike before anything is communicated.
+inline void check_fit_options(const fit_options& opts, std::size_t samples) {
+  if (opts.batch == 0) throw invalid_argument("loom::trainer::fit: batch must be at least 1, got 0");
+  if (opts.accumulation == 0) throw invalid_argument("loom::trainer::fit: accumulation must be at least 1, got 0");
+  if (samples == 0) throw invalid_argument("loom::trainer::fit: the training set is empty");
+  if (!(opts.clip_grad_norm >= 0) || !std::isfinite(opts.clip_grad_norm))
+    throw invalid_argument("loom::trainer::fit: clip_grad_norm must be finite and >= 0 (0: no clipping), got " +
+                           std::to_string(opts.clip_grad_norm));
+  if (!(opts.sample_every_s >= 0) || !std::isfinite(opts.sample_every_s))
+    throw invalid_argument("loom::trainer::fit: sample_every_s must be finite and >= 0 (0: after every step), got " +
+                           std::to_string(opts.sample_every_s));
+}
+
+/// fault_options::replace where the policy cannot have it: `watch` (the policy recovers on
+/// fewer ranks) and `replace` (it can also merge new processes in) say what it has.
+inline void check_replace(const fault_options& fo, bool watch, bool replace, const std::string& policy) {
+  if (fo.replace && !watch)
+    throw invalid_argument("loom::trainer::fit: fault_options::replace (start a replacement for a lost rank) needs "
+                           "data_parallel over loom::mpi_comm without shard_optimizer_state; this policy (" + policy +
+                           ") cannot go on without a lost rank, let alone take a new one: a "
+                           "failure ends the job and loomrun resumes it from its last checkpoint (docs/fault-tolerance.md)");
+  if (fo.replace && !replace)
+    throw invalid_argument("loom::trainer::fit: fault_options::replace (start a replacement for a lost rank) needs "
+                           "data_parallel over loom::mpi_comm; this policy (" + policy +
+                           ") recovers on fewer ranks but cannot merge a new process into its communicator "
+                           "(docs/fault-tolerance.md)");
+}
+
+/// A fit's options as the ranks compare them (and a replacement with the survivors').
+inline std::string describe_fit(const fit_options& opts, std::size_t samples) {
+  const checkpoint_options& co = opts.checkpoint;
+  const fault_options& fo = opts.fault;
+  return "fit: epochs=" + std::to_string(opts.epochs) + ";batch=" + std::to_string(opts.batch) +
+         ";accumulation=" + std::to_string(opts.accumulation) + ";max_steps=" + std::to_string(opts.max_steps) +
+         ";samples=" + std::to_string(samples) + ";clip_grad_norm=" + std::to_string(opts.clip_grad_norm) +
+         ";deterministic_chunk=" + std::to_string(opts.deterministic_chunk) +
+         ";trace=" + (opts.trace.empty() ? "off" : "on") + ";live_every_s=" + std::to_string(opts.live_every_s) +
+         ";checkpoint=" + co.directory +
+         ";checkpoint_every=" + std::to_string(co.every_steps) + "," + std::to_string(co.every_s) +
+         ";resume=" + (co.resume ? "yes" : "no") + ";on_signal=" + (co.on_signal ? "yes" : "no") +
+         ";fault=" + std::to_string(static_cast<int>(fo.recovery)) + "," + (fo.detect ? "detect" : "no") +
+         "," + std::to_string(fo.deadline_s) + ";replace=" + (fo.replace ? "yes" : "no");
+}
+
+/// Rank 0's warning when fault_options::replace is on but no recovery runs in this fit.
+inline void warn_replace_without_recovery(const fault_options& fo, bool watching) {
+  std::fprintf(stderr, "loom: fault_options::replace is on, but no recovery runs in this fit (%s): a lost rank ends "
+               "the job and no replacement is started\n",
+               !watching ? "failure detection is off" : fo.recovery == recovery_mode::off ? "recovery is off"
+                                                                    : "not under mpirun --enable-recovery");
+  std::fflush(stderr);
+}
+
+/// The job every rank must share (the trainer's part; the engine adds its policy's own fields).
+inline std::string describe_job(const std::string& network, std::size_t parameters, const char* loss, const char* optimizer,
+                                std::uint64_t seed, math_mode math, const std::string& policy) {
+  return "network=" + network + ";parameters=" + std::to_string(parameters) + ";loss=" + loss +
+         ";optimizer=" + optimizer + ";seed=" + std::to_string(seed) + ";math=" + to_string(math) + ";policy=" + policy;
+}
+
+/// Why a fit cannot resume exactly from a checkpoint's record (empty: it can): another seed,
+/// or a stop in the middle of an epoch with another batch or another training set size.
+inline void check_resumable(const io::trainer_record& rec, const std::filesystem::path& path, std::uint64_t seed,
+                            const fit_options& opts, std::size_t samples) {
+  std::string why;
+  if (rec.seed != seed)
+    why = "it was saved with seed " + std::to_string(rec.seed) + ", this trainer has seed " + std::to_string(seed);
+  else if (rec.batch_in_epoch != 0 && rec.batch != opts.batch)
+    why = "it stopped in the middle of an epoch with batch " + std::to_string(rec.batch) + ", and this fit asks for batch " +
+          std::to_string(opts.batch) + " (a different batch can resume only at an epoch's start)";
+  else if (rec.batch_in_epoch != 0 && rec.samples != samples)
+    why = "it stopped in the middle of an epoch of " + std::to_string(rec.samples) + " samples, and this training set has " +
+          std::to_string(samples);
+  if (!why.empty()) throw invalid_argument("loom::trainer::fit: cannot resume exactly from " + path.string() + ": " + why);
+}
+
+}  // namespace detail
+
 /// Trains Network with Loss and Optimizer under Policy on Backend. Policy is one of
 /// loom::single_process (the default), loom::data_parallel<Comm, ...>,
 /// loom::model_parallel<loom::pipeline<S, ...>, Comm>, loom::model_parallel<loom::tensor_parallel<T>, Comm>,
@@ -359,33 +439,14 @@ class trainer {
   template <class Dataset>
   fit_result fit(const Dataset& data, const fit_options& opts = {}) {
     detail::check_dataset_for<Network, Dataset>();
-    check(opts, data.size());
+    detail::check_fit_options(opts, data.size());
     const checkpoint_options& co = opts.checkpoint;
     const fault_options& fo = opts.fault;
-    if (fo.replace && !can_watch)
-      throw invalid_argument("loom::trainer::fit: fault_options::replace (start a replacement for a lost rank) needs "
-                             "data_parallel over loom::mpi_comm without shard_optimizer_state; this policy (" +
-                             type_name<Policy>() + ") cannot go on without a lost rank, let alone take a new one: a "
-                             "failure ends the job and loomrun resumes it from its last checkpoint (docs/fault-tolerance.md)");
-    if (fo.replace && !can_replace)
-      throw invalid_argument("loom::trainer::fit: fault_options::replace (start a replacement for a lost rank) needs "
-                             "data_parallel over loom::mpi_comm; this policy (" + type_name<Policy>() +
-                             ") recovers on fewer ranks but cannot merge a new process into its communicator "
-                             "(docs/fault-tolerance.md)");
+    if (fo.replace) detail::check_replace(fo, can_watch, can_replace, type_name<Policy>());
     // A replacement of a lost rank (fault_options::replace): the survivors are in their
     // recovery, not here; it checks the job with them as it joins (join_as_replacement).
     const bool joining = can_replace && detail::joining_as_replacement;
-    fit_description_ = "fit: epochs=" + std::to_string(opts.epochs) + ";batch=" + std::to_string(opts.batch) +
-                           ";accumulation=" + std::to_string(opts.accumulation) + ";max_steps=" +
-                           std::to_string(opts.max_steps) + ";samples=" + std::to_string(data.size()) +
-                           ";clip_grad_norm=" + std::to_string(opts.clip_grad_norm) +
-                           ";deterministic_chunk=" + std::to_string(opts.deterministic_chunk) +
-                           ";trace=" + (opts.trace.empty() ? "off" : "on") + ";live_every_s=" + std::to_string(opts.live_every_s) +
-                           ";checkpoint=" + co.directory +
-                           ";checkpoint_every=" + std::to_string(co.every_steps) + "," + std::to_string(co.every_s) +
-                           ";resume=" + (co.resume ? "yes" : "no") + ";on_signal=" + (co.on_signal ? "yes" : "no") +
-                           ";fault=" + std::to_string(static_cast<int>(fo.recovery)) + "," + (fo.detect ? "detect" : "no") +
-                           "," + std::to_string(fo.deadline_s) + ";replace=" + (fo.replace ? "yes" : "no");
+    fit_description_ = detail::describe_fit(opts, data.size());
     if (!joining) engine_.check_same_job(fit_description_);
     const bool checkpoints = !co.directory.empty();
     const std::unique_ptr<collectives> coll = make_collectives();
@@ -410,11 +471,7 @@ class trainer {
     const bool recovering = watching_ && (fo.recovery == recovery_mode::on ||
                                           (fo.recovery == recovery_mode::automatic && runtime_keeps_survivors()));
     if (fo.replace && !recovering && engine_.rank() == 0 && engine_.world() > 1 && !joining) {
-      std::fprintf(stderr, "loom: fault_options::replace is on, but no recovery runs in this fit (%s): a lost rank ends "
-                   "the job and no replacement is started\n",
-                   !watching_ ? "failure detection is off" : fo.recovery == recovery_mode::off ? "recovery is off"
-                                                                        : "not under mpirun --enable-recovery");
-      std::fflush(stderr);
+      detail::warn_replace_without_recovery(fo, watching_);
     }
     // Under failure detection every rank keeps the whole batch's loss sums, step by step, so that
     // a survivor's position (and an emergency checkpoint) has them without a collective.
@@ -943,19 +1000,7 @@ class trainer {
       return {};
     }
     const io::trainer_record& rec = got->record;
-    if (opts) {
-      std::string why;
-      if (rec.seed != options_.seed)
-        why = "it was saved with seed " + std::to_string(rec.seed) + ", this trainer has seed " + std::to_string(options_.seed);
-      else if (rec.batch_in_epoch != 0 && rec.batch != opts->batch)
-        why = "it stopped in the middle of an epoch with batch " + std::to_string(rec.batch) + ", and this fit asks for batch " +
-              std::to_string(opts->batch) + " (a different batch can resume only at an epoch's start)";
-      else if (rec.batch_in_epoch != 0 && rec.samples != samples)
-        why = "it stopped in the middle of an epoch of " + std::to_string(rec.samples) + " samples, and this training set has " +
-              std::to_string(samples);
-      if (!why.empty())
-        throw invalid_argument("loom::trainer::fit: cannot resume exactly from " + got->path.string() + ": " + why);
-    }
+    if (opts) detail::check_resumable(rec, got->path, options_.seed, *opts, samples);
     from_host(got->params.data(), got->params.size(), engine_.local_parameters());
     auto bufs = engine_.optimizer().buffers();
     const std::size_t n = state_count();
@@ -985,9 +1030,8 @@ class trainer {
 
   /// The job every rank must share; the engine adds its policy's own fields.
   std::string job_description() const {
-    return "network=" + type_name<Network>() + ";parameters=" + std::to_string(Network::parameter_count) +
-           ";loss=" + Loss::name + ";optimizer=" + Optimizer::name + ";seed=" + std::to_string(options_.seed) +
-           ";math=" + to_string(options_.math) + ";policy=" + type_name<Policy>();
+    return detail::describe_job(type_name<Network>(), Network::parameter_count, Loss::name, Optimizer::name, options_.seed,
+                                options_.math, type_name<Policy>());
   }
 
   /// NVML's view of the device this rank computes on (loom::cuda), or null: on the CPU, or
@@ -1014,19 +1058,6 @@ class trainer {
     std::vector<std::size_t> dropped;
     const auto all = engine_.gather_timelines(t, dropped);
     if (rank == 0) monitor::write_file_atomically(path, monitor::chrome_trace(all, dropped));
-  }
-
-  /// The checks of fit's options, on every rank alike before anything is communicated.
-  static void check(const fit_options& opts, std::size_t samples) {
-    if (opts.batch == 0) throw invalid_argument("loom::trainer::fit: batch must be at least 1, got 0");
-    if (opts.accumulation == 0) throw invalid_argument("loom::trainer::fit: accumulation must be at least 1, got 0");
-    if (samples == 0) throw invalid_argument("loom::trainer::fit: the training set is empty");
-    if (!(opts.clip_grad_norm >= 0) || !std::isfinite(opts.clip_grad_norm))
-      throw invalid_argument("loom::trainer::fit: clip_grad_norm must be finite and >= 0 (0: no clipping), got " +
-                             std::to_string(opts.clip_grad_norm));
-    if (!(opts.sample_every_s >= 0) || !std::isfinite(opts.sample_every_s))
-      throw invalid_argument("loom::trainer::fit: sample_every_s must be finite and >= 0 (0: after every step), got " +
-                             std::to_string(opts.sample_every_s));
   }
 
   /// Room for a batch of n samples: the samples where the engine reads them, the labels likewise.
