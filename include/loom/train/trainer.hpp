@@ -383,13 +383,361 @@ inline void check_resumable(const io::trainer_record& rec, const std::filesystem
 
 }  // namespace detail
 
+namespace detail {
+
+/// What fit's loop (trainer_core::run_fit) needs from the typed trainer: its engine, its data
+/// set's loader and its model's state. One small adapter per trainer type and data set
+/// (trainer::fit_part) implements it; the loop itself is compiled once for every trainer.
+class fit_host {
+ public:
+  /// What the policy offers, as compile-time facts of the trainer: failure detection and
+  /// recovery (can_watch), replacement of lost ranks (can_replace), the loss on every rank
+  /// holding samples (per_epoch_sums).
+  bool can_watch = false, can_replace = false, per_epoch_sums = true;
+
+  // The engine (loom::engine).
+  virtual int rank() const = 0;
+  virtual int world() const = 0;
+  virtual int replica() const = 0;
+  virtual int replicas() const = 0;
+  virtual std::size_t prepare_fit(std::size_t batch, std::size_t deterministic_chunk) = 0;
+  virtual void reset_figures() = 0;
+  virtual rank_figures& figures() = 0;
+  virtual std::vector<rank_figures> gather_figures() = 0;
+  virtual double flops_per_sample() const = 0;
+  virtual loss_value micro_step(const batch_view<float>& b, std::size_t m, std::size_t group, std::uint64_t seed,
+                                std::uint64_t salt) = 0;
+  virtual void sum(double* v, std::size_t n) = 0;
+  virtual void optimizer_step(float lr, double clip_grad_norm) = 0;
+  // The failure detector of the world communicator (can_watch only).
+  virtual void watch_for_failures(double deadline_s) = 0;
+  virtual void set_deadline(double deadline_s) = 0;
+  virtual std::string watch_job_id() = 0;
+  // The data set's loader (data::distributed_loader), this rank's share of each batch.
+  virtual void open_loader(std::size_t batch) = 0;
+  virtual void set_rank_block(std::size_t block) = 0;
+  virtual void reshard(int replica, int replicas) = 0;
+  virtual void start_epoch(std::size_t epoch) = 0;
+  virtual void skip(std::size_t batches) = 0;
+  virtual std::size_t batches_per_epoch() const = 0;
+  virtual void reserve(std::size_t batch) = 0;
+  virtual batch_view<float> next_batch() = 0;
+  // The trainer.
+  virtual std::unique_ptr<collectives> make_collectives() = 0;
+  virtual void load_checkpoint(collectives& c, const fit_options& opts, std::size_t samples) = 0;
+  virtual fit_position join_as_replacement(const fit_options& opts) = 0;
+  virtual void save_current(collectives& c, const fit_options& opts, bool async) = 0;
+  virtual io::checkpointer& ckpt() = 0;
+  virtual std::size_t planned_bytes(std::size_t batch) const = 0;
+  virtual double peak_gflops() = 0;
+  virtual std::shared_ptr<const monitor::nvml> device_monitor() = 0;
+  virtual fit_position survive(const rank_failure& f, const fit_options& opts, int number, std::string& report) = 0;
+  virtual void emergency_checkpoint(const fit_options& opts) noexcept = 0;
+  virtual void write_trace(const std::string& path, const monitor::timeline& t) = 0;
+
+ protected:
+  ~fit_host() = default;
+};
+
+/// The options of the last fit (what a checkpoint records of them).
+struct fit_record {
+  std::size_t batch = 0, accumulation = 1, epochs = 0, max_steps = 0, deterministic_chunk = 0;
+  double clip_grad_norm = 0;
+  std::size_t samples = 0;
+};
+
+/// The part of loom::trainer that does not depend on its types: where the run is, and fit's
+/// loop (epochs, accumulation groups, checkpoints, live figures, recoveries), written once.
+class trainer_core {
+ protected:
+  using position = fit_position;
+
+  /// fit after its checks and the ranks' agreement on the job: trains on `samples` samples as
+  /// opts says (loom::trainer::fit). `joining`: this process replaces a lost rank.
+  fit_result run_fit(fit_host& h, const fit_options& opts, std::size_t samples, bool joining, std::uint64_t seed,
+                     float base_lr) {
+    const checkpoint_options& co = opts.checkpoint;
+    const fault_options& fo = opts.fault;
+    const bool checkpoints = !co.directory.empty();
+    const std::unique_ptr<collectives> coll = h.make_collectives();
+    fit_result r;
+    const bool resume = checkpoints && (co.resume || detail::restarted_by_launcher());
+    if (resume && !joining) h.load_checkpoint(*coll, opts, samples);
+    // Failure detection (deadlines on every collective), and recovery where the runtime keeps
+    // the survivors alive: data parallelism over a communicator that offers it (loom::mpi_comm).
+    watching_ = false;
+    if (h.can_watch) {
+      if (h.can_replace) {
+        if (joining) {
+          resume_ = h.join_as_replacement(opts);  // the survivors' job check, detector and state
+          watching_ = true;
+        }
+      }
+      if (!joining && fo.detect && h.world() > 1) {
+        h.watch_for_failures(fo.deadline_s > 0 ? fo.deadline_s : fo.startup_deadline_s);
+        watching_ = true;
+      }
+    }
+    const bool recovering = watching_ && (fo.recovery == recovery_mode::on ||
+                                          (fo.recovery == recovery_mode::automatic && runtime_keeps_survivors()));
+    if (fo.replace && !recovering && h.rank() == 0 && h.world() > 1 && !joining) {
+      detail::warn_replace_without_recovery(fo, watching_);
+    }
+    // Under failure detection every rank keeps the whole batch's loss sums, step by step, so that
+    // a survivor's position (and an emergency checkpoint) has them without a collective.
+    global_sums_ = !h.per_epoch_sums || watching_;
+    // Where this fit starts: where a loaded checkpoint stopped, or at the beginning.
+    const position start_at = std::exchange(resume_, position{});
+    cur_ = start_at;
+    last_fit_ = {opts.batch, opts.accumulation, opts.epochs, opts.max_steps, opts.deterministic_chunk,
+                 opts.clip_grad_norm, samples};
+    r.resumed_from_step = start_at.valid ? step_ : 0;
+    const std::size_t first_step = step_;
+    // Every rank leaves that collective at about the same time: the timeline's common zero.
+    std::optional<monitor::timeline> timeline;
+    if (!opts.trace.empty()) timeline.emplace().set_zero(monitor::clock::now());
+    monitor::timeline_scope recording(timeline ? &*timeline : nullptr);
+    h.open_loader(opts.batch);
+    if (const std::size_t block = h.prepare_fit(opts.batch, opts.deterministic_chunk)) h.set_rank_block(block);
+    h.reserve(opts.batch);
+    progress_display progress(h.rank() == 0 ? opts.progress : nullptr, opts.progress_style,
+                              opts.progress == &std::cerr ? ::isatty(2) : opts.progress == &std::cout ? ::isatty(1) : false);
+    h.reset_figures();
+    rank_figures& fig = h.figures();
+    monitor::metrics_writer metrics(opts.metrics, h.rank(), h.world());
+    // The machine's ceiling, against which the achieved GFLOP/s are shown: measured once per
+    // process (about 0.1 s) when something shows it.
+    if (metrics.enabled() || opts.live_every_s > 0 || timeline) fig.peak_gflops = h.peak_gflops();
+    monitor::sampler sampler(fig, h.device_monitor(), opts.sample_every_s);
+    // Training FLOPs per sample of this rank: forward, and backward's two products (data and weights).
+    const double flops_per_sample = 3.0 * h.flops_per_sample();
+    monitor::training_point point;
+    // Preemption by signal and checkpoints by time: the ranks agree each step (one allreduce).
+    detail::preemption_guard signals(checkpoints && co.on_signal);
+    const bool agree_each_step = checkpoints && (co.on_signal || co.every_s > 0) && h.world() > 1;
+    auto last_checkpoint_time = monitor::clock::now();
+    std::size_t saved_step = start_at.valid ? step_ : static_cast<std::size_t>(-1);
+    monitor::live_view live(opts.live_every_s, fig, h.rank() == 0 ? opts.progress : nullptr, opts.progress_style);
+    step_clock steps_timed(fo, recovering ? fo.min_deadline_s : std::max(fo.min_deadline_s, fo.min_deadline_without_recovery_s));
+    // The communicators of a policy that cannot recover (pipelines, tensor parallelism) wait at
+    // most the step-derived deadline too, where the runtime keeps survivors alive: a dead peer
+    // then ends the job (loomrun restarts it from its checkpoint) instead of hanging it.
+    const bool shared_deadlines = !h.can_watch && fo.detect && detail::shared_deadline_s > 0;
+    const auto start = monitor::clock::now();
+    bool stop = false;
+    // The report of the last recovery, printed once the first step after it is good.
+    std::string recovery_report;
+    monitor::clock::time_point failure_seen{};
+
+    auto run = [&](const position& start_at) {
+    for (std::size_t epoch = start_at.valid ? start_at.epoch : 0; epoch < opts.epochs && !stop; ++epoch) {
+      h.start_epoch(epoch);
+      const bool resumed_epoch = start_at.valid && epoch == start_at.epoch;
+      if (resumed_epoch) h.skip(start_at.batch);
+      const std::size_t batches = h.batches_per_epoch();
+      // Loss sum, correct and samples of this rank's replica, summed over the replicas at the
+      // end of the epoch — or after every step (global_sums_) where rank 0 holds no loss (a
+      // pipeline's first stage), so that its progress shows the whole batch's, or under failure
+      // detection.
+      double sums[3] = {0, 0, 0};
+      if (resumed_epoch) {  // the whole epoch's sums on the ranks that count them once
+        const bool counts = global_sums_ || h.replica() == 0;
+        for (int i = 0; i < 3; ++i) sums[i] = counts ? start_at.sums[i] : 0;
+      }
+      std::size_t steps = 0, global_samples = 0;
+      for (std::size_t k = resumed_epoch ? start_at.batch : 0; k < batches;) {
+        if (opts.max_steps && step_ >= opts.max_steps) {
+          stop = true;
+          break;
+        }
+        const std::size_t group = std::min(opts.accumulation, batches - k);
+        const auto step_start = monitor::clock::now();
+        detail::fault_here.step = step_;
+        if (timeline) timeline->set_step(static_cast<std::uint32_t>(step_));
+        double step_sums[3] = {0, 0, 0};
+        std::size_t step_global = 0;
+        for (std::size_t m = 0; m < group; ++m, ++k) {
+          batch_view<float> b;
+          {
+            detail::set_phase(fault_phase::data);
+            monitor::timed data_time(fig, &rank_figures::data_s);
+            b = h.next_batch();
+          }
+          detail::set_phase(fault_phase::forward_backward);
+          const loss_value v = h.micro_step(b, m, group, seed, step_ * 1000003 + m);
+          step_sums[0] += v.sum;
+          step_sums[1] += static_cast<double>(v.correct);
+          step_sums[2] += static_cast<double>(b.n);
+          fig.samples += static_cast<double>(b.n);
+          fig.flops += flops_per_sample * static_cast<double>(b.n);
+          step_global += b.global_n;
+        }
+        // Under failure detection the sums come before the optimizer step, so that a rank's
+        // state after its step (parameters, step count, position, sums) has no collective inside.
+        detail::set_phase(fault_phase::loss_sums);
+        if (h.per_epoch_sums && global_sums_) h.sum(step_sums, 3);
+        detail::set_phase(fault_phase::optimizer);
+        const float lr = opts.schedule(step_, base_lr);
+        h.optimizer_step(lr, opts.clip_grad_norm);
+        ++step_;
+        ++steps;
+        global_samples += step_global;
+        last_lr_ = lr;
+        detail::set_phase(fault_phase::bookkeeping);
+        if (!h.per_epoch_sums) h.sum(step_sums, 3);
+        for (int i = 0; i < 3; ++i) sums[i] += step_sums[i];
+        cur_ = {.valid = true, .epoch = epoch, .batch = k, .batches = batches, .sums = {sums[0], sums[1], sums[2]}};
+        const auto step_end = monitor::clock::now();
+        monitor::record_span(monitor::step_span, step_start, step_end);
+        if (shared_deadlines) detail::shared_deadline_s = steps_timed.add(monitor::seconds_between(step_start, step_end));
+        if (watching_) {
+          if (h.can_watch) h.set_deadline(steps_timed.add(monitor::seconds_between(step_start, step_end)));
+          if (!recovery_report.empty()) {
+            detail::report_first_good_step(h.rank(), h.world(), step_, recovery_report, failure_seen, step_end,
+                                           replacement_began_);
+            recovery_report.clear();
+            replacement_began_.reset();
+          }
+        }
+        point = {.step = step_, .epoch = epoch + 1, .loss = sums[2] ? sums[0] / sums[2] : 0,
+                 .accuracy = sums[2] ? sums[1] / sums[2] : 0, .lr = lr,
+                 .elapsed_s = monitor::seconds_between(start, monitor::clock::now())};
+        point.samples_per_s = (r.samples + global_samples) / std::max(1e-9, point.elapsed_s);
+        progress.update(epoch + 1, opts.epochs, k, batches, point.loss, point.accuracy, point.samples_per_s);
+        sampler.tick();
+        metrics.tick(fig, point, sampler.latest());
+        const std::size_t exchanges = live.exchanges();
+        live.step(epoch, [&] { return h.gather_figures(); });
+        if (live.exchanges() != exchanges) {  // an exchange: the straggler it found, if any, named
+          const straggler& s = live.last_straggler();
+          metrics.straggler_seen(step_, s);
+          if (s) {
+            const auto now = monitor::clock::now();
+            monitor::record_span(monitor::span_kind::straggler, now, now, s.rank, s.why == straggler::cause::data ? 1 : 0,
+                                 s.score);
+          }
+        }
+        if (checkpoints) {
+          // The step boundary: a checkpoint when due, and a stop when a signal asked for one.
+          detail::set_phase(fault_phase::checkpoint);
+          bool due = co.every_steps && step_ % co.every_steps == 0;
+          std::uint64_t flags[2] = {static_cast<std::uint64_t>(detail::preemption_signal), 0};
+          if (co.every_s > 0 && h.rank() == 0)
+            flags[1] = monitor::seconds_between(last_checkpoint_time, monitor::clock::now()) >= co.every_s;
+          if (agree_each_step) coll->max(flags, 2);
+          due = due || flags[1] || flags[0];
+          if (due) {
+            monitor::span writing(monitor::span_kind::checkpoint);
+            h.save_current(*coll, opts, /*async=*/co.async && !flags[0]);
+            saved_step = step_;
+            last_checkpoint_time = monitor::clock::now();
+          }
+          if (flags[0]) {
+            r.preempted = true;
+            r.signal = static_cast<int>(flags[0]);
+            stop = true;
+            break;
+          }
+        }
+      }
+      if (steps == 0) break;
+      if (h.per_epoch_sums && !global_sums_) h.sum(sums, 3);
+      r.epochs = epoch + 1;
+      r.samples += static_cast<std::size_t>(sums[2]);
+      r.train_loss = sums[2] ? sums[0] / sums[2] : 0;
+      r.train_accuracy = sums[2] ? sums[1] / sums[2] : 0;
+    }
+    detail::set_phase(fault_phase::end_of_fit);
+    if (checkpoints) {
+      if (co.at_end && saved_step != step_) {
+        // The run's end: the next epoch's start (or where max_steps stopped it, mid-epoch).
+        monitor::span writing(monitor::span_kind::checkpoint);
+        h.save_current(*coll, opts, co.async);
+        saved_step = step_;
+      }
+      h.ckpt().wait(*coll);
+      if (saved_step == step_) r.checkpoint = (std::filesystem::path(co.directory) / ("step-" + std::to_string(step_))).string();
+    }
+    r.seconds = monitor::seconds_between(start, monitor::clock::now());
+    fig.seconds = r.seconds;
+    fig.memory_peak_bytes = static_cast<double>(host_memory().peak_bytes);
+    fig.planned_bytes = static_cast<double>(h.planned_bytes(opts.batch));
+    point.elapsed_s = r.seconds;
+    live.finish();
+    metrics.tick(fig, point, sampler.sample_now(), /*force=*/true);
+    r.figures = h.gather_figures();
+    };
+
+    position from = start_at;
+    for (int recoveries = 0;;) {
+      try {
+        run(from);
+        break;
+      } catch (const rank_failure& first) {
+        rank_failure f = first;
+        failed_at_ = detail::fault_here;
+        failure_seen = monitor::clock::now() - std::chrono::duration_cast<monitor::clock::duration>(
+                                                   std::chrono::duration<double>(f.waited_s()));
+        if (!recovering) {
+          h.emergency_checkpoint(opts);
+          throw;
+        }
+        // A survivor that dies during the recovery (its state broadcast) makes the next one.
+        for (;;) {
+          try {
+            from = h.survive(f, opts, ++recoveries, recovery_report);
+            break;
+          } catch (const rank_failure& again) {
+            if (h.rank() == 0)
+              std::fprintf(stderr, "loom: recovery %d at step %zu: lost %s; interrupted during its state exchange: %s\n",
+                           recoveries, step_, interrupted_lost_.empty() ? "no rank" : interrupted_lost_.c_str(), again.what());
+            std::fflush(stderr);
+            f = again;
+            failed_at_ = detail::fault_here;
+          }
+        }
+        saved_step = static_cast<std::size_t>(-1);  // a checkpoint in flight was given up
+        h.reshard(h.replica(), h.replicas());
+        h.set_rank_block(h.prepare_fit(opts.batch, opts.deterministic_chunk));
+        steps_timed.restart();
+        live.restart();  // the same exchange steps on every rank, replacements included
+        if (h.can_watch) h.set_deadline(steps_timed.deadline());
+        r.recoveries = recoveries;
+      }
+    }
+    r.steps = step_ - first_step;
+    r.ranks = h.world();
+    metrics.end_of_fit(r.figures);
+    if (timeline) h.write_trace(opts.trace, *timeline);
+    if (watching_ && h.rank() == 0 && r.recoveries > 0) {
+      std::error_code ec;  // the verdicts of this job are history now
+      if (h.can_watch)
+        std::filesystem::remove_all(verdict_directory(fo, co.directory) / ("job-" + h.watch_job_id()), ec);
+    }
+    return r;
+  }
+
+  std::size_t step_ = 0;
+  float last_lr_ = 0;
+  position resume_{}, cur_{};
+  fit_record last_fit_{};
+  bool watching_ = false;     // failure detection is on in this fit
+  fault_marker failed_at_{};  // where the last rank_failure found this rank
+  std::string interrupted_lost_;  // the ranks the recovery in progress left out
+  std::string fit_description_;   // the fit's options, as the ranks compare them
+  std::optional<monitor::clock::time_point> replacement_began_;  // the last replacement's spawn, until its first good step
+  bool global_sums_ = false;  // the loss sums are the whole batch's on every rank, step by step
+};
+
+}  // namespace detail
+
 /// Trains Network with Loss and Optimizer under Policy on Backend. Policy is one of
 /// loom::single_process (the default), loom::data_parallel<Comm, ...>,
 /// loom::model_parallel<loom::pipeline<S, ...>, Comm>, loom::model_parallel<loom::tensor_parallel<T>, Comm>,
 /// loom::hybrid<loom::data_parallel<Comm, ...>, loom::pipeline<S, ...>> or
 /// loom::hybrid<loom::data_parallel<Comm, ...>, loom::tensor_parallel<T>>.
 template <class Network, class Loss, class Optimizer, class Policy = single_process, class Backend = cpu>
-class trainer {
+class trainer : private detail::trainer_core {
   static_assert(is_network_v<Network>, "loom::trainer's first argument must be a loom::network<loom::input<...>, ...>");
   using traits = detail::engine_for<Network, Loss, Optimizer, Policy, Backend>;
   static_assert(!std::is_same_v<typename traits::type, detail::no_engine_for_policy>,
@@ -440,268 +788,14 @@ class trainer {
   fit_result fit(const Dataset& data, const fit_options& opts = {}) {
     detail::check_dataset_for<Network, Dataset>();
     detail::check_fit_options(opts, data.size());
-    const checkpoint_options& co = opts.checkpoint;
-    const fault_options& fo = opts.fault;
-    if (fo.replace) detail::check_replace(fo, can_watch, can_replace, type_name<Policy>());
+    if (opts.fault.replace) detail::check_replace(opts.fault, can_watch, can_replace, type_name<Policy>());
     // A replacement of a lost rank (fault_options::replace): the survivors are in their
     // recovery, not here; it checks the job with them as it joins (join_as_replacement).
     const bool joining = can_replace && detail::joining_as_replacement;
     fit_description_ = detail::describe_fit(opts, data.size());
     if (!joining) engine_.check_same_job(fit_description_);
-    const bool checkpoints = !co.directory.empty();
-    const std::unique_ptr<collectives> coll = make_collectives();
-    fit_result r;
-    const bool resume = checkpoints && (co.resume || detail::restarted_by_launcher());
-    if (resume && !joining) load_checkpoint(*coll, co.directory, /*none_ok=*/true, opts.progress, &opts, data.size());
-    // Failure detection (deadlines on every collective), and recovery where the runtime keeps
-    // the survivors alive: data parallelism over a communicator that offers it (loom::mpi_comm).
-    watching_ = false;
-    if constexpr (can_watch) {
-      if constexpr (can_replace) {
-        if (joining) {
-          resume_ = join_as_replacement(opts);  // the survivors' job check, detector and state
-          watching_ = true;
-        }
-      }
-      if (!joining && fo.detect && engine_.world() > 1) {
-        engine_.world_comm().watch_for_failures(fo.deadline_s > 0 ? fo.deadline_s : fo.startup_deadline_s);
-        watching_ = true;
-      }
-    }
-    const bool recovering = watching_ && (fo.recovery == recovery_mode::on ||
-                                          (fo.recovery == recovery_mode::automatic && runtime_keeps_survivors()));
-    if (fo.replace && !recovering && engine_.rank() == 0 && engine_.world() > 1 && !joining) {
-      detail::warn_replace_without_recovery(fo, watching_);
-    }
-    // Under failure detection every rank keeps the whole batch's loss sums, step by step, so that
-    // a survivor's position (and an emergency checkpoint) has them without a collective.
-    global_sums_ = !per_epoch_sums || watching_;
-    // Where this fit starts: where a loaded checkpoint stopped, or at the beginning.
-    const position start_at = std::exchange(resume_, position{});
-    cur_ = start_at;
-    last_fit_ = {opts.batch, opts.accumulation, opts.epochs, opts.max_steps, opts.deterministic_chunk,
-                 opts.clip_grad_norm, data.size()};
-    r.resumed_from_step = start_at.valid ? step_ : 0;
-    const std::size_t first_step = step_;
-    // Every rank leaves that collective at about the same time: the timeline's common zero.
-    std::optional<monitor::timeline> timeline;
-    if (!opts.trace.empty()) timeline.emplace().set_zero(monitor::clock::now());
-    monitor::timeline_scope recording(timeline ? &*timeline : nullptr);
-    data::distributed_loader<Dataset> loader(data, opts.batch, options_.seed, engine_.replica(), engine_.replicas());
-    if (const std::size_t block = engine_.prepare_fit(opts.batch, opts.deterministic_chunk)) loader.set_rank_block(block);
-    reserve(opts.batch);
-    progress_display progress(engine_.rank() == 0 ? opts.progress : nullptr, opts.progress_style,
-                              opts.progress == &std::cerr ? ::isatty(2) : opts.progress == &std::cout ? ::isatty(1) : false);
-    engine_.reset_figures();
-    rank_figures& fig = engine_.figures();
-    monitor::metrics_writer metrics(opts.metrics, engine_.rank(), engine_.world());
-    // The machine's ceiling, against which the achieved GFLOP/s are shown: measured once per
-    // process (about 0.1 s) when something shows it.
-    if (metrics.enabled() || opts.live_every_s > 0 || timeline) fig.peak_gflops = monitor::measure_peak_gflops<Backend>();
-    monitor::sampler sampler(fig, device_monitor(), opts.sample_every_s);
-    // Training FLOPs per sample of this rank: forward, and backward's two products (data and weights).
-    const double flops_per_sample = 3.0 * engine_.flops_per_sample();
-    monitor::training_point point;
-    // Preemption by signal and checkpoints by time: the ranks agree each step (one allreduce).
-    detail::preemption_guard signals(checkpoints && co.on_signal);
-    const bool agree_each_step = checkpoints && (co.on_signal || co.every_s > 0) && engine_.world() > 1;
-    auto last_checkpoint_time = monitor::clock::now();
-    std::size_t saved_step = start_at.valid ? step_ : static_cast<std::size_t>(-1);
-    monitor::live_view live(opts.live_every_s, fig, engine_.rank() == 0 ? opts.progress : nullptr, opts.progress_style);
-    step_clock steps_timed(fo, recovering ? fo.min_deadline_s : std::max(fo.min_deadline_s, fo.min_deadline_without_recovery_s));
-    // The communicators of a policy that cannot recover (pipelines, tensor parallelism) wait at
-    // most the step-derived deadline too, where the runtime keeps survivors alive: a dead peer
-    // then ends the job (loomrun restarts it from its checkpoint) instead of hanging it.
-    const bool shared_deadlines = !can_watch && fo.detect && detail::shared_deadline_s > 0;
-    const auto start = monitor::clock::now();
-    bool stop = false;
-    // The report of the last recovery, printed once the first step after it is good.
-    std::string recovery_report;
-    monitor::clock::time_point failure_seen{};
-
-    auto run = [&](const position& start_at) {
-    for (std::size_t epoch = start_at.valid ? start_at.epoch : 0; epoch < opts.epochs && !stop; ++epoch) {
-      loader.start_epoch(epoch);
-      const bool resumed_epoch = start_at.valid && epoch == start_at.epoch;
-      if (resumed_epoch) loader.skip(start_at.batch);
-      const std::size_t batches = loader.batches_per_epoch();
-      // Loss sum, correct and samples of this rank's replica, summed over the replicas at the
-      // end of the epoch — or after every step (global_sums_) where rank 0 holds no loss (a
-      // pipeline's first stage), so that its progress shows the whole batch's, or under failure
-      // detection.
-      double sums[3] = {0, 0, 0};
-      if (resumed_epoch) restore_sums(start_at, sums);
-      std::size_t steps = 0, global_samples = 0;
-      for (std::size_t k = resumed_epoch ? start_at.batch : 0; k < batches;) {
-        if (opts.max_steps && step_ >= opts.max_steps) {
-          stop = true;
-          break;
-        }
-        const std::size_t group = std::min(opts.accumulation, batches - k);
-        const auto step_start = monitor::clock::now();
-        detail::fault_here.step = step_;
-        if (timeline) timeline->set_step(static_cast<std::uint32_t>(step_));
-        double step_sums[3] = {0, 0, 0};
-        std::size_t step_global = 0;
-        for (std::size_t m = 0; m < group; ++m, ++k) {
-          batch_view<value_type> b;
-          {
-            detail::set_phase(fault_phase::data);
-            monitor::timed data_time(fig, &rank_figures::data_s);
-            b = next_batch(loader);
-          }
-          detail::set_phase(fault_phase::forward_backward);
-          const loss_value v = engine_.micro_step(b, m, group, options_.seed, step_ * 1000003 + m);
-          step_sums[0] += v.sum;
-          step_sums[1] += static_cast<double>(v.correct);
-          step_sums[2] += static_cast<double>(b.n);
-          fig.samples += static_cast<double>(b.n);
-          fig.flops += flops_per_sample * static_cast<double>(b.n);
-          step_global += b.global_n;
-        }
-        // Under failure detection the sums come before the optimizer step, so that a rank's
-        // state after its step (parameters, step count, position, sums) has no collective inside.
-        detail::set_phase(fault_phase::loss_sums);
-        if (per_epoch_sums && global_sums_) engine_.sum(step_sums, 3);
-        detail::set_phase(fault_phase::optimizer);
-        const float lr = opts.schedule(step_, opt_.lr);
-        engine_.optimizer_step(lr, opts.clip_grad_norm);
-        ++step_;
-        ++steps;
-        global_samples += step_global;
-        last_lr_ = lr;
-        detail::set_phase(fault_phase::bookkeeping);
-        if constexpr (!per_epoch_sums) engine_.sum(step_sums, 3);
-        for (int i = 0; i < 3; ++i) sums[i] += step_sums[i];
-        cur_ = {.valid = true, .epoch = epoch, .batch = k, .batches = batches, .sums = {sums[0], sums[1], sums[2]}};
-        const auto step_end = monitor::clock::now();
-        monitor::record_span(monitor::step_span, step_start, step_end);
-        if (shared_deadlines) detail::shared_deadline_s = steps_timed.add(monitor::seconds_between(step_start, step_end));
-        if (watching_) {
-          if constexpr (can_watch) engine_.world_comm().set_deadline(steps_timed.add(monitor::seconds_between(step_start, step_end)));
-          if (!recovery_report.empty()) {
-            detail::report_first_good_step(engine_.rank(), engine_.world(), step_, recovery_report, failure_seen, step_end,
-                                           replacement_began_);
-            recovery_report.clear();
-            replacement_began_.reset();
-          }
-        }
-        point = {.step = step_, .epoch = epoch + 1, .loss = sums[2] ? sums[0] / sums[2] : 0,
-                 .accuracy = sums[2] ? sums[1] / sums[2] : 0, .lr = lr,
-                 .elapsed_s = monitor::seconds_between(start, monitor::clock::now())};
-        point.samples_per_s = (r.samples + global_samples) / std::max(1e-9, point.elapsed_s);
-        progress.update(epoch + 1, opts.epochs, k, batches, point.loss, point.accuracy, point.samples_per_s);
-        sampler.tick();
-        metrics.tick(fig, point, sampler.latest());
-        const std::size_t exchanges = live.exchanges();
-        live.step(epoch, [&] { return engine_.gather_figures(); });
-        if (live.exchanges() != exchanges) {  // an exchange: the straggler it found, if any, named
-          const straggler& s = live.last_straggler();
-          metrics.straggler_seen(step_, s);
-          if (s) {
-            const auto now = monitor::clock::now();
-            monitor::record_span(monitor::span_kind::straggler, now, now, s.rank, s.why == straggler::cause::data ? 1 : 0,
-                                 s.score);
-          }
-        }
-        if (checkpoints) {
-          // The step boundary: a checkpoint when due, and a stop when a signal asked for one.
-          detail::set_phase(fault_phase::checkpoint);
-          bool due = co.every_steps && step_ % co.every_steps == 0;
-          std::uint64_t flags[2] = {static_cast<std::uint64_t>(detail::preemption_signal), 0};
-          if (co.every_s > 0 && engine_.rank() == 0)
-            flags[1] = monitor::seconds_between(last_checkpoint_time, monitor::clock::now()) >= co.every_s;
-          if (agree_each_step) coll->max(flags, 2);
-          due = due || flags[1] || flags[0];
-          if (due) {
-            monitor::span writing(monitor::span_kind::checkpoint);
-            save_current(*coll, opts, data.size(), /*async=*/co.async && !flags[0]);
-            saved_step = step_;
-            last_checkpoint_time = monitor::clock::now();
-          }
-          if (flags[0]) {
-            r.preempted = true;
-            r.signal = static_cast<int>(flags[0]);
-            stop = true;
-            break;
-          }
-        }
-      }
-      if (steps == 0) break;
-      if (per_epoch_sums && !global_sums_) engine_.sum(sums, 3);
-      r.epochs = epoch + 1;
-      r.samples += static_cast<std::size_t>(sums[2]);
-      r.train_loss = sums[2] ? sums[0] / sums[2] : 0;
-      r.train_accuracy = sums[2] ? sums[1] / sums[2] : 0;
-    }
-    detail::set_phase(fault_phase::end_of_fit);
-    if (checkpoints) {
-      if (co.at_end && saved_step != step_) {
-        // The run's end: the next epoch's start (or where max_steps stopped it, mid-epoch).
-        monitor::span writing(monitor::span_kind::checkpoint);
-        save_current(*coll, opts, data.size(), co.async);
-        saved_step = step_;
-      }
-      ckpt().wait(*coll);
-      if (saved_step == step_) r.checkpoint = (std::filesystem::path(co.directory) / ("step-" + std::to_string(step_))).string();
-    }
-    r.seconds = monitor::seconds_between(start, monitor::clock::now());
-    fig.seconds = r.seconds;
-    fig.memory_peak_bytes = static_cast<double>(host_memory().peak_bytes);
-    fig.planned_bytes = static_cast<double>(planned_bytes(opts.batch));
-    point.elapsed_s = r.seconds;
-    live.finish();
-    metrics.tick(fig, point, sampler.sample_now(), /*force=*/true);
-    r.figures = engine_.gather_figures();
-    };
-
-    position from = start_at;
-    for (int recoveries = 0;;) {
-      try {
-        run(from);
-        break;
-      } catch (const rank_failure& first) {
-        rank_failure f = first;
-        failed_at_ = detail::fault_here;
-        failure_seen = monitor::clock::now() - std::chrono::duration_cast<monitor::clock::duration>(
-                                                   std::chrono::duration<double>(f.waited_s()));
-        if (!recovering) {
-          emergency_checkpoint(opts);
-          throw;
-        }
-        // A survivor that dies during the recovery (its state broadcast) makes the next one.
-        for (;;) {
-          try {
-            from = survive(f, opts, ++recoveries, recovery_report);
-            break;
-          } catch (const rank_failure& again) {
-            if (engine_.rank() == 0)
-              std::fprintf(stderr, "loom: recovery %d at step %zu: lost %s; interrupted during its state exchange: %s\n",
-                           recoveries, step_, interrupted_lost_.empty() ? "no rank" : interrupted_lost_.c_str(), again.what());
-            std::fflush(stderr);
-            f = again;
-            failed_at_ = detail::fault_here;
-          }
-        }
-        saved_step = static_cast<std::size_t>(-1);  // a checkpoint in flight was given up
-        loader.reshard(engine_.replica(), engine_.replicas());
-        loader.set_rank_block(engine_.prepare_fit(opts.batch, opts.deterministic_chunk));
-        steps_timed.restart();
-        live.restart();  // the same exchange steps on every rank, replacements included
-        if constexpr (can_watch) engine_.world_comm().set_deadline(steps_timed.deadline());
-        r.recoveries = recoveries;
-      }
-    }
-    r.steps = step_ - first_step;
-    r.ranks = engine_.world();
-    metrics.end_of_fit(r.figures);
-    if (timeline) write_trace(opts.trace, *timeline);
-    if (watching_ && engine_.rank() == 0 && r.recoveries > 0) {
-      std::error_code ec;  // the verdicts of this job are history now
-      if constexpr (can_watch)
-        std::filesystem::remove_all(verdict_directory(fo, co.directory) / ("job-" + engine_.world_comm().watch()->job_id), ec);
-    }
-    return r;
+    fit_part<Dataset> part(*this, data);
+    return run_fit(part, opts, data.size(), joining, options_.seed, opt_.lr);
   }
 
   /// Saves a checkpoint of the current state as `dir`/step-<steps()> (see loom/io/checkpoint.hpp),
@@ -840,13 +934,6 @@ class trainer {
  private:
   static constexpr bool per_epoch_sums = detail::every_rank_holds_loss<engine_type>();
 
-  using position = detail::fit_position;
-  /// The options of the last fit (what a checkpoint records of them).
-  struct fit_record {
-    std::size_t batch = 0, accumulation = 1, epochs = 0, max_steps = 0, deterministic_chunk = 0;
-    double clip_grad_norm = 0;
-    std::size_t samples = 0;
-  };
 
   std::unique_ptr<collectives> make_collectives() {
     if constexpr (requires { engine_.world_comm(); })
@@ -973,16 +1060,11 @@ class trainer {
     r.parameter_count = Network::parameter_count;
     return r;
   }
-  void save_current(collectives& c, const fit_options& opts, std::size_t, bool async) {
+  void save_current(collectives& c, const fit_options& opts, bool async) {
     const checkpoint_options& co = opts.checkpoint;
     ckpt().wait(c);  // the previous checkpoint is done with the staging memory
     io::trainer_record rec = record_now();
     ckpt().start(c, co.directory, tensors(), snapshot(), rec, buffer_names(), async, co.keep, co.commit_timeout_s);
-  }
-  /// The sums of a resumed epoch: the whole epoch's on the ranks that count them once.
-  void restore_sums(const position& p, double* sums) const {
-    const bool counts = global_sums_ || engine_.replica() == 0;
-    for (int i = 0; i < 3; ++i) sums[i] = counts ? p.sums[i] : 0;
   }
   /// Reads a checkpoint (see load) and applies it; with fit's options, first checks that the
   /// run can continue from it exactly. Returns its path (empty when none_ok and none is there).
@@ -1121,6 +1203,75 @@ class trainer {
       return false;
   }();
 
+  /// The trainer's part in fit's loop (detail::trainer_core::run_fit): its engine, the loader
+  /// of `data` and its state, behind detail::fit_host.
+  template <class Dataset>
+  struct fit_part final : detail::fit_host {
+    fit_part(trainer& t, const Dataset& data) : t_(t), data_(data) {
+      can_watch = trainer::can_watch;
+      can_replace = trainer::can_replace;
+      per_epoch_sums = trainer::per_epoch_sums;
+    }
+    int rank() const override { return t_.engine_.rank(); }
+    int world() const override { return t_.engine_.world(); }
+    int replica() const override { return t_.engine_.replica(); }
+    int replicas() const override { return t_.engine_.replicas(); }
+    std::size_t prepare_fit(std::size_t batch, std::size_t chunk) override { return t_.engine_.prepare_fit(batch, chunk); }
+    void reset_figures() override { t_.engine_.reset_figures(); }
+    rank_figures& figures() override { return t_.engine_.figures(); }
+    std::vector<rank_figures> gather_figures() override { return t_.engine_.gather_figures(); }
+    double flops_per_sample() const override { return static_cast<double>(t_.engine_.flops_per_sample()); }
+    loss_value micro_step(const batch_view<float>& b, std::size_t m, std::size_t group, std::uint64_t seed,
+                          std::uint64_t salt) override {
+      return t_.engine_.micro_step(b, m, group, seed, salt);
+    }
+    void sum(double* v, std::size_t n) override { t_.engine_.sum(v, n); }
+    void optimizer_step(float lr, double clip) override { t_.engine_.optimizer_step(lr, clip); }
+    void watch_for_failures(double deadline_s) override {
+      if constexpr (trainer::can_watch) t_.engine_.world_comm().watch_for_failures(deadline_s);
+    }
+    void set_deadline(double deadline_s) override {
+      if constexpr (trainer::can_watch) t_.engine_.world_comm().set_deadline(deadline_s);
+    }
+    std::string watch_job_id() override {
+      if constexpr (trainer::can_watch) return t_.engine_.world_comm().watch()->job_id;
+      else return {};
+    }
+    void open_loader(std::size_t batch) override {
+      loader_.emplace(data_, batch, t_.options_.seed, t_.engine_.replica(), t_.engine_.replicas());
+    }
+    void set_rank_block(std::size_t block) override { loader_->set_rank_block(block); }
+    void reshard(int replica, int replicas) override { loader_->reshard(replica, replicas); }
+    void start_epoch(std::size_t epoch) override { loader_->start_epoch(epoch); }
+    void skip(std::size_t batches) override { loader_->skip(batches); }
+    std::size_t batches_per_epoch() const override { return loader_->batches_per_epoch(); }
+    void reserve(std::size_t batch) override { t_.reserve(batch); }
+    batch_view<float> next_batch() override { return t_.next_batch(*loader_); }
+    std::unique_ptr<collectives> make_collectives() override { return t_.make_collectives(); }
+    void load_checkpoint(collectives& c, const fit_options& opts, std::size_t samples) override {
+      t_.load_checkpoint(c, opts.checkpoint.directory, /*none_ok=*/true, opts.progress, &opts, samples);
+    }
+    detail::fit_position join_as_replacement(const fit_options& opts) override {
+      if constexpr (trainer::can_replace) return t_.join_as_replacement(opts);
+      else return {};
+    }
+    void save_current(collectives& c, const fit_options& opts, bool async) override { t_.save_current(c, opts, async); }
+    io::checkpointer& ckpt() override { return t_.ckpt(); }
+    std::size_t planned_bytes(std::size_t batch) const override { return t_.planned_bytes(batch); }
+    double peak_gflops() override { return monitor::measure_peak_gflops<Backend>(); }
+    std::shared_ptr<const monitor::nvml> device_monitor() override { return trainer::device_monitor(); }
+    detail::fit_position survive(const rank_failure& f, const fit_options& opts, int number, std::string& report) override {
+      return t_.survive(f, opts, number, report);
+    }
+    void emergency_checkpoint(const fit_options& opts) noexcept override { t_.emergency_checkpoint(opts); }
+    void write_trace(const std::string& path, const monitor::timeline& tl) override { t_.write_trace(path, tl); }
+
+   private:
+    trainer& t_;
+    const Dataset& data_;
+    std::optional<data::distributed_loader<Dataset>> loader_;
+  };
+
   /// The trainer's part in a recovery (loom/train/recovery.hpp), over the engine's communicator C.
   template <class C>
   struct recovery_part final : detail::recovery_host<C> {
@@ -1216,16 +1367,6 @@ class trainer {
   buffer<std::int32_t, space> labels_;       // (batch)
   buffer<value_type, staging_space> x_stage_;  // (batch, input) on the host; empty unless staged
   buffer<std::int32_t, staging_space> labels_stage_;
-  std::size_t step_ = 0;
-  float last_lr_ = 0;
-  position resume_{}, cur_{};
-  fit_record last_fit_{};
-  bool watching_ = false;     // failure detection is on in this fit
-  fault_marker failed_at_{};  // where the last rank_failure found this rank
-  std::string interrupted_lost_;  // the ranks the recovery in progress left out
-  std::string fit_description_;   // the fit's options, as the ranks compare them
-  std::optional<monitor::clock::time_point> replacement_began_;  // the last replacement's spawn, until its first good step
-  bool global_sums_ = false;  // the loss sums are the whole batch's on every rank, step by step
   buffer<value_type, staging_space> snapshot_stage_;  // checkpoints' host copy; empty unless staged
   std::unique_ptr<io::checkpointer> ckpt_;
 };
