@@ -1,0 +1,16 @@
+// SPDX-License-Identifier: Apache-2.0
+// The library's one source file, for separate compilation (the CMake target loom::compiled; see
+// loom/core/config.hpp and README.md): defines LOOM_SOURCE and includes the headers whose
+// non-template functions are declared there and defined in their impl/*.ipp, so that those
+// definitions are compiled here once, not inline in every translation unit that uses them.
+// Nothing here depends on MPI, CUDA or the backend.
+#ifndef LOOM_SEPARATE_COMPILATION
+#define LOOM_SEPARATE_COMPILATION
+#endif
+#define LOOM_SOURCE
+
+#include "loom/io/checkpoint.hpp"
+#include "loom/io/safetensors.hpp"
+#include "loom/data/idx.hpp"
+#include "loom/data/mapped.hpp"
+#include "loom/monitor/metrics.hpp"
