@@ -9,8 +9,16 @@
 #endif
 #define LOOM_SOURCE
 
-#include "loom/io/checkpoint.hpp"
-#include "loom/io/safetensors.hpp"
+// Every header with an impl/*.ipp (the ones it includes come with them; listed all the same).
 #include "loom/data/idx.hpp"
 #include "loom/data/mapped.hpp"
+#include "loom/io/checkpoint.hpp"
+#include "loom/io/file.hpp"
+#include "loom/io/json.hpp"
+#include "loom/io/onnx.hpp"
+#include "loom/io/safetensors.hpp"
+#include "loom/monitor/figures.hpp"
+#include "loom/monitor/live.hpp"
 #include "loom/monitor/metrics.hpp"
+#include "loom/monitor/tensorboard.hpp"
+#include "loom/monitor/timeline.hpp"
