@@ -10,15 +10,18 @@
 #define LOOM_SOURCE
 
 // Every header with an impl/*.ipp (the ones it includes come with them; listed all the same).
+#include "loom/data/dataset.hpp"
 #include "loom/data/idx.hpp"
 #include "loom/data/mapped.hpp"
 #include "loom/io/checkpoint.hpp"
 #include "loom/io/file.hpp"
 #include "loom/io/json.hpp"
+#include "loom/io/layer_description.hpp"
 #include "loom/io/onnx.hpp"
 #include "loom/io/safetensors.hpp"
 #include "loom/monitor/figures.hpp"
 #include "loom/monitor/live.hpp"
 #include "loom/monitor/metrics.hpp"
+#include "loom/monitor/sampler.hpp"
 #include "loom/monitor/tensorboard.hpp"
 #include "loom/monitor/timeline.hpp"
