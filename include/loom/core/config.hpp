@@ -8,18 +8,18 @@
 #define LOOM_HD
 #endif
 
-// Separate compilation (docs/installation.md). By default loom is header-only: every
-// non-template function is `inline` and each translation unit that uses it compiles it again.
-// With LOOM_SEPARATE_COMPILATION defined (CMake: link loom::compiled, which defines it), the
-// headers of io/, data/ and monitor/ only declare their non-template functions, and
-// src/loom.cpp (which defines LOOM_SOURCE) compiles their definitions once, in the static
-// library loom_compiled. Templates, constexpr functions and the small functions called per step
-// or per element stay inline in the headers in both modes.
+// Separate compilation (README.md, "Compiling loom's non-template code once"). By default
+// loom is header-only: every non-template function is `inline`, and each translation unit
+// that uses one compiles it again. With LOOM_SEPARATE_COMPILATION defined (CMake: link
+// loom::compiled, which defines it), the headers of io/, data/ and monitor/ only declare their
+// non-template functions, and src/loom.cpp (which defines LOOM_SOURCE) compiles their
+// definitions once, into the static library loom_compiled. Templates, constexpr functions and
+// the small functions called per step or per element stay inline in the headers either way.
 //
 //   LOOM_DECL                 on those functions' declarations and definitions: `inline` when
 //                             header-only, nothing under LOOM_SEPARATE_COMPILATION
 //   LOOM_DEFINITIONS_VISIBLE  defined where the headers include their definitions
-//                             (loom/<folder>/impl/*.ipp): header-only, or the library's own source
+//                             (loom/<folder>/impl/*.ipp): header-only, or the library's source
 #if defined(LOOM_SEPARATE_COMPILATION)
 #define LOOM_DECL
 #if defined(LOOM_SOURCE)
