@@ -8,6 +8,31 @@
 #define LOOM_HD
 #endif
 
+// Separate compilation (README.md, "Compiling loom's non-template code once"). By default
+// loom is header-only: every non-template function is `inline`, and each translation unit
+// that uses one compiles it again. With LOOM_SEPARATE_COMPILATION defined (CMake: link
+// loom::compiled, which defines it), the headers of io/, data/ and monitor/ only declare their
+// non-template functions, and src/loom.cpp (which defines LOOM_SOURCE) compiles their
+// definitions once, into the static library loom_compiled. Templates, constexpr functions and
+// the small functions called per step or per element stay inline in the headers either way.
+//
+//   LOOM_DECL                 on those functions' declarations and definitions: `inline` when
+//                             header-only, nothing under LOOM_SEPARATE_COMPILATION
+//   LOOM_DEFINITIONS_VISIBLE  defined where the headers include their definitions
+//                             (loom/<folder>/impl/*.ipp): header-only, or the library's source
+#if defined(LOOM_SEPARATE_COMPILATION)
+#define LOOM_DECL
+#if defined(LOOM_SOURCE)
+#define LOOM_DEFINITIONS_VISIBLE 1
+#endif
+#else
+#if defined(LOOM_SOURCE)
+#error "LOOM_SOURCE (src/loom.cpp) needs LOOM_SEPARATE_COMPILATION: without it there is nothing to compile once"
+#endif
+#define LOOM_DECL inline
+#define LOOM_DEFINITIONS_VISIBLE 1
+#endif
+
 #define LOOM_VERSION_MAJOR 0
 #define LOOM_VERSION_MINOR 1
 #define LOOM_VERSION_PATCH 0

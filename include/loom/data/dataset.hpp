@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "loom/core/config.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/shape.hpp"
 #include "loom/data/idx.hpp"
@@ -160,30 +161,13 @@ namespace detail {
 
 /// DIR/NAME.gz if it exists, else DIR/NAME if it exists; otherwise throws loom::io_error
 /// naming both paths tried and `hint`.
-inline std::filesystem::path find_idx_file(const std::filesystem::path& dir,
-                                           const std::string& name, const std::string& what,
-                                           const std::string& hint) {
-  const std::filesystem::path gz = dir / (name + ".gz");
-  const std::filesystem::path raw = dir / name;
-  std::error_code ec;
-  if (std::filesystem::exists(gz, ec)) return gz;
-  if (std::filesystem::exists(raw, ec)) return raw;
-  throw io_error("loom: " + what + " not found: tried " + gz.string() + " and " + raw.string() +
-                 "; " + hint);
-}
+LOOM_DECL std::filesystem::path find_idx_file(const std::filesystem::path& dir,
+                                              const std::string& name, const std::string& what,
+                                              const std::string& hint);
 
 /// Loads one split of a data set in the MNIST file layout from dir.
-inline fashion_mnist_set load_mnist_layout(const std::filesystem::path& dir, split s,
-                                           const std::string& set_name, const std::string& hint) {
-  const std::string prefix = s == split::train ? "train" : "t10k";
-  const std::string what = set_name + " " + to_string(s);
-  const std::filesystem::path images =
-      find_idx_file(dir, prefix + "-images-idx3-ubyte", what + " images", hint);
-  const std::filesystem::path labels =
-      find_idx_file(dir, prefix + "-labels-idx1-ubyte", what + " labels", hint);
-  return fashion_mnist_set::from_idx(
-      images, labels, what + " split (" + images.string() + ", " + labels.string() + ")");
-}
+LOOM_DECL fashion_mnist_set load_mnist_layout(const std::filesystem::path& dir, split s,
+                                              const std::string& set_name, const std::string& hint);
 
 }  // namespace detail
 
@@ -194,25 +178,19 @@ inline fashion_mnist_set load_mnist_layout(const std::filesystem::path& dir, spl
 /// Throws: loom::io_error when a file is missing (naming both names tried and how to install
 /// the data) or unreadable; loom::data_error when a file is malformed (see
 /// labelled_images::from_idx).
-inline fashion_mnist_set fashion_mnist(const std::filesystem::path& dir, split s) {
-  return detail::load_mnist_layout(
-      dir, s, "Fashion-MNIST",
-      "install the data set with `apt-get install dataset-fashion-mnist`, or point to a "
-      "directory holding it with --data DIR");
-}
+LOOM_DECL fashion_mnist_set fashion_mnist(const std::filesystem::path& dir, split s);
 
 /// fashion_mnist(default_fashion_mnist_dir, s).
-inline fashion_mnist_set fashion_mnist(split s) {
-  return fashion_mnist(default_fashion_mnist_dir, s);
-}
+LOOM_DECL fashion_mnist_set fashion_mnist(split s);
 
 /// Loads the train or test split of MNIST (handwritten digits) from dir; same file names and
 /// format as fashion_mnist.
 ///
 /// Throws: as fashion_mnist.
-inline fashion_mnist_set mnist(const std::filesystem::path& dir, split s) {
-  return detail::load_mnist_layout(
-      dir, s, "MNIST", "point to a directory holding the MNIST IDX files with --data DIR");
-}
+LOOM_DECL fashion_mnist_set mnist(const std::filesystem::path& dir, split s);
 
 }  // namespace loom::data
+
+#if defined(LOOM_DEFINITIONS_VISIBLE)
+#include "loom/data/impl/dataset.ipp"
+#endif

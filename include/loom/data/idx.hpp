@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/core/config.hpp"
 #include "loom/core/error.hpp"
 
 namespace loom::data {
@@ -39,70 +40,20 @@ namespace detail {
 inline constexpr std::uint8_t idx_ubyte_type = 0x08;
 
 /// "loom: FILE: " — the start of every message about one file.
-inline std::string idx_prefix(const std::filesystem::path& file) {
-  return "loom: " + file.string() + ": ";
-}
+LOOM_DECL std::string idx_prefix(const std::filesystem::path& file);
 
-inline std::string idx_hex(std::uint32_t v) {
-  char buf[16];
-  std::snprintf(buf, sizeof buf, "0x%08X", static_cast<unsigned>(v));
-  return buf;
-}
+LOOM_DECL std::string idx_hex(std::uint32_t v);
 
-inline std::string idx_dimensions(std::size_t rank) {
-  return std::to_string(rank) + (rank == 1 ? " dimension" : " dimensions");
-}
+LOOM_DECL std::string idx_dimensions(std::size_t rank);
 
 /// What a magic number means, " (unsigned bytes, 3 dimensions)", or "" when it is no IDX magic.
-inline std::string idx_describe_magic(std::uint32_t magic) {
-  if ((magic >> 16) != 0 || (magic & 0xFFu) == 0) return "";
-  const char* type = nullptr;
-  switch ((magic >> 8) & 0xFFu) {
-    case 0x08:
-      type = "unsigned bytes";
-      break;
-    case 0x09:
-      type = "signed bytes";
-      break;
-    case 0x0B:
-      type = "16-bit integers";
-      break;
-    case 0x0C:
-      type = "32-bit integers";
-      break;
-    case 0x0D:
-      type = "32-bit floats";
-      break;
-    case 0x0E:
-      type = "64-bit floats";
-      break;
-    default:
-      return "";
-  }
-  return std::string(" (") + type + ", " + idx_dimensions(magic & 0xFFu) + ")";
-}
+LOOM_DECL std::string idx_describe_magic(std::uint32_t magic);
 
 /// The magic numbers accepted for ranks min_rank..max_rank, in words.
-inline std::string idx_expected_magic(std::size_t min_rank, std::size_t max_rank) {
-  const std::uint32_t lo =
-      (std::uint32_t{idx_ubyte_type} << 8) | static_cast<std::uint32_t>(min_rank);
-  if (min_rank == max_rank) return idx_hex(lo) + idx_describe_magic(lo);
-  const std::uint32_t hi =
-      (std::uint32_t{idx_ubyte_type} << 8) | static_cast<std::uint32_t>(max_rank);
-  return idx_hex(lo) + ".." + idx_hex(hi) + " (unsigned bytes, " + std::to_string(min_rank) +
-         " or more dimensions)";
-}
+LOOM_DECL std::string idx_expected_magic(std::size_t min_rank, std::size_t max_rank);
 
 /// "60000 x 28 x 28 = 47040000 bytes"; "10 bytes" for one dimension; no " = ..." if total is "".
-inline std::string idx_promise(const std::vector<std::uint32_t>& dims, const std::string& total) {
-  std::string out;
-  for (std::size_t i = 0; i < dims.size(); ++i) {
-    if (i) out += " x ";
-    out += std::to_string(dims[i]);
-  }
-  if (dims.size() != 1 && !total.empty()) out += " = " + total;
-  return out + " bytes";
-}
+LOOM_DECL std::string idx_promise(const std::vector<std::uint32_t>& dims, const std::string& total);
 
 struct file_closer {
   void operator()(std::FILE* f) const noexcept { std::fclose(f); }
@@ -112,33 +63,10 @@ struct file_closer {
 /// magic bytes 1f 8b. Concatenated gzip members are read as one stream, as gzip does.
 class idx_input {
  public:
-  explicit idx_input(const std::filesystem::path& file) : path_(file) {
-    errno = 0;
-    file_.reset(std::fopen(file.c_str(), "rb"));
-    if (!file_) {
-      const int err = errno;
-      throw io_error(idx_prefix(path_) +
-                     "cannot open: " + (err ? std::strerror(err) : "unknown error"));
-    }
-    // Peek at the first two bytes to tell gzip from raw, then hand them back to the reader.
-    peek_len_ = read_file(peek_.data(), peek_.size());
-    gzip_ = peek_len_ == 2 && peek_[0] == 0x1F && peek_[1] == 0x8B;
-    if (gzip_) {
-      in_.resize(std::size_t{1} << 16);
-      zs_ = std::make_unique<z_stream>();
-      std::memset(zs_.get(), 0, sizeof(z_stream));
-      const int rc = inflateInit2(zs_.get(), 16 + MAX_WBITS);  // gzip wrapper only
-      if (rc != Z_OK) {
-        zs_.reset();
-        throw io_error(idx_prefix(path_) + "cannot start gzip decompression: " + zlib_text(rc));
-      }
-    }
-  }
+  explicit idx_input(const std::filesystem::path& file);
   idx_input(const idx_input&) = delete;
   idx_input& operator=(const idx_input&) = delete;
-  ~idx_input() {
-    if (zs_) inflateEnd(zs_.get());
-  }
+  ~idx_input();
 
   bool gzip() const noexcept { return gzip_; }
 
@@ -148,98 +76,16 @@ class idx_input {
   }
 
   /// Reads and discards everything left; returns how many bytes that was.
-  std::uint64_t drain() {
-    std::array<std::uint8_t, 4096> scratch;
-    std::uint64_t total = 0;
-    for (;;) {
-      const std::size_t got = read(scratch.data(), scratch.size());
-      total += got;
-      if (got < scratch.size()) return total;
-    }
-  }
+  std::uint64_t drain();
 
  private:
-  static std::string zlib_text(int rc) {
-    switch (rc) {
-      case Z_MEM_ERROR:
-        return "out of memory";
-      case Z_VERSION_ERROR:
-        return "incompatible zlib version";
-      case Z_STREAM_ERROR:
-        return "inconsistent stream state";
-      default:
-        return "zlib error " + std::to_string(rc);
-    }
-  }
+  static std::string zlib_text(int rc);
 
-  std::size_t read_file(std::uint8_t* dst, std::size_t n) {
-    std::size_t got = 0;
-    while (got < n) {
-      errno = 0;
-      const std::size_t k = std::fread(dst + got, 1, n - got, file_.get());
-      got += k;
-      if (k == 0) {
-        if (std::ferror(file_.get())) {
-          const int err = errno;
-          throw io_error(idx_prefix(path_) +
-                         "read failed: " + (err ? std::strerror(err) : "unknown error"));
-        }
-        break;  // end of file
-      }
-    }
-    return got;
-  }
+  std::size_t read_file(std::uint8_t* dst, std::size_t n);
 
-  std::size_t read_raw(std::uint8_t* dst, std::size_t n) {
-    std::size_t got = 0;
-    while (got < n && peek_pos_ < peek_len_) dst[got++] = peek_[peek_pos_++];
-    if (got < n) got += read_file(dst + got, n - got);
-    return got;
-  }
+  std::size_t read_raw(std::uint8_t* dst, std::size_t n);
 
-  std::size_t read_inflated(std::uint8_t* dst, std::size_t n) {
-    z_stream& zs = *zs_;
-    std::size_t got = 0;
-    while (got < n && !finished_) {
-      if (zs.avail_in == 0) {
-        const std::size_t k = read_raw(in_.data(), in_.size());
-        zs.next_in = in_.data();
-        zs.avail_in = static_cast<uInt>(k);
-        if (k == 0) {
-          if (member_ended_) {
-            finished_ = true;
-            break;
-          }
-          throw data_error(idx_prefix(path_) +
-                           "gzip stream is truncated: expected more compressed data before the "
-                           "end-of-stream marker, found the end of the file");
-        }
-      }
-      if (member_ended_) {  // more input after a complete member: the next member starts
-        inflateReset(&zs);
-        member_ended_ = false;
-      }
-      const std::size_t want = std::min<std::size_t>(n - got, UINT_MAX);
-      zs.next_out = dst + got;
-      zs.avail_out = static_cast<uInt>(want);
-      const int rc = inflate(&zs, Z_NO_FLUSH);
-      got += want - zs.avail_out;
-      if (rc == Z_STREAM_END) {
-        member_ended_ = true;
-      } else if (rc == Z_NEED_DICT) {
-        throw data_error(idx_prefix(path_) +
-                         "corrupt gzip stream: expected plain deflate data, found a request for a "
-                         "preset dictionary");
-      } else if (rc == Z_DATA_ERROR) {
-        throw data_error(idx_prefix(path_) +
-                         "corrupt gzip stream: " + (zs.msg ? zs.msg : "invalid compressed data"));
-      } else if (rc == Z_MEM_ERROR || rc == Z_STREAM_ERROR) {
-        throw io_error(idx_prefix(path_) + "gzip decompression failed: " + zlib_text(rc));
-      }
-      // Z_OK, or Z_BUF_ERROR when all input is used up: the loop refills the input.
-    }
-    return got;
-  }
+  std::size_t read_inflated(std::uint8_t* dst, std::size_t n);
 
   std::filesystem::path path_;
   std::unique_ptr<std::FILE, file_closer> file_;
@@ -321,42 +167,8 @@ idx_header read_idx_header(Input& in, const std::filesystem::path& file, std::si
 }
 
 /// read_idx, accepting any rank in min_rank..max_rank (1 <= min_rank <= max_rank <= 255).
-inline idx_array read_idx_ranked(const std::filesystem::path& file, std::size_t min_rank,
-                                 std::size_t max_rank) {
-  idx_input in(file);
-  const std::string where = idx_prefix(file);
-  const std::string decompressed = in.gzip() ? " after decompression" : "";
-  const idx_header header = read_idx_header(in, file, min_rank, max_rank, decompressed);
-  const std::size_t rank = header.dims.size();
-  const std::size_t total = header.data_bytes;
-  const std::string& promise = header.promise;
-  idx_array out;
-  out.path = file;
-  out.dims = header.dims;
-
-  // Data: grow the buffer as bytes arrive, so a lying header cannot force a huge allocation.
-  std::size_t got = 0;
-  while (got < total) {
-    const std::size_t step = std::max<std::size_t>(got, std::size_t{1} << 20);
-    const std::size_t want = std::min(total, got + step);
-    out.data.resize(want);
-    const std::size_t k = in.read(out.data.data() + got, want - got);
-    got += k;
-    if (got < want) {
-      throw data_error(where + "file is truncated: header promises " + promise +
-                       " of data, found " + std::to_string(got) + decompressed);
-    }
-  }
-
-  // Nothing may follow the data (reading to the end also lets zlib verify the gzip checksum).
-  const std::uint64_t extra = in.drain();
-  if (extra != 0) {
-    throw data_error(where + std::to_string(extra) + " unexpected bytes after the data" +
-                     decompressed + ": expected exactly " + promise + " after the " +
-                     std::to_string(4 + 4 * rank) + "-byte header");
-  }
-  return out;
-}
+LOOM_DECL idx_array read_idx_ranked(const std::filesystem::path& file, std::size_t min_rank,
+                                    std::size_t max_rank);
 
 }  // namespace detail
 
@@ -369,13 +181,10 @@ inline idx_array read_idx_ranked(const std::filesystem::path& file, std::size_t 
 /// be opened or read; loom::data_error when it is empty, has a wrong magic number, is truncated,
 /// has bytes after the data, or is a corrupt gzip stream. Every message starts with
 /// "loom: FILE: " and says what was expected and what was found.
-inline idx_array read_idx(const std::filesystem::path& file, std::size_t expected_rank) {
-  if (expected_rank < 1 || expected_rank > 255) {
-    throw invalid_argument("loom: read_idx(" + file.string() + ", " +
-                           std::to_string(expected_rank) + "): expected a rank of 1..255, found " +
-                           std::to_string(expected_rank));
-  }
-  return detail::read_idx_ranked(file, expected_rank, expected_rank);
-}
+LOOM_DECL idx_array read_idx(const std::filesystem::path& file, std::size_t expected_rank);
 
 }  // namespace loom::data
+
+#if defined(LOOM_DEFINITIONS_VISIBLE)
+#include "loom/data/impl/idx.ipp"
+#endif

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "loom/core/config.hpp"
 #include "loom/core/error.hpp"
 #include "loom/layers/activation.hpp"
 #include "loom/layers/conv2d.hpp"
@@ -60,48 +61,11 @@ struct layer_description {
 };
 
 namespace detail {
-inline std::string join(const std::vector<std::size_t>& v, const char* sep = ",") {
-  std::string s;
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    if (i) s += sep;
-    s += std::to_string(v[i]);
-  }
-  return s;
-}
+LOOM_DECL std::string join(const std::vector<std::size_t>& v, const char* sep = ",");
 
-inline std::string layer_text(const layer_description& d) {
-  const std::string k = std::to_string(d.kernel), s = std::to_string(d.stride);
-  switch (d.kind) {
-    case layer_kind::linear: return "linear<" + std::to_string(d.outputs) + ">";
-    case layer_kind::conv2d: return "conv2d<" + std::to_string(d.outputs) + "," + k + "," + s + "," + std::to_string(d.pad) + ">";
-    case layer_kind::relu: return "relu";
-    case layer_kind::leaky_relu: return "leaky_relu_slope<" + std::to_string(d.millis_or_percent) + ">";
-    case layer_kind::tanh: return "tanh";
-    case layer_kind::sigmoid: return "sigmoid";
-    case layer_kind::gelu: return "gelu";
-    case layer_kind::max_pool2d: return "max_pool2d<" + k + "," + s + ">";
-    case layer_kind::avg_pool2d: return "avg_pool2d<" + k + "," + s + ">";
-    case layer_kind::flatten: return "flatten";
-    case layer_kind::layer_norm: return "layer_norm";
-    case layer_kind::dropout: return "dropout_rate<" + std::to_string(d.millis_or_percent) + ">";
-    case layer_kind::residual: {
-      std::string t = "residual<";
-      for (std::size_t i = 0; i < d.inner.size(); ++i) {
-        if (i) t += ',';
-        t += layer_text(d.inner[i]);
-      }
-      return t + ">";
-    }
-  }
-  return "?";
-}
+LOOM_DECL std::string layer_text(const layer_description& d);
 
-inline void collect(const std::vector<layer_description>& layers, std::vector<tensor_description>& out) {
-  for (const auto& l : layers) {
-    out.insert(out.end(), l.tensors.begin(), l.tensors.end());
-    collect(l.inner, out);
-  }
-}
+LOOM_DECL void collect(const std::vector<layer_description>& layers, std::vector<tensor_description>& out);
 }  // namespace detail
 
 /// A whole network as the file formats see it.
@@ -112,28 +76,11 @@ struct network_description {
 
   /// The network as text, "network<input<784>,linear<256>,relu,...>": tensor-parallel layers
   /// read as the linear they are whole.
-  std::string text() const {
-    std::string t = "network<input<" + detail::join(input_shape) + ">";
-    for (const auto& l : layers) {
-      t += ',';
-      t += detail::layer_text(l);
-    }
-    return t + ">";
-  }
+  std::string text() const;
   /// A 64-bit FNV-1a hash of text(), as 16 hex digits: equal for the same layer list.
-  std::string fingerprint() const {
-    std::uint64_t h = 14695981039346656037ULL;
-    for (unsigned char c : text()) h = (h ^ c) * 1099511628211ULL;
-    char buf[17];
-    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
-    return buf;
-  }
+  std::string fingerprint() const;
   /// Every parameter tensor, in flat-buffer order.
-  std::vector<tensor_description> tensors() const {
-    std::vector<tensor_description> out;
-    detail::collect(layers, out);
-    return out;
-  }
+  std::vector<tensor_description> tensors() const;
 };
 
 /// The customisation point: describe<In>(d) fills d's kind, attributes and tensors (offsets
@@ -154,11 +101,7 @@ std::vector<std::size_t> dims_of() {
   return {S::dims.begin(), S::dims.end()};
 }
 
-inline void add_tensor(layer_description& d, const char* what, std::vector<std::size_t> shape, std::size_t offset) {
-  std::size_t n = 1;
-  for (auto e : shape) n *= e;
-  d.tensors.push_back({d.path + "." + what, std::move(shape), offset, n});
-}
+LOOM_DECL void add_tensor(layer_description& d, const char* what, std::vector<std::size_t> shape, std::size_t offset);
 
 template <class Chain, class... Layers>
 std::vector<layer_description> describe_chain(const std::string& prefix, std::size_t base);
@@ -245,12 +188,7 @@ struct layer_traits {
 
 namespace detail {
 
-inline void shift(std::vector<layer_description>& layers, std::size_t by) {
-  for (auto& l : layers) {
-    for (auto& t : l.tensors) t.offset += by;
-    shift(l.inner, by);
-  }
-}
+LOOM_DECL void shift(std::vector<layer_description>& layers, std::size_t by);
 
 /// Layer I of Chain (L), described, its offsets made absolute (base: where Chain's parameters
 /// start), appended to out.
@@ -316,3 +254,7 @@ network_description describe() {
 }
 
 }  // namespace loom::io
+
+#if defined(LOOM_DEFINITIONS_VISIBLE)
+#include "loom/io/impl/layer_description.ipp"
+#endif

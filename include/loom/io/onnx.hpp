@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "loom/core/config.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/math_mode.hpp"
 #include "loom/io/file.hpp"
@@ -90,59 +91,19 @@ inline int onnx_type(onnx_precision p) {
 inline std::size_t onnx_type_bytes(onnx_precision p) { return p == onnx_precision::fp32 ? 4 : 2; }
 
 /// values converted to the precision's element type, as little-endian bytes.
-inline std::string onnx_raw(std::span<const float> values, onnx_precision p) {
-  std::string raw(values.size() * onnx_type_bytes(p), '\0');
-  if (p == onnx_precision::fp32) {
-    if (!values.empty()) std::memcpy(raw.data(), values.data(), raw.size());
-    return raw;
-  }
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    const std::uint16_t b = p == onnx_precision::fp16 ? fp16_bits(values[i]) : ::loom::detail::bf16_bits(values[i]);
-    raw[2 * i] = static_cast<char>(b & 0xff), raw[2 * i + 1] = static_cast<char>(b >> 8);
-  }
-  return raw;
-}
+LOOM_DECL std::string onnx_raw(std::span<const float> values, onnx_precision p);
 
-inline protobuf::message onnx_attr(std::string_view name, std::int64_t v) {
-  protobuf::message a;
-  a.bytes(1, name).varint(20, attr_int).varint(3, v);
-  return a;
-}
-inline protobuf::message onnx_attr(std::string_view name, float v) {
-  protobuf::message a;
-  a.bytes(1, name).varint(20, attr_float).fixed32(2, v);
-  return a;
-}
-inline protobuf::message onnx_attr(std::string_view name, const std::vector<std::int64_t>& v) {
-  protobuf::message a;
-  a.bytes(1, name).varint(20, attr_ints);
-  for (auto x : v) a.varint(8, x);
-  return a;
-}
+LOOM_DECL protobuf::message onnx_attr(std::string_view name, std::int64_t v);
+LOOM_DECL protobuf::message onnx_attr(std::string_view name, float v);
+LOOM_DECL protobuf::message onnx_attr(std::string_view name, const std::vector<std::int64_t>& v);
 
 /// A TensorProto with its data inline.
-inline protobuf::message onnx_tensor(std::string_view name, const std::vector<std::size_t>& dims, int type,
-                                     std::string_view raw) {
-  protobuf::message t;
-  for (auto d : dims) t.varint(1, static_cast<std::int64_t>(d));
-  t.varint(2, type);
-  if (!name.empty()) t.bytes(8, name);
-  t.bytes(9, raw);
-  return t;
-}
+LOOM_DECL protobuf::message onnx_tensor(std::string_view name, const std::vector<std::size_t>& dims, int type,
+                                        std::string_view raw);
 
 /// A ValueInfoProto of a tensor whose first dimension is the symbolic batch.
-inline protobuf::message onnx_value_info(std::string_view name, int type, std::string_view batch,
-                                         const std::vector<std::size_t>& sample) {
-  protobuf::message shape;
-  shape.nested(1, protobuf::message{}.bytes(2, batch));
-  for (auto d : sample) shape.nested(1, protobuf::message{}.varint(1, static_cast<std::int64_t>(d)));
-  protobuf::message tensor;
-  tensor.varint(1, type).nested(2, shape);
-  protobuf::message vi;
-  vi.bytes(1, name).nested(2, protobuf::message{}.nested(1, tensor));
-  return vi;
-}
+LOOM_DECL protobuf::message onnx_value_info(std::string_view name, int type, std::string_view batch,
+                                            const std::vector<std::size_t>& sample);
 
 /// The graph being built: nodes in order, then encoded once the output's name is known.
 class onnx_graph_builder {
@@ -162,109 +123,22 @@ class onnx_graph_builder {
 
   /// Adds node op at layer `path` and returns the name of its output.
   std::string add(std::string_view op, const std::string& path, std::vector<std::string> inputs,
-                  std::vector<protobuf::message> attrs = {}) {
-    std::string base = "/";
-    for (char c : path) base += c == '.' ? '/' : c;
-    if (!path.empty()) base += '/';
-    base += op;
-    const int n = used_[base]++;
-    node x{std::string(op), n ? base + "_" + std::to_string(n) : base, std::move(inputs), {}, std::move(attrs)};
-    x.outputs.push_back(x.name + "_output_0");
-    nodes_.push_back(std::move(x));
-    return nodes_.back().outputs[0];
-  }
+                  std::vector<protobuf::message> attrs = {});
   /// A scalar constant in the graph's element type, as a Constant node.
-  std::string constant(const std::string& path, float v) {
-    const float one[1] = {v};
-    protobuf::message a;
-    a.bytes(1, "value").varint(20, attr_tensor).nested(5, onnx_tensor("", {}, onnx_type(o_.precision), onnx_raw(one, o_.precision)));
-    std::vector<protobuf::message> attrs;
-    attrs.push_back(std::move(a));
-    return add("Constant", path, {}, std::move(attrs));
-  }
+  std::string constant(const std::string& path, float v);
   /// Opset 17 defines Conv, MaxPool and AveragePool for float16, float and double only: in a
   /// bf16 export their operands are cast to float (back=false) and their result back to bf16
   /// (back=true). Other precisions: v itself.
-  std::string in_float(const std::string& path, const std::string& v, bool back = false) {
-    if (o_.precision != onnx_precision::bf16) return v;
-    std::vector<protobuf::message> to;
-    to.push_back(onnx_attr("to", std::int64_t{back ? onnx_bfloat16 : onnx_float}));
-    return add("Cast", path, {v}, std::move(to));
-  }
+  std::string in_float(const std::string& path, const std::string& v, bool back = false);
   /// The layer's parameter tensor t as an initializer; returns its name.
-  std::string weight(const tensor_description& t) {
-    inits_.push_back({t.name, t.shape, onnx_raw(params_.subspan(t.offset, t.count), o_.precision)});
-    return t.name;
-  }
+  std::string weight(const tensor_description& t);
 
-  std::string layers(const std::vector<layer_description>& ls, std::string x) {
-    for (const auto& l : ls) x = layer(l, std::move(x));
-    return x;
-  }
+  std::string layers(const std::vector<layer_description>& ls, std::string x);
 
-  std::string layer(const layer_description& l, const std::string& x) {
-    const auto k = static_cast<std::int64_t>(l.kernel), s = static_cast<std::int64_t>(l.stride),
-               p = static_cast<std::int64_t>(l.pad);
-    auto attrs = [](auto... a) {
-      std::vector<protobuf::message> v;
-      (v.push_back(std::move(a)), ...);
-      return v;
-    };
-    switch (l.kind) {
-      case layer_kind::linear:
-        return add("Gemm", l.path, {x, weight(l.tensors[0]), weight(l.tensors[1])},
-                   attrs(onnx_attr("alpha", 1.0f), onnx_attr("beta", 1.0f), onnx_attr("transB", std::int64_t{1})));
-      case layer_kind::conv2d:
-        return in_float(l.path, add("Conv", l.path, {in_float(l.path, x), in_float(l.path, weight(l.tensors[0])),
-                                                     in_float(l.path, weight(l.tensors[1]))},
-                                    attrs(onnx_attr("dilations", std::vector<std::int64_t>{1, 1}),
-                                          onnx_attr("group", std::int64_t{1}),
-                                          onnx_attr("kernel_shape", std::vector<std::int64_t>{k, k}),
-                                          onnx_attr("pads", std::vector<std::int64_t>{p, p, p, p}),
-                                          onnx_attr("strides", std::vector<std::int64_t>{s, s}))),
-                        /*back=*/true);
-      case layer_kind::relu: return add("Relu", l.path, {x});
-      case layer_kind::leaky_relu:
-        // The slope as loom computes it: float(millis) / float(1000).
-        return add("LeakyRelu", l.path, {x}, attrs(onnx_attr("alpha", static_cast<float>(l.millis_or_percent) / 1000.0f)));
-      case layer_kind::tanh: return add("Tanh", l.path, {x});
-      case layer_kind::sigmoid: return add("Sigmoid", l.path, {x});
-      case layer_kind::gelu: {
-        // loom's exact GELU: 0.5 x (1 + erf(x * (1 / sqrt 2))), in that order of operations
-        // (opset 17 has no Gelu operator).
-        const std::string a = add("Mul", l.path, {x, constant(l.path, 0.70710678118654752440f)});
-        const std::string e = add("Erf", l.path, {a});
-        const std::string b = add("Add", l.path, {e, constant(l.path, 1.0f)});
-        const std::string m = add("Mul", l.path, {x, b});
-        return add("Mul", l.path, {m, constant(l.path, 0.5f)});
-      }
-      case layer_kind::max_pool2d:
-      case layer_kind::avg_pool2d:
-        return in_float(l.path,
-                        add(l.kind == layer_kind::max_pool2d ? "MaxPool" : "AveragePool", l.path, {in_float(l.path, x)},
-                            attrs(onnx_attr("kernel_shape", std::vector<std::int64_t>{k, k}),
-                                  onnx_attr("strides", std::vector<std::int64_t>{s, s}))),
-                        /*back=*/true);
-      case layer_kind::flatten: return add("Flatten", l.path, {x}, attrs(onnx_attr("axis", std::int64_t{1})));
-      case layer_kind::layer_norm:
-        // axis 1: over every dimension of a sample, as loom::layer_norm and nn.LayerNorm(sample shape).
-        return add("LayerNormalization", l.path, {x, weight(l.tensors[0]), weight(l.tensors[1])},
-                   attrs(onnx_attr("axis", std::int64_t{1}), onnx_attr("epsilon", 1e-5f)));
-      case layer_kind::dropout: return x;  // the identity at inference
-      case layer_kind::residual: {
-        const std::string f = layers(l.inner, x);
-        return add("Add", l.path, {x, f});
-      }
-    }
-    throw error("loom::export_onnx: layer " + l.path + " has a kind the exporter does not know");
-  }
+  std::string layer(const layer_description& l, const std::string& x);
 
   /// Renames the value `from` (the output of the last node) to `to`.
-  void rename_output(const std::string& from, const std::string& to) {
-    for (auto& n : nodes_)
-      for (auto& o : n.outputs)
-        if (o == from) o = to;
-  }
+  void rename_output(const std::string& from, const std::string& to);
 
   std::vector<node>& nodes() noexcept { return nodes_; }
   std::vector<initializer>& initializers() noexcept { return inits_; }
@@ -279,90 +153,14 @@ class onnx_graph_builder {
 
 /// Whether weights of weight_bytes go to external data under `mode`.
 /// Throws: loom::invalid_argument for mode never and weights that do not fit inline.
-inline bool onnx_external(std::uint64_t weight_bytes, onnx_external_data mode, const std::filesystem::path& path) {
-  const bool too_large = weight_bytes > onnx_inline_limit;
-  if (mode == onnx_external_data::never && too_large)
-    throw invalid_argument("loom::export_onnx(" + path.string() + "): the weights take " + std::to_string(weight_bytes) +
-                           " bytes, more than one ONNX protobuf holds (2 GiB): use onnx_external_data::automatic or "
-                           "always");
-  return mode == onnx_external_data::always || too_large;
-}
+LOOM_DECL bool onnx_external(std::uint64_t weight_bytes, onnx_external_data mode, const std::filesystem::path& path);
 
-inline std::filesystem::path external_data_path(const std::filesystem::path& model) {
-  return model.parent_path() / (model.filename().string() + ".data");
-}
+LOOM_DECL std::filesystem::path external_data_path(const std::filesystem::path& model);
 
 /// The ONNX model of network d with parameters params. external: the initializers' data go to
 /// `data` (appended at aligned offsets, named by data_name) instead of inline.
-inline std::string onnx_model(const network_description& d, std::span<const float> params, const onnx_options& o,
-                              bool external, std::string* data, const std::string& data_name) {
-  onnx_graph_builder g(params, o);
-  const int type = onnx_type(o.precision);
-  std::string x = "input";
-  if (type != onnx_float) x = g.add("Cast", "", {x}, [&] {
-    std::vector<protobuf::message> v;
-    v.push_back(onnx_attr("to", std::int64_t{type}));
-    return v;
-  }());
-  x = g.layers(d.layers, x);
-  if (o.softmax) x = g.add("Softmax", "", {x}, [] {
-    std::vector<protobuf::message> v;
-    v.push_back(onnx_attr("axis", std::int64_t{1}));
-    return v;
-  }());
-  if (type != onnx_float) x = g.add("Cast", "", {x}, [] {
-    std::vector<protobuf::message> v;
-    v.push_back(onnx_attr("to", std::int64_t{onnx_float}));
-    return v;
-  }());
-  if (x == "input") x = g.add("Identity", "", {x});  // a network of dropout alone
-  g.rename_output(x, "output");
-
-  protobuf::message graph;
-  for (const auto& n : g.nodes()) {
-    protobuf::message m;
-    for (const auto& i : n.inputs) m.bytes(1, i);
-    for (const auto& out : n.outputs) m.bytes(2, out);
-    m.bytes(3, n.name).bytes(4, n.op);
-    for (const auto& a : n.attrs) m.nested(5, a);
-    graph.nested(1, m);
-  }
-  graph.bytes(2, "loom");
-  for (const auto& i : g.initializers()) {
-    if (!external) {
-      graph.nested(5, onnx_tensor(i.name, i.dims, type, i.raw));
-      continue;
-    }
-    data->append((onnx_external_alignment - data->size() % onnx_external_alignment) % onnx_external_alignment, '\0');
-    const std::size_t offset = data->size();
-    data->append(i.raw);
-    protobuf::message t;
-    for (auto dim : i.dims) t.varint(1, static_cast<std::int64_t>(dim));
-    t.varint(2, type).bytes(8, i.name);
-    auto entry = [](std::string_view k, std::string_view v) {
-      protobuf::message e;
-      e.bytes(1, k).bytes(2, v);
-      return e;
-    };
-    t.nested(13, entry("location", data_name));
-    t.nested(13, entry("offset", std::to_string(offset)));
-    t.nested(13, entry("length", std::to_string(i.raw.size())));
-    t.varint(14, 1);  // DataLocation EXTERNAL
-    graph.nested(5, t);
-  }
-  graph.nested(11, onnx_value_info("input", onnx_float, o.batch_name, d.input_shape));
-  graph.nested(12, onnx_value_info("output", onnx_float, o.batch_name, d.output_shape));
-
-  protobuf::message model;
-  model.varint(1, 8);  // IR version 8
-  model.bytes(2, "loom").bytes(3, "0.1.0");
-  model.nested(7, graph);
-  model.nested(8, protobuf::message{}.bytes(1, "").varint(2, 17));  // opset 17 of the default domain
-  auto prop = [&](std::string_view k, const std::string& v) { model.nested(14, protobuf::message{}.bytes(1, k).bytes(2, v)); };
-  prop("loom.network", d.text());
-  prop("loom.fingerprint", d.fingerprint());
-  return model.encoded();
-}
+LOOM_DECL std::string onnx_model(const network_description& d, std::span<const float> params, const onnx_options& o,
+                                 bool external, std::string* data, const std::string& data_name);
 
 }  // namespace detail
 
@@ -417,3 +215,7 @@ using io::onnx_external_data;
 using io::onnx_options;
 using io::onnx_precision;
 }  // namespace loom
+
+#if defined(LOOM_DEFINITIONS_VISIBLE)
+#include "loom/io/impl/onnx.ipp"
+#endif

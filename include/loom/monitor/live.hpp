@@ -32,6 +32,7 @@
 #include <utility>
 #include <vector>
 
+#include "loom/core/config.hpp"
 #include "loom/core/error.hpp"
 #include "loom/monitor/figures.hpp"
 #include "loom/monitor/metrics.hpp"
@@ -59,25 +60,10 @@ class step_recorder {
 
   /// Medians of the last k steps (at most those recorded and capacity) into into.step_s,
   /// step_compute_s and step_data_s; zeros when none was recorded.
-  [[gnu::noinline]] void medians(std::size_t k, rank_figures& into) const {
-    k = std::min({k, recorded_, capacity});
-    std::vector<double> total(k), compute(k), data(k);
-    for (std::size_t i = 0; i < k; ++i) {
-      const auto [c, d] = steps_[(recorded_ - 1 - i) % capacity];
-      total[i] = c + d, compute[i] = c, data[i] = d;
-    }
-    into.step_s = median(total);
-    into.step_compute_s = median(compute);
-    into.step_data_s = median(data);
-  }
+  void medians(std::size_t k, rank_figures& into) const;
 
   /// The lower median of v (an element of v; 0 when v is empty). Reorders v.
-  static double median(std::vector<double>& v) {
-    if (v.empty()) return 0;
-    const auto mid = v.begin() + static_cast<std::ptrdiff_t>((v.size() - 1) / 2);
-    std::nth_element(v.begin(), mid, v.end());
-    return *mid;
-  }
+  static double median(std::vector<double>& v);
 
  private:
   const rank_figures* fig_;
@@ -93,33 +79,11 @@ struct column_fold {
   int min_rank = -1, median_rank = -1, max_rank = -1;
 };
 
-inline column_fold fold_column(const std::vector<double>& v) {
-  column_fold f;
-  if (v.empty()) return f;
-  std::vector<int> order(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) order[i] = static_cast<int>(i);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return v[static_cast<std::size_t>(a)] < v[static_cast<std::size_t>(b)]; });
-  const auto at = [&](std::size_t i) { return std::pair{v[static_cast<std::size_t>(order[i])], order[i]}; };
-  std::tie(f.min, f.min_rank) = at(0);
-  std::tie(f.median, f.median_rank) = at((v.size() - 1) / 2);
-  // The lowest rank holding the maximum: the first of the equal values at the end.
-  std::size_t last = v.size() - 1;
-  while (last > 0 && v[static_cast<std::size_t>(order[last - 1])] == v[static_cast<std::size_t>(order[last])]) --last;
-  std::tie(f.max, f.max_rank) = at(last);
-  return f;
-}
+LOOM_DECL column_fold fold_column(const std::vector<double>& v);
 
 /// The figures of a window: now - before for the figures that add up over a run (times, bytes,
 /// samples, seconds); the rest (medians, memory, stage) as they are now.
-inline rank_figures window_of(const rank_figures& now, const rank_figures& before) {
-  rank_figures w = now;
-  for (double rank_figures::* m : {&rank_figures::compute_s, &rank_figures::comm_s, &rank_figures::comm_exposed_s,
-                                   &rank_figures::wait_s, &rank_figures::data_s, &rank_figures::bytes_sent,
-                                   &rank_figures::samples, &rank_figures::seconds, &rank_figures::bubble_s,
-                                   &rank_figures::comm_bytes, &rank_figures::bus_bytes, &rank_figures::flops})
-    w.*m = now.*m - before.*m;
-  return w;
-}
+LOOM_DECL rank_figures window_of(const rank_figures& now, const rank_figures& before);
 
 /// The columns of the live view, one value per rank of a window's figures.
 struct live_column {
@@ -147,76 +111,16 @@ inline int column_width(const live_column& c) { return std::max(6, static_cast<i
 /// The live view's table of a window's figures (rank order): a row per rank, or past
 /// `fold_above` ranks three rows (min, median, max) whose cells say which rank has the value;
 /// then the straggler line when there is one. Every line ends in '\n'.
-[[gnu::noinline]] inline std::string live_table(const std::vector<rank_figures>& window, std::size_t fold_above = 16) {
-  const std::vector<double> score = straggler_scores(window);
-  const std::size_t n = window.size();
-  std::string out;
-  char cell[64];
-  if (n <= fold_above) {
-    out = "rank";
-    for (const auto& c : live_columns) std::snprintf(cell, sizeof cell, "  %*s", column_width(c), c.name), out += cell;
-    out += "\n";
-    for (std::size_t r = 0; r < n; ++r) {
-      std::snprintf(cell, sizeof cell, "%4zu", r);
-      out += cell;
-      for (const auto& c : live_columns) {
-        char v[32];
-        std::snprintf(v, sizeof v, c.format, c.value(window[r], score[r]));
-        std::snprintf(cell, sizeof cell, "  %*s", column_width(c), v);
-        out += cell;
-      }
-      out += "\n";
-    }
-  } else {
-    std::snprintf(cell, sizeof cell, "%-6s", (std::to_string(n) + "r").c_str());
-    out = cell;
-    for (const auto& c : live_columns) std::snprintf(cell, sizeof cell, "  %14s", c.name), out += cell;
-    out += "\n";
-    std::vector<column_fold> folds;
-    for (const auto& c : live_columns) {
-      std::vector<double> v(n);
-      for (std::size_t r = 0; r < n; ++r) v[r] = c.value(window[r], score[r]);
-      folds.push_back(fold_column(v));
-    }
-    for (int row = 0; row < 3; ++row) {
-      std::snprintf(cell, sizeof cell, "%-6s", row == 0 ? "min" : row == 1 ? "median" : "max");
-      out += cell;
-      for (std::size_t i = 0; i < live_columns.size(); ++i) {
-        const column_fold& f = folds[i];
-        const double v = row == 0 ? f.min : row == 1 ? f.median : f.max;
-        const int r = row == 0 ? f.min_rank : row == 1 ? f.median_rank : f.max_rank;
-        char value[32];
-        std::snprintf(value, sizeof value, live_columns[i].format, v);
-        std::snprintf(cell, sizeof cell, "  %9s r%-3d", value, r);
-        out += cell;
-      }
-      out += "\n";
-    }
-  }
-  if (const straggler s = find_straggler(window)) out += describe(s, window) + "\n";
-  return out;
-}
+/// (Not inline here: the definition, impl/live.ipp, is [[gnu::noinline]].)
+std::string live_table(const std::vector<rank_figures>& window, std::size_t fold_above = 16);
 
 /// Whether `out` is std::cerr or std::cout attached to a terminal.
-inline bool is_terminal(const std::ostream* out) {
-  return out == &std::cerr ? ::isatty(2) : out == &std::cout ? ::isatty(1) : false;
-}
+LOOM_DECL bool is_terminal(const std::ostream* out);
 
 /// Columns of the terminal the process writes to: stderr's, stdout's, stdin's or the
 /// controlling terminal's (a program under mpirun writes to a pipe, but mpirun to the
 /// terminal), else $COLUMNS, else 80.
-inline int terminal_columns() {
-  winsize w{};
-  for (int fd : {2, 1, 0})
-    if (::ioctl(fd, TIOCGWINSZ, &w) == 0 && w.ws_col > 0) return w.ws_col;
-  if (const int tty = ::open("/dev/tty", O_RDONLY | O_CLOEXEC); tty >= 0) {
-    const bool ok = ::ioctl(tty, TIOCGWINSZ, &w) == 0 && w.ws_col > 0;
-    ::close(tty);
-    if (ok) return w.ws_col;
-  }
-  if (const char* c = std::getenv("COLUMNS"); c && std::atoi(c) > 0) return std::atoi(c);
-  return 80;
-}
+LOOM_DECL int terminal_columns();
 
 /// One fit's live view (see the top of this file) and its step recorder. Every rank makes one
 /// with the same every_s and calls step() after every optimizer step and finish() before the
@@ -230,14 +134,7 @@ class live_view {
 
   /// every_s: seconds between exchanges (0: no live view; the recorder runs regardless).
   /// Throws loom::invalid_argument for a negative or non-finite every_s (on every rank alike).
-  [[gnu::noinline]] live_view(double every_s, rank_figures& fig, std::ostream* out, progress_mode mode)
-      : every_s_(canonical(every_s)), fig_(&fig), recorder_(fig), out_(out),
-        redraw_(mode == progress_mode::bar || (mode == progress_mode::automatic && is_terminal(out))) {
-    if (!(every_s >= 0) || !std::isfinite(every_s))
-      throw invalid_argument("loom::fit_options: live_every_s must be finite and >= 0 (0: no live view), got " +
-                             std::to_string(every_s));
-    if (mode == progress_mode::off) out_ = nullptr;
-  }
+  live_view(double every_s, rank_figures& fig, std::ostream* out, progress_mode mode);
 
   /// every_s as every rank sees it: parsed back from the text fit's job check compares
   /// (std::to_string), so ranks whose options passed the check compute the same intervals.
@@ -267,17 +164,10 @@ class live_view {
 
   /// After a recovery (the world changed, and replacements may have joined with a fresh view):
   /// the exchanges start over as in a new view, so that every rank exchanges at the same steps.
-  void restart() {
-    steps_ = last_step_ = 0;
-    next_ = interval_ = first_exchange;
-    before_.clear();
-  }
+  void restart();
 
   /// Fills this rank's whole-fit medians and resident memory into its figures.
-  void finish() {
-    recorder_.medians(recorder_.recorded(), *fig_);
-    fig_->resident_bytes = sample_process().rss_bytes;
-  }
+  void finish();
 
   /// Exchanges so far, seconds spent in them on this rank (all of it, and in the gather alone:
   /// the rest is the drawing), the current interval in steps.
@@ -292,68 +182,13 @@ class live_view {
 
  private:
   /// This rank's part of the exchange: the window's medians, its memory, its seconds so far.
-  [[gnu::noinline]] void before_gather(clock::time_point now) {
-    recorder_.medians(steps_ - last_step_, *fig_);
-    fig_->resident_bytes = sample_process().rss_bytes;
-    fig_->seconds = seconds_between(start_, now);
-  }
+  void before_gather(clock::time_point now);
 
   /// The windows, the next interval (from rank 0's seconds: the same numbers on every rank)
   /// and, on rank 0, the drawing.
-  [[gnu::noinline]] void after_gather(std::vector<rank_figures> all, std::size_t epoch) {
-    if (before_.size() != all.size()) before_.assign(all.size(), rank_figures{});
-    window_.resize(all.size());
-    for (std::size_t r = 0; r < all.size(); ++r) window_[r] = window_of(all[r], before_[r]);
-    straggler_ = find_straggler(window_);
-    before_ = std::move(all);
-    const std::size_t steps = steps_ - last_step_;
-    const double per_step = window_[0].seconds / static_cast<double>(steps);
-    interval_ = per_step > 0 ? static_cast<std::size_t>(std::clamp(std::llround(every_s_ / per_step), 1LL,
-                                                                    static_cast<long long>(max_interval)))
-                             : steps;
-    last_step_ = steps_;
-    next_ = steps_ + interval_;
-    ++exchanges_;
-    if (out_) draw(epoch);
-  }
+  void after_gather(std::vector<rank_figures> all, std::size_t epoch);
 
-  void draw(std::size_t epoch) {
-    // The cost of the exchanges before this one (this one is not over).
-    char head[200];
-    const double done = static_cast<double>(std::max<std::size_t>(exchanges_ - 1, 1));
-    std::snprintf(head, sizeof head,
-                  "live: step %zu, %.1f s, %zu rank(s); exchange every %zu steps, %.0f us (gather %.0f us) each\n",
-                  steps_, before_[0].seconds, window_.size(), interval_, 1e6 * exchange_s_ / done,
-                  1e6 * gather_s_ / done);
-    const std::string table = live_table(window_);
-    if (!redraw_) {  // lines, each marked as the live view's among the progress lines
-      std::string text = head;
-      for (std::size_t at = 0; at < table.size();) {
-        const std::size_t nl = table.find('\n', at);
-        text += "live: " + table.substr(at, nl + 1 - at);
-        at = nl + 1;
-      }
-      *out_ << text << std::flush;
-      return;
-    }
-    // On a terminal: back over the previous drawing (unless an epoch's progress bar ended
-    // since, leaving its line below it) and clear to the end of the screen; the progress bar
-    // redraws itself on the line below. Lines are cut to the terminal's width, so that none
-    // wraps and the count of lines to go back over holds.
-    std::string text = "\r";
-    if (drawn_lines_ && epoch == drawn_epoch_) text += "\033[" + std::to_string(drawn_lines_) + "A";
-    text += "\033[J";
-    const std::size_t width = static_cast<std::size_t>(std::max(terminal_columns() - 1, 20));
-    const std::string all = head + table;
-    drawn_lines_ = 0;
-    for (std::size_t at = 0; at < all.size(); ++drawn_lines_) {
-      const std::size_t nl = all.find('\n', at);
-      text += all.substr(at, std::min(nl - at, width)) + "\n";
-      at = nl + 1;
-    }
-    *out_ << text << std::flush;
-    drawn_epoch_ = epoch;
-  }
+  void draw(std::size_t epoch);
 
   double every_s_;
   rank_figures* fig_;
@@ -370,3 +205,7 @@ class live_view {
 };
 
 }  // namespace loom::monitor
+
+#if defined(LOOM_DEFINITIONS_VISIBLE)
+#include "loom/monitor/impl/live.ipp"
+#endif

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "loom/core/crc32c.hpp"
+#include "loom/core/config.hpp"
 #include "loom/core/error.hpp"
 
 namespace loom {
@@ -78,64 +79,25 @@ inline void bytes_field(std::string& o, unsigned field, std::string_view s) {
 
 /// Appends one TFRecord to out: the record's length (u64 little-endian), the masked CRC-32C of
 /// those 8 bytes, the record, the masked CRC-32C of the record (each CRC u32 little-endian).
-inline void append_tfrecord(std::string& out, std::string_view record) {
-  std::string head;
-  detail::pb::little_endian(head, record.size(), 8);
-  detail::pb::little_endian(head, masked_crc32c(head.data(), 8), 4);
-  out += head;
-  out += record;
-  detail::pb::little_endian(out, masked_crc32c(record.data(), record.size()), 4);
-}
+LOOM_DECL void append_tfrecord(std::string& out, std::string_view record);
 
 /// The values of one tensorflow.Summary proto (its repeated field 1, Summary.Value), built up
 /// value by value and reused from write to write.
 class summary {
  public:
   /// A scalar (Summary.Value.simple_value: TensorBoard keeps it as a float).
-  summary& scalar(std::string_view tag, double v) {
-    value_.clear();
-    detail::pb::bytes_field(value_, 1, tag);
-    detail::pb::float_field(value_, 2, static_cast<float>(v));
-    return add_value();
-  }
+  summary& scalar(std::string_view tag, double v);
 
   /// Text for TensorBoard's text dashboard, which renders it as Markdown: a scalar DT_STRING
   /// tensor with the "text" plugin's metadata.
-  summary& text(std::string_view tag, std::string_view markdown) {
-    tensor_.clear();
-    detail::pb::varint_field(tensor_, 1, dt_string);
-    detail::pb::bytes_field(tensor_, 2, {});  // TensorShapeProto of a scalar
-    detail::pb::bytes_field(tensor_, 8, markdown);
-    return plugin_value(tag, "text", {});
-  }
+  summary& text(std::string_view tag, std::string_view markdown);
 
   /// The hparams plugin's session start (HParamsPluginData.session_start_info): the run's
   /// hyperparameters and when it started (seconds since the Unix epoch).
-  summary& hparams_start(const std::vector<hparam>& hparams, double start_time_s) {
-    std::string info, entry, value;  // SessionStartInfo, one map entry, a google.protobuf.Value
-    for (const hparam& h : hparams) {
-      value.clear();
-      if (const double* d = std::get_if<double>(&h.value)) detail::pb::double_field(value, 2, *d);  // number_value
-      else detail::pb::bytes_field(value, 3, std::get<std::string>(h.value));                        // string_value
-      entry.clear();
-      detail::pb::bytes_field(entry, 1, h.name);
-      detail::pb::bytes_field(entry, 2, value);
-      detail::pb::bytes_field(info, 1, entry);  // map<string, Value> hparams = 1
-    }
-    detail::pb::double_field(info, 5, start_time_s);
-    std::string data;
-    detail::pb::bytes_field(data, 3, info);
-    return hparams_value("_hparams_/session_start_info", data);
-  }
+  summary& hparams_start(const std::vector<hparam>& hparams, double start_time_s);
 
   /// The hparams plugin's session end (HParamsPluginData.session_end_info): status and time.
-  summary& hparams_end(bool success, double end_time_s) {
-    std::string info, data;
-    detail::pb::varint_field(info, 1, success ? 1 : 2);  // STATUS_SUCCESS, STATUS_FAILURE
-    detail::pb::double_field(info, 2, end_time_s);
-    detail::pb::bytes_field(data, 4, info);
-    return hparams_value("_hparams_/session_end_info", data);
-  }
+  summary& hparams_end(bool success, double end_time_s);
 
   /// The serialized Summary.
   const std::string& bytes() const noexcept { return values_; }
@@ -151,47 +113,21 @@ class summary {
   }
 
   // A Value with tag (1), tensor_ (8) and metadata (9) naming the plugin and its content.
-  summary& plugin_value(std::string_view tag, std::string_view plugin, std::string_view content) {
-    std::string plugin_data, metadata;
-    detail::pb::bytes_field(plugin_data, 1, plugin);
-    if (!content.empty()) detail::pb::bytes_field(plugin_data, 2, content);
-    detail::pb::bytes_field(metadata, 1, plugin_data);
-    value_.clear();
-    detail::pb::bytes_field(value_, 1, tag);
-    detail::pb::bytes_field(value_, 8, tensor_);
-    detail::pb::bytes_field(value_, 9, metadata);
-    return add_value();
-  }
+  summary& plugin_value(std::string_view tag, std::string_view plugin, std::string_view content);
 
   // The hparams plugin's summaries carry their data in the metadata, with the plugin's "null
   // tensor" (an empty float vector) as the value.
-  summary& hparams_value(std::string_view tag, std::string_view plugin_data) {
-    tensor_.clear();
-    detail::pb::varint_field(tensor_, 1, dt_float);
-    std::string dim, shape;
-    detail::pb::bytes_field(shape, 2, dim);  // one dimension of size 0
-    detail::pb::bytes_field(tensor_, 2, shape);
-    return plugin_value(tag, "hparams", plugin_data);
-  }
+  summary& hparams_value(std::string_view tag, std::string_view plugin_data);
 
   std::string values_, value_, tensor_;
 };
 
 /// A serialized tensorflow.Event: wall_time (1), step (2; left out when 0, as protobuf does),
 /// file_version (3; only the file's first event carries it) and summary (5).
-inline std::string event(double wall_time, std::int64_t step, const summary& s, std::string_view file_version = {}) {
-  std::string e;
-  detail::pb::double_field(e, 1, wall_time);
-  if (step != 0) detail::pb::varint_field(e, 2, static_cast<std::uint64_t>(step));
-  if (!file_version.empty()) detail::pb::bytes_field(e, 3, file_version);
-  if (!s.empty()) detail::pb::bytes_field(e, 5, s.bytes());
-  return e;
-}
+LOOM_DECL std::string event(double wall_time, std::int64_t step, const summary& s, std::string_view file_version = {});
 
 /// Seconds since the Unix epoch, as Event.wall_time counts them.
-inline double wall_time_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+LOOM_DECL double wall_time_now();
 
 /// One TensorBoard event file, `events.out.tfevents.<unix time>.<hostname>` in a directory
 /// (`.1`, `.2`, ... after it when a file of that name exists: a second fit in the same second).
@@ -201,49 +137,17 @@ class event_file {
   /// Creates `dir` (and its parents), then the file, and writes the file's first event
   /// (file_version "brain.Event:2"). Throws loom::io_error naming the directory or the file
   /// when either cannot be created.
-  explicit event_file(const std::string& dir) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec) throw io_error("loom::tensorboard: cannot create directory " + dir + ": " + ec.message());
-    char host[256] = "localhost";
-    if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "localhost");
-    host[sizeof host - 1] = 0;
-    char stem[64];
-    std::snprintf(stem, sizeof stem, "/events.out.tfevents.%010lld.", static_cast<long long>(std::time(nullptr)));
-    const std::string base = dir + stem + host;
-    for (int k = 0; !file_; ++k) {
-      path_ = k == 0 ? base : base + "." + std::to_string(k);
-      file_ = std::fopen(path_.c_str(), "wbx");  // x: fails when the file exists
-      if (!file_ && errno != EEXIST)
-        throw io_error("loom::tensorboard: cannot create " + path_ + ": " + std::strerror(errno));
-    }
-    try {
-      write(0, summary{}, wall_time_now(), "brain.Event:2");
-      flush();
-    } catch (...) {
-      std::fclose(file_);
-      throw;
-    }
-  }
-  ~event_file() {
-    if (file_) std::fclose(file_);
-  }
+  explicit event_file(const std::string& dir);
+  ~event_file();
   event_file(const event_file&) = delete;
   event_file& operator=(const event_file&) = delete;
 
   /// Appends one event holding s. Throws loom::io_error naming the file when it cannot be written.
-  void write(std::int64_t step, const summary& s, double wall_time = wall_time_now(), std::string_view file_version = {}) {
-    record_.clear();
-    append_tfrecord(record_, event(wall_time, step, s, file_version));
-    if (std::fwrite(record_.data(), 1, record_.size(), file_) != record_.size())
-      throw io_error("loom::tensorboard: cannot write " + path_ + ": " + std::strerror(errno));
-  }
+  void write(std::int64_t step, const summary& s, double wall_time = wall_time_now(), std::string_view file_version = {});
 
   /// Hands what was written to the operating system, so that a TensorBoard reading the file
   /// while training runs sees it.
-  void flush() {
-    if (std::fflush(file_) != 0) throw io_error("loom::tensorboard: cannot write " + path_ + ": " + std::strerror(errno));
-  }
+  void flush();
 
   const std::string& path() const noexcept { return path_; }
 
@@ -255,3 +159,7 @@ class event_file {
 
 }  // namespace monitor
 }  // namespace loom
+
+#if defined(LOOM_DEFINITIONS_VISIBLE)
+#include "loom/monitor/impl/tensorboard.ipp"
+#endif

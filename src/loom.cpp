@@ -1,0 +1,27 @@
+// SPDX-License-Identifier: Apache-2.0
+// The library's one source file, for separate compilation (the CMake target loom::compiled; see
+// loom/core/config.hpp and README.md): defines LOOM_SOURCE and includes the headers whose
+// non-template functions are declared there and defined in their impl/*.ipp, so that those
+// definitions are compiled here once, not inline in every translation unit that uses them.
+// Nothing here depends on MPI, CUDA or the backend.
+#ifndef LOOM_SEPARATE_COMPILATION
+#define LOOM_SEPARATE_COMPILATION
+#endif
+#define LOOM_SOURCE
+
+// Every header with an impl/*.ipp (the ones it includes come with them; listed all the same).
+#include "loom/data/dataset.hpp"
+#include "loom/data/idx.hpp"
+#include "loom/data/mapped.hpp"
+#include "loom/io/checkpoint.hpp"
+#include "loom/io/file.hpp"
+#include "loom/io/json.hpp"
+#include "loom/io/layer_description.hpp"
+#include "loom/io/onnx.hpp"
+#include "loom/io/safetensors.hpp"
+#include "loom/monitor/figures.hpp"
+#include "loom/monitor/live.hpp"
+#include "loom/monitor/metrics.hpp"
+#include "loom/monitor/sampler.hpp"
+#include "loom/monitor/tensorboard.hpp"
+#include "loom/monitor/timeline.hpp"
