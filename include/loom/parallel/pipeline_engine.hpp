@@ -762,7 +762,14 @@ class pipeline_engine
 
   /// See pipeline_stages' constructor; also the stage's optimizer state, from setup.optimizer.
   pipeline_engine(Comm world, const engine_setup<optimizer_options>& setup)
-      : base(std::move(world), setup.seed, setup.math, setup.job, detail::pipeline_run_table::of<Pipeline>()), state_(setup.optimizer, base::parameter_count()) {}
+      : pipeline_engine(std::move(world), setup, detail::pipeline_run_table::of<Pipeline>()) {}
+  /// The same, running the schedule `table` (detail::pipeline_run_table::of<P>() of a pipeline
+  /// P cut as Pipeline is: the trainer shares one engine type between the micro-batch counts
+  /// and schedules of one cut). micro_batch_count and schedule above are then Pipeline's, not
+  /// the table's.
+  pipeline_engine(Comm world, const engine_setup<optimizer_options>& setup, detail::pipeline_run_table table)
+      : base(std::move(world), setup.seed, setup.math, setup.job, std::move(table)),
+        state_(setup.optimizer, base::parameter_count()) {}
 
   optimizer_state& optimizer() noexcept { return state_; }
 

@@ -117,14 +117,66 @@ template <class Network, class Loss, class Optimizer, std::size_t S, class... O,
 struct engine_for<Network, Loss, Optimizer, model_parallel<pipeline<S, O...>, Comm>, Backend> {
   using type = pipeline_engine<Network, Loss, Optimizer, Backend, pipeline<S, O...>, Comm>;
   using comm = Comm;
-  static type make(Comm c, const engine_setup<typename Optimizer::options>& s) { return type(std::move(c), s); }
+  static type make(Comm c, const engine_setup<typename Optimizer::options>& s, const pipeline_run_table* table) {
+    return table ? type(std::move(c), s, *table) : type(std::move(c), s);
+  }
 };
 template <class Network, class Loss, class Optimizer, class Comm, class... DO, std::size_t S, class... O, class Backend>
 struct engine_for<Network, Loss, Optimizer, hybrid<data_parallel<Comm, DO...>, pipeline<S, O...>>, Backend> {
   using type = pipeline_engine<Network, Loss, Optimizer, Backend, pipeline<S, O...>, Comm, data_parallel<Comm, DO...>>;
   using comm = Comm;
-  static type make(Comm c, const engine_setup<typename Optimizer::options>& s) { return type(std::move(c), s); }
+  static type make(Comm c, const engine_setup<typename Optimizer::options>& s, const pipeline_run_table* table) {
+    return table ? type(std::move(c), s, *table) : type(std::move(c), s);
+  }
 };
+
+/// The policy whose code a trainer of Policy runs: Policy itself, except that a pipeline's
+/// micro-batch count and schedule are left out (its stage count and cut points stay), so that
+/// every micro-batch count and schedule of one cut shares one compiled trainer. The schedule
+/// is still verified at compile time (loom::trainer builds its tables from Policy) and reaches
+/// the shared code as data (trainer_facts).
+template <class Policy>
+struct code_policy {
+  using type = Policy;
+};
+template <std::size_t S, class... O, class Comm>
+struct code_policy<model_parallel<pipeline<S, O...>, Comm>> {
+  using type = model_parallel<typename stage_cut_of<pipeline<S, O...>>::type, Comm>;
+};
+template <class Comm, class... DO, std::size_t S, class... O>
+struct code_policy<hybrid<data_parallel<Comm, DO...>, pipeline<S, O...>>> {
+  using type = hybrid<data_parallel<Comm, DO...>, typename stage_cut_of<pipeline<S, O...>>::type>;
+};
+template <class Policy>
+using code_policy_t = typename code_policy<Policy>::type;
+
+/// What the trainer's shared code (trainer_body, keyed by code_policy_t<Policy>) needs to know
+/// of the policy a user named, as values: its name (job descriptions, checkpoint records,
+/// messages), a pipeline's schedule tables, and loom::memory_plan's bytes for a rank.
+template <class OptimizerOptions>
+struct trainer_facts {
+  std::string name;
+  std::optional<pipeline_run_table> table;  // pipelines: the schedule the user named
+  /// memory_plan's bytes of rank `rank` at `share` samples of a global `batch` over `replicas`
+  /// replicas; null where the plan does not apply (a backend other than loom::cpu).
+  std::size_t (*planned)(const OptimizerOptions& opt, std::size_t rank, std::size_t share, std::size_t batch,
+                         std::size_t replicas) = nullptr;
+};
+template <class Network, class Optimizer, class Policy, class Backend>
+trainer_facts<typename Optimizer::options> trainer_facts_of() {
+  trainer_facts<typename Optimizer::options> f;
+  f.name = type_name<Policy>();
+  if constexpr (requires { typename Policy::parallelism; }) {
+    if constexpr (is_pipeline_v<typename Policy::parallelism>)
+      f.table = pipeline_run_table::of<typename Policy::parallelism>();
+  }
+  if constexpr (std::is_same_v<Backend, cpu>)
+    f.planned = [](const typename Optimizer::options& opt, std::size_t rank, std::size_t share, std::size_t batch,
+                   std::size_t replicas) -> std::size_t {
+      return rank_memory_for<Network, Optimizer, Policy>(opt, rank).bytes_at(share, batch, replicas);
+    };
+  return f;
+}
 
 extern "C" inline void loom_preemption_handler(int sig) { preemption_signal = sig; }
 
@@ -729,15 +781,11 @@ class trainer_core {
   bool global_sums_ = false;  // the loss sums are the whole batch's on every rank, step by step
 };
 
-}  // namespace detail
-
-/// Trains Network with Loss and Optimizer under Policy on Backend. Policy is one of
-/// loom::single_process (the default), loom::data_parallel<Comm, ...>,
-/// loom::model_parallel<loom::pipeline<S, ...>, Comm>, loom::model_parallel<loom::tensor_parallel<T>, Comm>,
-/// loom::hybrid<loom::data_parallel<Comm, ...>, loom::pipeline<S, ...>> or
-/// loom::hybrid<loom::data_parallel<Comm, ...>, loom::tensor_parallel<T>>.
-template <class Network, class Loss, class Optimizer, class Policy = single_process, class Backend = cpu>
-class trainer : private detail::trainer_core {
+/// Everything of loom::trainer, keyed by the policy whose code it runs (code_policy_t<Policy>):
+/// trainers whose policies differ only in run-time facts (a pipeline's micro-batch count and
+/// schedule) share it; what they differ in arrives as trainer_facts. See loom::trainer.
+template <class Network, class Loss, class Optimizer, class Policy, class Backend>
+class trainer_body : private trainer_core {
   static_assert(is_network_v<Network>, "loom::trainer's first argument must be a loom::network<loom::input<...>, ...>");
   using traits = detail::engine_for<Network, Loss, Optimizer, Policy, Backend>;
   static_assert(!std::is_same_v<typename traits::type, detail::no_engine_for_policy>,
@@ -762,9 +810,9 @@ class trainer : private detail::trainer_core {
   using value_type = float;
 
   /// Trains alone, or on Comm::world() (e.g. loom::mpi_comm under mpirun). Collective.
-  explicit trainer(optimizer_options opt = {}, trainer_options options = {})
-    requires(std::is_void_v<comm_type> || requires { comm_type::world(); })
-      : options_(options), opt_(opt), init_threads_((set_threads(options.threads), 0)), engine_(make_engine()) {}
+  explicit trainer_body(trainer_facts<optimizer_options> facts, optimizer_options opt, trainer_options options)
+      : facts_(std::move(facts)), options_(options), opt_(opt), init_threads_((set_threads(options.threads), 0)),
+        engine_(make_engine()) {}
 
   /// Trains on `comm` (e.g. a loom::local_comm of a local_world). Collective over comm.
   /// Throws loom::invalid_argument when comm's size does not fit the policy (a pipeline: S
@@ -773,9 +821,9 @@ class trainer : private detail::trainer_core {
   /// built differently (every rank names the fields that differ).
   template <class Comm>
     requires(!std::is_void_v<comm_type> && std::is_same_v<Comm, comm_type>)
-  explicit trainer(Comm comm, optimizer_options opt = {}, trainer_options options = {})
-      : options_(options), opt_(opt), init_threads_((set_threads(options.threads), 0)),
-        engine_(traits::make(std::move(comm), setup())) {}
+  explicit trainer_body(trainer_facts<optimizer_options> facts, Comm comm, optimizer_options opt, trainer_options options)
+      : facts_(std::move(facts)), options_(options), opt_(opt), init_threads_((set_threads(options.threads), 0)),
+        engine_(make_engine(std::move(comm))) {}
 
   /// Trains on `data` for opts.epochs epochs (or opts.max_steps optimizer steps in all).
   /// opts.batch is the global batch: split over the replicas (each reads only its share), and
@@ -788,7 +836,7 @@ class trainer : private detail::trainer_core {
   fit_result fit(const Dataset& data, const fit_options& opts = {}) {
     detail::check_dataset_for<Network, Dataset>();
     detail::check_fit_options(opts, data.size());
-    if (opts.fault.replace) detail::check_replace(opts.fault, can_watch, can_replace, type_name<Policy>());
+    if (opts.fault.replace) detail::check_replace(opts.fault, can_watch, can_replace, facts_.name);
     // A replacement of a lost rank (fault_options::replace): the survivors are in their
     // recovery, not here; it checks the job with them as it joins (join_as_replacement).
     const bool joining = can_replace && detail::joining_as_replacement;
@@ -979,8 +1027,7 @@ class trainer : private detail::trainer_core {
     } else {
       const std::size_t replicas = static_cast<std::size_t>(engine_.replicas()), i = static_cast<std::size_t>(engine_.replica());
       const std::size_t share = batch * (i + 1) / replicas - batch * i / replicas;
-      return rank_memory_for<Network, Optimizer, Policy>(opt_, static_cast<std::size_t>(engine_.rank()))
-          .bytes_at(share, batch, replicas);
+      return facts_.planned ? facts_.planned(opt_, static_cast<std::size_t>(engine_.rank()), share, batch, replicas) : 0;
     }
   }
   /// The optimizer's state buffers here: as many of Optimizer::buffer_names as it keeps.
@@ -1048,7 +1095,7 @@ class trainer : private detail::trainer_core {
     r.optimizer_options = "lr=" + std::to_string(opt_.lr);
     r.optimizer_steps = engine_.optimizer().steps();
     r.optimizer_buffers = buffer_names();
-    r.policy = type_name<Policy>();
+    r.policy = facts_.name;
     const shard_map m = engine_.shard();
     r.ranks = engine_.world();
     r.replicas = m.replicas;
@@ -1107,13 +1154,20 @@ class trainer : private detail::trainer_core {
   }
   engine_type make_engine() const {
     if constexpr (std::is_void_v<comm_type>) return traits::make(setup());
-    else return traits::make(comm_type::world(), setup());
+    else return make_engine(comm_type::world());
+  }
+  template <class Comm>
+  engine_type make_engine(Comm comm) const {
+    if constexpr (detail::is_pipeline_engine_v<engine_type>)
+      return traits::make(std::move(comm), setup(), facts_.table ? &*facts_.table : nullptr);
+    else
+      return traits::make(std::move(comm), setup());
   }
 
   /// The job every rank must share; the engine adds its policy's own fields.
   std::string job_description() const {
     return detail::describe_job(type_name<Network>(), Network::parameter_count, Loss::name, Optimizer::name, options_.seed,
-                                options_.math, type_name<Policy>());
+                                options_.math, facts_.name);
   }
 
   /// NVML's view of the device this rank computes on (loom::cuda), or null: on the CPU, or
@@ -1207,10 +1261,10 @@ class trainer : private detail::trainer_core {
   /// of `data` and its state, behind detail::fit_host.
   template <class Dataset>
   struct fit_part final : detail::fit_host {
-    fit_part(trainer& t, const Dataset& data) : t_(t), data_(data) {
-      can_watch = trainer::can_watch;
-      can_replace = trainer::can_replace;
-      per_epoch_sums = trainer::per_epoch_sums;
+    fit_part(trainer_body& t, const Dataset& data) : t_(t), data_(data) {
+      can_watch = trainer_body::can_watch;
+      can_replace = trainer_body::can_replace;
+      per_epoch_sums = trainer_body::per_epoch_sums;
     }
     int rank() const override { return t_.engine_.rank(); }
     int world() const override { return t_.engine_.world(); }
@@ -1228,13 +1282,13 @@ class trainer : private detail::trainer_core {
     void sum(double* v, std::size_t n) override { t_.engine_.sum(v, n); }
     void optimizer_step(float lr, double clip) override { t_.engine_.optimizer_step(lr, clip); }
     void watch_for_failures(double deadline_s) override {
-      if constexpr (trainer::can_watch) t_.engine_.world_comm().watch_for_failures(deadline_s);
+      if constexpr (trainer_body::can_watch) t_.engine_.world_comm().watch_for_failures(deadline_s);
     }
     void set_deadline(double deadline_s) override {
-      if constexpr (trainer::can_watch) t_.engine_.world_comm().set_deadline(deadline_s);
+      if constexpr (trainer_body::can_watch) t_.engine_.world_comm().set_deadline(deadline_s);
     }
     std::string watch_job_id() override {
-      if constexpr (trainer::can_watch) return t_.engine_.world_comm().watch()->job_id;
+      if constexpr (trainer_body::can_watch) return t_.engine_.world_comm().watch()->job_id;
       else return {};
     }
     void open_loader(std::size_t batch) override {
@@ -1252,14 +1306,14 @@ class trainer : private detail::trainer_core {
       t_.load_checkpoint(c, opts.checkpoint.directory, /*none_ok=*/true, opts.progress, &opts, samples);
     }
     detail::fit_position join_as_replacement(const fit_options& opts) override {
-      if constexpr (trainer::can_replace) return t_.join_as_replacement(opts);
+      if constexpr (trainer_body::can_replace) return t_.join_as_replacement(opts);
       else return {};
     }
     void save_current(collectives& c, const fit_options& opts, bool async) override { t_.save_current(c, opts, async); }
     io::checkpointer& ckpt() override { return t_.ckpt(); }
     std::size_t planned_bytes(std::size_t batch) const override { return t_.planned_bytes(batch); }
     double peak_gflops() override { return monitor::measure_peak_gflops<Backend>(); }
-    std::shared_ptr<const monitor::nvml> device_monitor() override { return trainer::device_monitor(); }
+    std::shared_ptr<const monitor::nvml> device_monitor() override { return trainer_body::device_monitor(); }
     detail::fit_position survive(const rank_failure& f, const fit_options& opts, int number, std::string& report) override {
       return t_.survive(f, opts, number, report);
     }
@@ -1267,7 +1321,7 @@ class trainer : private detail::trainer_core {
     void write_trace(const std::string& path, const monitor::timeline& tl) override { t_.write_trace(path, tl); }
 
    private:
-    trainer& t_;
+    trainer_body& t_;
     const Dataset& data_;
     std::optional<data::distributed_loader<Dataset>> loader_;
   };
@@ -1275,7 +1329,7 @@ class trainer : private detail::trainer_core {
   /// The trainer's part in a recovery (loom/train/recovery.hpp), over the engine's communicator C.
   template <class C>
   struct recovery_part final : detail::recovery_host<C> {
-    explicit recovery_part(trainer& t) : t_(t) {}
+    explicit recovery_part(trainer_body& t) : t_(t) {}
     C& world_comm() override { return t_.engine_.world_comm(); }
     void after_recovery() override { t_.engine_.after_recovery(); }
     void broadcast_state(C& comm, int root) override { t_.broadcast_state(comm, root); }
@@ -1284,7 +1338,7 @@ class trainer : private detail::trainer_core {
     std::string joined_description() const override { return t_.joined_description(); }
 
    private:
-    trainer& t_;
+    trainer_body& t_;
   };
   template <class E>
   using recovery_part_of = recovery_part<std::remove_cvref_t<decltype(std::declval<E&>().world_comm())>>;
@@ -1359,6 +1413,7 @@ class trainer : private detail::trainer_core {
     }
   }
 
+  trainer_facts<optimizer_options> facts_;
   trainer_options options_;
   optimizer_options opt_;
   int init_threads_;
@@ -1369,6 +1424,45 @@ class trainer : private detail::trainer_core {
   buffer<std::int32_t, staging_space> labels_stage_;
   buffer<value_type, staging_space> snapshot_stage_;  // checkpoints' host copy; empty unless staged
   std::unique_ptr<io::checkpointer> ckpt_;
+};
+}  // namespace detail
+
+/// Trains Network with Loss and Optimizer under Policy on Backend (see detail::trainer_body for
+/// the members, which are all of this class's but its constructors). Policy is one of
+/// loom::single_process (the default), loom::data_parallel<Comm, ...>,
+/// loom::model_parallel<loom::pipeline<S, ...>, Comm>, loom::model_parallel<loom::tensor_parallel<T>, Comm>,
+/// loom::hybrid<loom::data_parallel<Comm, ...>, loom::pipeline<S, ...>> or
+/// loom::hybrid<loom::data_parallel<Comm, ...>, loom::tensor_parallel<T>>.
+///
+/// Compile time: the members are compiled once per detail::code_policy_t<Policy>, so the
+/// micro-batch counts and schedules of one pipeline cut share them (their tables are verified
+/// here, at compile time, and handed over as data).
+template <class Network, class Loss, class Optimizer, class Policy = single_process, class Backend = cpu>
+class trainer : public detail::trainer_body<Network, Loss, Optimizer, detail::code_policy_t<Policy>, Backend> {
+  using body = detail::trainer_body<Network, Loss, Optimizer, detail::code_policy_t<Policy>, Backend>;
+  using comm_ = typename body::comm_type;
+  static detail::trainer_facts<typename Optimizer::options> facts() {
+    return detail::trainer_facts_of<Network, Optimizer, Policy, Backend>();
+  }
+
+ public:
+  using optimizer_options = typename Optimizer::options;
+  using policy_type = Policy;
+
+  /// Trains alone, or on Comm::world() (e.g. loom::mpi_comm under mpirun). Collective.
+  explicit trainer(optimizer_options opt = {}, trainer_options options = {})
+    requires(std::is_void_v<comm_> || requires { comm_::world(); })
+      : body(facts(), opt, options) {}
+
+  /// Trains on `comm` (e.g. a loom::local_comm of a local_world). Collective over comm.
+  /// Throws loom::invalid_argument when comm's size does not fit the policy (a pipeline: S
+  /// ranks, under hybrid a multiple of S; tensor parallelism: T ranks, under hybrid a multiple
+  /// of T) or Backend cannot run options.math; loom::communication_error when the ranks were
+  /// built differently (every rank names the fields that differ).
+  template <class Comm>
+    requires(!std::is_void_v<comm_> && std::is_same_v<Comm, comm_>)
+  explicit trainer(Comm comm, optimizer_options opt = {}, trainer_options options = {})
+      : body(facts(), std::move(comm), opt, options) {}
 };
 
 }  // namespace loom
