@@ -9,9 +9,11 @@
 #   stop   SIGSTOP of a random rank (a hang: the roll call must name it);
 #   twice  kill -9 of a random rank, and of another one a second after the first recovery;
 #   during kill -9 of a random rank, and of another 0.05 s later, while the survivors detect the
-#          first failure (both are left out by one verdict; a survivor that dies after it answered
-#          the roll call and before the communicator is rebuilt ends the job instead: see
-#          docs/fault-tolerance.md);
+#          first failure (both are left out, by one verdict or by the next round's). A second
+#          death after the round decided to rebuild and before MPI_Comm_create_group finished
+#          blocks the rebuild: then every survivor must end with status 75 (the rebuild watchdog,
+#          for the launcher's restart; docs/fault-tolerance.md, Limits) — never a live rank left
+#          out — and at least one trial must recover in the process;
 # and requires: exit status 0; the `result:` line says ranks=NP-1 (NP-2 for twice and during);
 # stderr reports each recovery (`loom: recovery N`), naming the lost rank, and for stop the
 # roll call's "did not answer"; the run took every step it was asked for (its final checkpoint
@@ -106,6 +108,7 @@ clean=$(accuracy "$work/clean.out")
 [ -n "$clean" ] || { cat "$work/clean.out"; fail "the clean run printed no result line"; }
 echo "clean test accuracy $clean"
 times=()
+windowed=0
 for t in $(seq 1 "$trials"); do
   d="$work/trial$t"
   mkdir -p "$d"
@@ -152,6 +155,20 @@ for t in $(seq 1 "$trials"); do
     [ "$mode" = foreign ] && want=$((np - 1))
     finished=$(cat "$d/status"/rank-*.status 2> /dev/null | grep -cx finished)
     [ "$finished" -eq "$want" ] || { cat "$d/err"; fail "trial $t: $finished processes say finished, expected $want ($statuses)"; }
+  fi
+  if [ "$mode" = during ] && ! grep -q "ranks=$expect " "$d/out" &&
+     grep -q "did not finish within .*ending this process (status 75)" "$d/err"; then
+    # The one documented way out (docs/fault-tolerance.md, Limits): the second rank died after
+    # the round decided to rebuild and before MPI_Comm_create_group finished, which it blocks;
+    # the watchdog ends every survivor with status 75, for the launcher to restart the job from
+    # its checkpoint. Never a live rank left out: every status file must say "failed 75".
+    n75=$(cat "$d/status"/rank-*.status 2> /dev/null | grep -cx "failed 75")
+    nall=$(ls "$d/status"/rank-*.status 2> /dev/null | wc -l)
+    { [ "$n75" -eq "$expect" ] && [ "$nall" -eq "$expect" ]; } ||
+      { cat "$d/err"; fail "trial $t: the rebuild watchdog ended the job, but $n75 of $nall status files say 'failed 75' (expected $expect of $expect)"; }
+    echo "trial $t: the second failure landed in the rebuild: every survivor ended with status 75 (the documented window; loomrun restarts from the checkpoint)"
+    windowed=$((windowed + 1))
+    continue
   fi
   case $mode in
     replace)
@@ -203,8 +220,10 @@ for t in $(seq 1 "$trials"); do
   times+=("$took")
   echo "trial $t: status 0, ranks=$expect, test accuracy $acc (clean $clean), final step $newest, first good step $took s after the signal"
 done
+[ "${#times[@]}" -gt 0 ] || fail "no trial of $trials recovered in the process ($windowed ended by the rebuild watchdog)"
 sorted=$(printf '%s\n' "${times[@]}" | sort -n)
 median=$(echo "$sorted" | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
 max=$(echo "$sorted" | tail -1)
-echo "signal -> first good step over $trials trials: median $median s, max $max s (all: $(echo $sorted))"
+echo "signal -> first good step over ${#times[@]} trials: median $median s, max $max s (all: $(echo $sorted))"
+[ "$windowed" -eq 0 ] || echo "$windowed of $trials trials ended by the rebuild watchdog (status 75 on every survivor; see above)"
 echo "PASS: $trials trials of $mode: every run finished${replacing:+ (every process: status files)} on $expect ranks, no step lost, accuracy within 0.5 points"

@@ -17,6 +17,10 @@
 //    epoch, so there is exactly one membership per epoch, however the network is partitioned:
 //    a rank the verdict leaves out leaves the job (and a survivor on its host kills it, so
 //    that a stopped process cannot come back into a communicator it is no longer part of).
+//    Then every member says it is ready and waits for the others' ready; whether the round
+//    goes on to the rebuild or starts again without the members that did not answer is
+//    decided once, as the verdict is: the first of the members' proposals (go or retry)
+//    linked as `epoch-<e>.decision`, so that no member rebuilds while another starts again.
 // 3. Rebuild. The members create the communicator of the verdict's group with
 //    MPI_Comm_create_group and a new control communicator; the old ones are abandoned, never
 //    freed (operations of the dead are pending on them). A member that died after the verdict
@@ -348,7 +352,26 @@ inline recovery_result recover_world(mpi_comm& c, const recovery_request& q) {
         early_ready.push_back({w->ctl, st.MPI_SOURCE, epoch});
       }
     }
-    if (all_ready) break;
+    // The round's outcome, decided once for every member: the first decision linked as
+    // epoch-<e>.decision is everyone's. Each member decides alone otherwise, and two can
+    // disagree — one saw a member's ready before that member died, another looked at the dead
+    // process before reading its ready (or it died between its two sends) — and then one goes
+    // on to the rebuild, where it blocks, while the other starts the next round and leaves the
+    // blocked one out as silent (a live survivor lost; fault_trials.sh `during`). A member
+    // decides "go" only if every member said ready and none is gone or stopped now.
+    bool go = all_ready;
+    for (const int m : members)
+      if (go && m != me) {
+        const auto e = detail::evidence_of(w->peers[static_cast<std::size_t>(m)], my_host);
+        if (e == detail::local_evidence::gone || e == detail::local_evidence::stopped) go = false;
+      }
+    const std::filesystem::path decision = dir / ("epoch-" + std::to_string(res.epoch) + ".decision");
+    const std::string outcome = detail::link_verdict(dir, decision, go ? "go\n" : "retry\n", me);
+    if (outcome.rfind("go", 0) == 0) break;
+    if (outcome.rfind("retry", 0) != 0)
+      throw communication_error("loom::recover_world: rank " + std::to_string(me) + ": the decision " + decision.string() +
+                                " is not one this job wrote (expected 'go' or 'retry', found '" + outcome.substr(0, 80) +
+                                "')");
     w->generation = res.epoch;
     res.epoch = w->generation + 1;
     res.roll_call.clear();

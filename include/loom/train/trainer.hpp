@@ -734,6 +734,16 @@ class trainer_core {
           h.emergency_checkpoint(opts);
           throw;
         }
+        // The last recovery's report waits for its first good step; a failure came first (two
+        // failures close together): report it now, so that every recovery is reported.
+        if (!recovery_report.empty()) {
+          if (h.rank() == 0)
+            std::fprintf(stderr, "%s\nloom: recovery: no good step after it: another failure came first (%s)\n",
+                         recovery_report.c_str(), f.what());
+          std::fflush(stderr);
+          recovery_report.clear();
+          replacement_began_.reset();
+        }
         // A survivor that dies during the recovery (its state broadcast) makes the next one.
         for (;;) {
           try {
