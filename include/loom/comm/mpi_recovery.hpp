@@ -79,9 +79,11 @@ inline std::string read_small_file(const std::filesystem::path& p) {
 }
 
 /// Links `text` as `final` unless something already is there; returns what is there now.
-/// Throws communication_error when the directory cannot be written.
+/// `durable`: fsync the file first (a verdict; a round's decision, read only while the
+/// survivors wait for it, skips that: its milliseconds widen the window in which a death
+/// blocks the rebuild). Throws communication_error when the directory cannot be written.
 inline std::string link_verdict(const std::filesystem::path& dir, const std::filesystem::path& final, const std::string& text,
-                                int rank) {
+                                int rank, bool durable = true) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   const std::filesystem::path tmp = dir / (final.filename().string() + ".rank-" + std::to_string(rank) + ".tmp");
@@ -97,7 +99,7 @@ inline std::string link_verdict(const std::filesystem::path& dir, const std::fil
       if (k <= 0) break;
       at += static_cast<std::size_t>(k);
     }
-    ::fsync(fd);
+    if (durable) ::fsync(fd);
     ::close(fd);
   }
   const int rc = ::link(tmp.c_str(), final.c_str());
@@ -366,7 +368,7 @@ inline recovery_result recover_world(mpi_comm& c, const recovery_request& q) {
         if (e == detail::local_evidence::gone || e == detail::local_evidence::stopped) go = false;
       }
     const std::filesystem::path decision = dir / ("epoch-" + std::to_string(res.epoch) + ".decision");
-    const std::string outcome = detail::link_verdict(dir, decision, go ? "go\n" : "retry\n", me);
+    const std::string outcome = detail::link_verdict(dir, decision, go ? "go\n" : "retry\n", me, /*durable=*/false);
     if (outcome.rfind("go", 0) == 0) break;
     if (outcome.rfind("retry", 0) != 0)
       throw communication_error("loom::recover_world: rank " + std::to_string(me) + ": the decision " + decision.string() +

@@ -734,13 +734,14 @@ class trainer_core {
           h.emergency_checkpoint(opts);
           throw;
         }
+        // Reports of recoveries that another failure cut short go out with the next recovery's,
+        // by the rank 0 after it: the rank 0 of the world they left may be the one that died.
+        std::string earlier;
         // The last recovery's report waits for its first good step; a failure came first (two
-        // failures close together): report it now, so that every recovery is reported.
+        // failures close together).
         if (!recovery_report.empty()) {
-          if (h.rank() == 0)
-            std::fprintf(stderr, "%s\nloom: recovery: no good step after it: another failure came first (%s)\n",
-                         recovery_report.c_str(), f.what());
-          std::fflush(stderr);
+          earlier = recovery_report + "\nloom: recovery: no good step after it: another failure came first (" +
+                    f.what() + ")\n";
           recovery_report.clear();
           replacement_began_.reset();
         }
@@ -750,14 +751,14 @@ class trainer_core {
             from = h.survive(f, opts, ++recoveries, recovery_report);
             break;
           } catch (const rank_failure& again) {
-            if (h.rank() == 0)
-              std::fprintf(stderr, "loom: recovery %d at step %zu: lost %s; interrupted during its state exchange: %s\n",
-                           recoveries, step_, interrupted_lost_.empty() ? "no rank" : interrupted_lost_.c_str(), again.what());
-            std::fflush(stderr);
+            earlier += "loom: recovery " + std::to_string(recoveries) + " at step " + std::to_string(step_) + ": lost " +
+                       (interrupted_lost_.empty() ? std::string("no rank") : interrupted_lost_) +
+                       "; interrupted during its state exchange: " + again.what() + "\n";
             f = again;
             failed_at_ = detail::fault_here;
           }
         }
+        if (!earlier.empty()) recovery_report = earlier + recovery_report;
         saved_step = static_cast<std::size_t>(-1);  // a checkpoint in flight was given up
         h.reshard(h.replica(), h.replicas());
         h.set_rank_block(h.prepare_fit(opts.batch, opts.deterministic_chunk));
