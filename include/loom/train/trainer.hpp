@@ -117,16 +117,16 @@ template <class Network, class Loss, class Optimizer, std::size_t S, class... O,
 struct engine_for<Network, Loss, Optimizer, model_parallel<pipeline<S, O...>, Comm>, Backend> {
   using type = pipeline_engine<Network, Loss, Optimizer, Backend, pipeline<S, O...>, Comm>;
   using comm = Comm;
-  static type make(Comm c, const engine_setup<typename Optimizer::options>& s, const pipeline_run_table* table) {
-    return table ? type(std::move(c), s, *table) : type(std::move(c), s);
+  static type make(Comm c, const engine_setup<typename Optimizer::options>& s, const pipeline_run_table& table) {
+    return type(std::move(c), s, table);
   }
 };
 template <class Network, class Loss, class Optimizer, class Comm, class... DO, std::size_t S, class... O, class Backend>
 struct engine_for<Network, Loss, Optimizer, hybrid<data_parallel<Comm, DO...>, pipeline<S, O...>>, Backend> {
   using type = pipeline_engine<Network, Loss, Optimizer, Backend, pipeline<S, O...>, Comm, data_parallel<Comm, DO...>>;
   using comm = Comm;
-  static type make(Comm c, const engine_setup<typename Optimizer::options>& s, const pipeline_run_table* table) {
-    return table ? type(std::move(c), s, *table) : type(std::move(c), s);
+  static type make(Comm c, const engine_setup<typename Optimizer::options>& s, const pipeline_run_table& table) {
+    return type(std::move(c), s, table);
   }
 };
 
@@ -1170,7 +1170,7 @@ class trainer_body : private trainer_core {
   template <class Comm>
   engine_type make_engine(Comm comm) const {
     if constexpr (detail::is_pipeline_engine_v<engine_type>)
-      return traits::make(std::move(comm), setup(), facts_.table ? &*facts_.table : nullptr);
+      return traits::make(std::move(comm), setup(), facts_.table.value());  // trainer_facts_of sets it for pipelines
     else
       return traits::make(std::move(comm), setup());
   }
