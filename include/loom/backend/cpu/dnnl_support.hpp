@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/backend/cpu/signals.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/memory.hpp"
 
@@ -39,9 +40,11 @@ inline dnnl::stream& dnnl_stream() {
   return s;
 }
 
-/// Runs f, turning a oneDNN failure into loom::backend_error naming what loom was doing.
+/// Runs f, turning a oneDNN failure into loom::backend_error naming what loom was doing, with
+/// the asynchronous signals held off this thread meanwhile (signals.hpp says why).
 template <class F>
 decltype(auto) dnnl_checked(const char* what, F&& f) {
+  signal_shield shield;
   try {
     return f();
   } catch (const dnnl::error& e) {

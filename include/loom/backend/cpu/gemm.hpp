@@ -136,6 +136,7 @@ void cpu_gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::siz
       bf16_gemm::this_thread().run(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
       return;
     }
+    signal_shield shield;  // oneDNN's sgemm kernels point the stack pointer into the heap (signals.hpp)
     auto st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', static_cast<dnnl_dim_t>(m),
                          static_cast<dnnl_dim_t>(n), static_cast<dnnl_dim_t>(k), alpha, a,
                          static_cast<dnnl_dim_t>(lda), b, static_cast<dnnl_dim_t>(ldb), beta, c,

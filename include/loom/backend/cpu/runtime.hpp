@@ -13,6 +13,7 @@
 #include <immintrin.h>
 #endif
 
+#include "loom/backend/cpu/signals.hpp"
 #include "loom/core/error.hpp"
 
 namespace loom {
@@ -65,8 +66,10 @@ inline int default_threads() {
 }
 
 /// Sets the size of the one thread pool (OpenMP, which oneDNN also runs on) and turns on
-/// flush-to-zero and denormals-are-zero in every thread of it. n == 0 picks default_threads().
-/// Call it before training; loom::trainer calls it for you.
+/// flush-to-zero and denormals-are-zero in every thread of it. The pool's threads other than
+/// the caller block asynchronous signals for good (backend/cpu/signals.hpp: oneDNN's kernels
+/// must not be interrupted by one); signals sent to the process go to the other threads.
+/// n == 0 picks default_threads(). Call it before training; loom::trainer calls it for you.
 /// Throws loom::invalid_argument when n is negative.
 inline void set_threads(int n = 0) {
   if (n < 0) throw invalid_argument("loom::set_threads: thread count must be >= 0 (0 = automatic), got " + std::to_string(n));
@@ -75,7 +78,11 @@ inline void set_threads(int n = 0) {
   omp_set_num_threads(n);
   detail::set_flush_denormals_this_thread();
 #pragma omp parallel num_threads(n)
-  detail::set_flush_denormals_this_thread();
+  {
+    detail::set_flush_denormals_this_thread();
+    // The pool's other threads run oneDNN's kernels, which must not take a signal (signals.hpp).
+    if (omp_get_thread_num() != 0) detail::shield_this_thread_for_good();
+  }
   detail::configured_threads() = n;
 }
 
