@@ -16,7 +16,9 @@
 //     process goes to a thread that can take it (the main thread between calls, MPI's).
 // Synchronous signals (a fault of the thread itself: SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP,
 // SIGSYS) and SIGABRT are never blocked. Cost: two rt_sigprocmask system calls per oneDNN call,
-// 0.45-0.54 us measured here (AMD EPYC); the mlp's step makes about ten calls in ~3.7 ms.
+// 0.45-0.54 us alone; the mlp's step (batch 64) makes 8 sgemm calls, which took 0.6-1.6% longer
+// than raw dnnl_sgemm in a paired run (docs/checkpoints.md). One shield per micro-step's
+// compute, with nested shields free, would cut that; not done yet.
 // tests/layers/signal_storm_test.cpp fails without this (wrong products or a heap abort in
 // every run, AVX2 and AVX-512 alike) and passes with it.
 
