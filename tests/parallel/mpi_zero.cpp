@@ -4,7 +4,8 @@
 // - the slices: every parameter is owned by exactly one rank, each rank's optimizer state holds
 //   about 1/N of the values (at most one more per bucket);
 // - 50 steps of the mlp and the (smooth) cnn, SGD with momentum and Adam, against unsharded
-//   data parallelism on the same ranks: within 1e-6 relative (and with gradient clipping);
+//   data parallelism on the same ranks: within 1e-6 relative; with gradient clipping, the mlp
+//   over 20 steps on more than 2 ranks and its smooth twin over 50 (see main);
 // - the split-invariant mode (deterministic_chunk): bitwise equal to unsharded training, with
 //   clipping too;
 // - compress<bf16> with ZeRO: half the reduce-scatter's bytes, close to compressed unsharded;
@@ -253,7 +254,14 @@ int main(int argc, char** argv) {
     // on more, its distance is printed, not asserted.
     against_unsharded<cnn, loom::sgd>("cnn, SGD with momentum", momentum, comm, 0, 50, comm.size() == 2);
     against_unsharded<cnn, loom::adam>("cnn, Adam", adam_opts, comm, 0, 50, comm.size() == 2);
-    against_unsharded<mlp, loom::adam>("mlp, Adam", adam_opts, comm, /*clip=*/0.5);
+    // Clipped, the ReLU mlp meets the same chaos on more ranks: under ONEDNN_MAX_CPU_ISA=AVX2 on
+    // 4 ranks it was 5.5e-8 from unsharded after 33 steps and 6.8e-6 after 34 (a kink flipped;
+    // 2.2e-4 after 50), natively 7.4e-8 after 50. So, as for the cnn: bitwise on 2 ranks over 50
+    // steps, within 1e-6 over 20 on more (its distance after 50 printed), and its tanh twin
+    // within 1e-6 over 50.
+    against_unsharded<mlp, loom::adam>("mlp, Adam", adam_opts, comm, /*clip=*/0.5, comm.size() == 2 ? 50 : 20);
+    if (comm.size() > 2) against_unsharded<mlp, loom::adam>("mlp, Adam", adam_opts, comm, /*clip=*/0.5, 50, /*asserted=*/false);
+    against_unsharded<smooth_mlp, loom::adam>("smooth mlp, Adam", adam_opts, comm, /*clip=*/0.5);
     bitwise<mlp, loom::adam>("mlp, Adam", adam_opts, comm, 0);
     bitwise<mlp, loom::adam>("mlp, Adam", adam_opts, comm, 0.5);
     bitwise<cnn, loom::sgd>("cnn, SGD with momentum", momentum, comm, 0);
