@@ -3,7 +3,8 @@
 // loom/core/config.hpp and README.md): defines LOOM_SOURCE and includes the headers whose
 // non-template functions are declared there and defined in their impl/*.ipp, so that those
 // definitions are compiled here once, not inline in every translation unit that uses them.
-// Nothing here depends on MPI, CUDA or the backend.
+// Nothing here depends on MPI or CUDA (the fit loop comes with the trainer's header, which
+// includes the CPU backend's; the MPI part is src/loom_mpi.cpp).
 #ifndef LOOM_SEPARATE_COMPILATION
 #define LOOM_SEPARATE_COMPILATION
 #endif
@@ -25,3 +26,6 @@
 #include "loom/monitor/sampler.hpp"
 #include "loom/monitor/tensorboard.hpp"
 #include "loom/monitor/timeline.hpp"
+#include "loom/parallel/data_parallel.hpp"
+#include "loom/train/recovery.hpp"
+#include "loom/train/trainer.hpp"

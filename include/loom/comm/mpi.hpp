@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "loom/comm/communicator.hpp"
+#include "loom/core/config.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/fault.hpp"
 #include "loom/core/half.hpp"
@@ -39,12 +40,7 @@ namespace loom {
 namespace detail {
 
 /// MPI's text for an error code ("MPI_ERR_TAG: invalid tag").
-inline std::string mpi_error_string(int code) {
-  char text[MPI_MAX_ERROR_STRING];
-  int length = 0;
-  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) return "MPI error code " + std::to_string(code);
-  return std::string(text, static_cast<std::size_t>(length));
-}
+LOOM_MPI_DECL std::string mpi_error_string(int code);
 
 [[noreturn]] inline void throw_mpi(const char* op, int rank, const std::string& cause) {
   throw communication_error(std::string("loom::mpi_comm::") + op + ": rank " + std::to_string(rank) + ": " + cause);
@@ -118,35 +114,12 @@ struct mpi_peer {
 
 /// Whether process pid (on this host) runs this very program: a left-out peer, not a stranger
 /// that took a dead peer's pid.
-inline bool runs_this_program(long pid) {
-  std::error_code ec;
-  const auto mine = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (ec) return false;
-  const auto theirs = std::filesystem::read_symlink("/proc/" + std::to_string(pid) + "/exe", ec);
-  return !ec && theirs == mine;
-}
+LOOM_MPI_DECL bool runs_this_program(long pid);
 
 /// What this host knows of a silent peer: gone (no such process, or a zombie), stopped
 /// (SIGSTOP, a debugger), alive (running or sleeping), or unknown (on another host).
 enum class local_evidence { unknown, gone, stopped, alive };
-inline local_evidence evidence_of(const mpi_peer& p, const std::string& my_host) {
-  // LOOM_FAULT_NO_LOCAL_EVIDENCE=1: behave as if every peer were on another host (benchmarks
-  // and tests of the cross-host path on one machine).
-  static const bool off = [] {
-    const char* v = std::getenv("LOOM_FAULT_NO_LOCAL_EVIDENCE");
-    return v && *v && *v != '0';
-  }();
-  if (off || p.host != my_host) return local_evidence::unknown;
-  std::ifstream in("/proc/" + std::to_string(p.pid) + "/stat");
-  std::string stat;
-  if (!in || !std::getline(in, stat)) return local_evidence::gone;
-  const std::size_t close = stat.rfind(')');
-  const char state = close != std::string::npos && close + 2 < stat.size() ? stat[close + 2] : '?';
-  if (state == 'Z' || state == 'X' || state == 'x') return local_evidence::gone;
-  if (!runs_this_program(p.pid)) return local_evidence::gone;  // the pid is another program's now
-  if (state == 'T' || state == 't') return local_evidence::stopped;
-  return local_evidence::alive;
-}
+LOOM_MPI_DECL local_evidence evidence_of(const mpi_peer& p, const std::string& my_host);
 
 /// The failure detector of a loom::mpi_comm (mpi_comm::watch_for_failures): every operation's
 /// wait has a deadline; while waiting it also looks, about every millisecond, for a peer's
@@ -170,58 +143,7 @@ class mpi_watch {
 
   /// Waits for the n requests r (statuses into st, or MPI_STATUSES_IGNORE), at most
   /// deadline_s. Throws rank_failure.
-  void wait(int n, MPI_Request* r, MPI_Status* st, const char* op, int rank) {
-    if (broken)
-      throw rank_failure(rank_failure::kind::peer_recovery, op, 0, -1,
-                         std::string("loom::mpi_comm::") + op + ": rank " + std::to_string(rank) +
-                             ": the communicator is broken by an earlier failure (recover first)");
-    const auto t0 = clock::now();
-    auto next_look = t0 + std::chrono::milliseconds(1), next_local = t0;
-    for (unsigned spins = 0;; ++spins) {
-      int done = 0;
-      const int rc = MPI_Testall(n, r, &done, st);
-      if (rc != MPI_SUCCESS) fail(rank_failure::kind::mpi_error, op, rank, t0, -1, mpi_error_text(rc));
-      if (done) {
-        last_op = op;
-        last_done = detail_here();
-        return;
-      }
-      if (spins % 64 == 0) {
-        const auto now = clock::now();
-        if (now >= next_look) {
-          next_look = now + std::chrono::milliseconds(1);
-          const double waited = std::chrono::duration<double>(now - t0).count();
-          if (ctl != MPI_COMM_NULL) {
-            int flag = 0;
-            MPI_Status s;
-            MPI_Iprobe(MPI_ANY_SOURCE, recovery_tag, ctl, &flag, &s);
-            if (flag)
-              fail(rank_failure::kind::peer_recovery, op, rank, t0, s.MPI_SOURCE,
-                   "rank " + std::to_string(s.MPI_SOURCE) + " started a recovery");
-          }
-          // SIGTERM while a collective does not finish: mpirun ends the job because a peer
-          // died (it sends SIGKILL a second later). A preemption's SIGTERM finds the peers
-          // alive: their collectives finish within this grace.
-          if (preemption_signal == SIGTERM && waited > 0.1)
-            fail(rank_failure::kind::terminating, op, rank, t0, -1, "SIGTERM arrived while it waited");
-          const double deadline = deadline_s > 0 ? deadline_s : shared_deadline_s;
-          if (deadline > 0 && waited > deadline)
-            fail(rank_failure::kind::deadline, op, rank, t0, -1,
-                 "not finished within its deadline of " + std::to_string(deadline) + " s");
-          // A peer on this host whose process is gone will never come: no need to wait out the
-          // deadline (looked at every 10 ms once a wait is long).
-          if (waited > 0.05 && now >= next_local && static_cast<std::size_t>(rank) < peers.size()) {
-            next_local = now + std::chrono::milliseconds(10);
-            for (std::size_t p = 0; p < peers.size(); ++p)
-              if (static_cast<int>(p) != rank && evidence_of(peers[p], peers[static_cast<std::size_t>(rank)].host) == local_evidence::gone)
-                fail(rank_failure::kind::peer_gone, op, rank, t0, static_cast<int>(p),
-                     "rank " + std::to_string(p) + " (pid " + std::to_string(peers[p].pid) + ", this host) is gone");
-          }
-        }
-      }
-      if (spins > 256) sched_yield();  // let a rank that shares this core compute
-    }
-  }
+  void wait(int n, MPI_Request* r, MPI_Status* st, const char* op, int rank);
 
  private:
   static fault_marker detail_here() noexcept { return fault_here; }
@@ -231,15 +153,7 @@ class mpi_watch {
     if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) return "MPI error code " + std::to_string(code);
     return std::string(text, static_cast<std::size_t>(length));
   }
-  [[noreturn]] void fail(rank_failure::kind k, const char* op, int rank, clock::time_point t0, int peer,
-                         const std::string& why) {
-    broken = true;
-    const double waited = std::chrono::duration<double>(clock::now() - t0).count();
-    throw rank_failure(k, op, waited, peer,
-                       std::string("loom::mpi_comm::") + op + ": rank " + std::to_string(rank) + " (" +
-                           to_string(fault_here) + "): " + why + " (waited " + std::to_string(waited) +
-                           " s; last completed here: " + last_op + " at " + to_string(last_done) + ")");
-  }
+  [[noreturn]] void fail(rank_failure::kind k, const char* op, int rank, clock::time_point t0, int peer, const std::string& why);
 };
 
 }  // namespace detail
@@ -281,16 +195,7 @@ class environment {
   const boost::mpi::environment& boost_environment() const noexcept { return env_; }
 
  private:
-  void set_up() {
-    if (boost::mpi::environment::thread_level() < boost::mpi::threading::funneled)
-      throw communication_error("loom::mpi::environment: MPI does not provide MPI_THREAD_FUNNELED");
-    detail::check_mpi(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "environment", 0);
-    // The runtime keeps survivors alive: no communicator may wait forever for a dead peer.
-    if (runtime_keeps_survivors() && detail::shared_deadline_s == 0) detail::shared_deadline_s = 60;
-    MPI_Comm parent = MPI_COMM_NULL;
-    MPI_Comm_get_parent(&parent);
-    if (parent != MPI_COMM_NULL) join_survivors(parent);
-  }
+  void set_up();
 
   /// A replacement of a lost rank (fault_options::replace): the survivors' rank 0 spawned this
   /// process (over MPI_COMM_SELF, see loom::spawn_replacements) and waits for it to merge.
@@ -298,23 +203,7 @@ class environment {
   /// (MPI_Intercomm_create with the parent as the bridge, merged with the survivors low), and
   /// makes the result mpi_comm::world(). The trainer then skips its start-up collectives and
   /// its first fit takes the survivors' state (detail::joining_as_replacement).
-  static void join_survivors(MPI_Comm parent) {
-    detail::exit_status_name = "replacement-" + std::to_string(::getpid());
-    detail::replacement_started_unix =
-        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-    MPI_Comm_set_errhandler(parent, MPI_ERRORS_RETURN);
-    MPI_Comm bridge = MPI_COMM_NULL, inter = MPI_COMM_NULL, world = MPI_COMM_NULL;
-    detail::check_mpi(MPI_Intercomm_merge(parent, 1, &bridge), "environment (replacement: merge with the parent)", 0);
-    detail::check_mpi(MPI_Intercomm_create(MPI_COMM_WORLD, 0, bridge, 0, detail::replacement_tag, &inter),
-                      "environment (replacement: intercommunicator with the survivors)", 0);
-    detail::check_mpi(MPI_Intercomm_merge(inter, 1, &world), "environment (replacement: merge with the survivors)", 0);
-    MPI_Comm_set_errhandler(world, MPI_ERRORS_RETURN);
-    detail::joined_world = world;
-    detail::joining_as_replacement = true;
-    // The survivors' job has dead processes: MPI_Finalize's fence may never end (as after a
-    // recovery).
-    detail::recovered = true;
-  }
+  static void join_survivors(MPI_Comm parent);
 
   /// Open MPI's defaults that loom's communication is measured with, set before MPI starts
   /// unless the environment already sets them: libnbc's ring for MPI_Iallreduce (measured with
@@ -367,19 +256,7 @@ class mpi_comm {
 
   /// Wraps a Boost.MPI communicator and sets MPI_ERRORS_RETURN on it. Throws
   /// communication_error for a null communicator or when MPI is not running.
-  explicit mpi_comm(boost::mpi::communicator comm) : comm_(std::move(comm)) {
-    if (!detail::mpi_running())
-      throw communication_error("loom::mpi_comm: MPI is not running: construct a loom::mpi::environment first");
-    if (!comm_) throw communication_error("loom::mpi_comm: the communicator is null (MPI_COMM_NULL)");
-    detail::check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "mpi_comm", 0);
-    detail::check_mpi(MPI_Comm_rank(comm_, &rank_), "mpi_comm", 0);
-    detail::check_mpi(MPI_Comm_size(comm_, &size_), "mpi_comm", rank_);
-    if (detail::shared_deadline_s > 0) {
-      // Deadlines only (detail::shared_deadline_s): no control communicator, no roll call.
-      watch_ = std::make_shared<detail::mpi_watch>();
-      watch_->deadline_s = 0;
-    }
-  }
+  explicit mpi_comm(boost::mpi::communicator comm);
 
   /// Every process of the job (MPI_COMM_WORLD; in a replacement of a lost rank, the world it
   /// joined: fault_options::replace). Throws communication_error when MPI is not
@@ -448,32 +325,7 @@ class mpi_comm {
   /// then rebuilds the communicator over the survivors. Collective (duplicates the
   /// communicator for the survivors' messages, gathers every rank's host and process id, and
   /// agrees on a job id). Copies of this communicator share the detector.
-  void watch_for_failures(double deadline_s) {
-    if (watch_ && watch_->ctl != MPI_COMM_NULL) return set_deadline(deadline_s);
-    auto w = std::make_shared<detail::mpi_watch>();
-    detail::check_mpi(MPI_Comm_dup(comm_, &w->ctl), "watch_for_failures", rank_);
-    MPI_Comm_set_errhandler(w->ctl, MPI_ERRORS_RETURN);
-    char host[256] = {};
-    ::gethostname(host, sizeof host - 1);
-    struct me_t {
-      long pid;
-      int world_rank;
-      char host[256];
-    } me{static_cast<long>(::getpid()), 0, {}};
-    std::copy(host, host + sizeof host, me.host);
-    MPI_Comm_rank(MPI_COMM_WORLD, &me.world_rank);
-    if (detail::joined_world != MPI_COMM_NULL) me.world_rank = -1;  // a replacement: not of the job's MPI_COMM_WORLD
-    std::vector<me_t> all(static_cast<std::size_t>(size_));
-    detail::check_mpi(MPI_Allgather(&me, sizeof me, MPI_BYTE, all.data(), sizeof me, MPI_BYTE, comm_),
-                      "watch_for_failures", rank_);
-    for (const auto& a : all) w->peers.push_back({a.world_rank, a.pid, std::string(a.host)});
-    unsigned long long id[2] = {static_cast<unsigned long long>(::getpid()),
-                                static_cast<unsigned long long>(std::chrono::steady_clock::now().time_since_epoch().count())};
-    detail::check_mpi(MPI_Bcast(id, 2, MPI_UNSIGNED_LONG_LONG, 0, comm_), "watch_for_failures", rank_);
-    w->job_id = std::to_string(id[0]) + "-" + std::to_string(id[1] % 1000000007ULL);
-    w->deadline_s = deadline_s;
-    watch_ = std::move(w);
-  }
+  void watch_for_failures(double deadline_s);
   /// Deadlines only (no control communicator, no peers): every wait from now on at most
   /// deadline_s; watch_for_failures then turns on the whole detector. (The joining of
   /// replacements: fault_options::replace.)
@@ -495,15 +347,7 @@ class mpi_comm {
   /// Replaces this communicator (and its detector) by `other` — the survivors' communicator
   /// after a recovery. The old MPI communicator is left as it is, never freed: operations of
   /// the dead may still be pending on it.
-  void replace_after_recovery(mpi_comm&& other) {
-    // Kept for the program's life (never destroyed, so never MPI_Comm_free'd).
-    static auto* abandoned = new std::vector<boost::mpi::communicator>();
-    abandoned->push_back(comm_);
-    comm_ = std::move(other.comm_);
-    rank_ = other.rank_;
-    size_ = other.size_;
-    watch_ = std::move(other.watch_);
-  }
+  void replace_after_recovery(mpi_comm&& other);
 
   /// Prints "loom: rank R: message" (R: the rank in this communicator) to stderr and ends the
   /// whole job with exit code `code` (MPI_Abort), like loom::mpi::abort.
@@ -753,16 +597,9 @@ class mpi_comm {
     } while (at < count);
   }
 
-  void check_rank(const char* op, const char* what, int r) const {
-    if (r < 0 || r >= size_)
-      detail::throw_mpi(op, rank_, std::string(what) + " " + std::to_string(r) +
-                                       " is not a rank of this communicator of " + std::to_string(size_));
-  }
+  void check_rank(const char* op, const char* what, int r) const;
 
-  static std::string count_mismatch(int want, int got, int peer, int tag) {
-    return "expected " + std::to_string(want) + " elements from rank " + std::to_string(peer) + " with tag " +
-           std::to_string(tag) + " but the message holds " + std::to_string(got);
-  }
+  static std::string count_mismatch(int want, int got, int peer, int tag);
 
   boost::mpi::communicator comm_;
   int rank_ = 0;
@@ -874,27 +711,7 @@ class mpi_comm::request {
 
   /// Under failure detection, waits through the detector; a request of a communicator that a
   /// failure broke (or that a recovery replaced) is abandoned: it may never complete.
-  void watched_wait() {
-    std::vector<MPI_Request> rest;
-    for (std::size_t i = next_; i < parts_.size(); ++i) rest.push_back(parts_[i].handle);
-    std::vector<MPI_Status> st(rest.size());
-    try {
-      watch_->wait(static_cast<int>(rest.size()), rest.data(), st.data(), op_, rank_);
-    } catch (...) {
-      abandon();
-      throw;
-    }
-    std::string error;
-    for (std::size_t i = next_; i < parts_.size(); ++i)
-      if (error.empty()) error = check(st[i - next_], parts_[i]);
-    parts_.clear();
-    next_ = 0;
-    if (!error.empty()) {
-      then_ = nullptr;
-      detail::throw_mpi(op_, rank_, error);
-    }
-    completed();
-  }
+  void watched_wait();
   /// Forgets the pending parts (their MPI requests stay pending inside MPI, never freed). The
   /// memory they may still write into is leaked on purpose, never freed under them.
   void abandon() noexcept {
@@ -1080,5 +897,9 @@ mpi_comm::request mpi_comm::iallgather_v(T* data, const std::size_t* counts) {
 static_assert(communicator<mpi_comm>);
 
 }  // namespace loom
+
+#if defined(LOOM_MPI_DEFINITIONS_VISIBLE)
+#include "loom/comm/impl/mpi.ipp"
+#endif
 
 #include "loom/comm/mpi_recovery.hpp"

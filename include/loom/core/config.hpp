@@ -33,6 +33,26 @@
 #define LOOM_DEFINITIONS_VISIBLE 1
 #endif
 
+// The MPI part likewise (README.md, same section): with LOOM_SEPARATE_COMPILATION_MPI defined
+// (CMake: link loom::compiled_mpi, which defines it and brings loom::compiled and loom::mpi),
+// loom/comm/mpi_recovery.hpp only declares its non-template functions (the recovery protocol,
+// the spawn of replacements), and src/loom_mpi.cpp (LOOM_SOURCE_MPI) compiles them once.
+//
+//   LOOM_MPI_DECL                 as LOOM_DECL, for those functions
+//   LOOM_MPI_DEFINITIONS_VISIBLE  as LOOM_DEFINITIONS_VISIBLE (loom/comm/impl/*.ipp)
+#if defined(LOOM_SEPARATE_COMPILATION_MPI)
+#define LOOM_MPI_DECL
+#if defined(LOOM_SOURCE_MPI)
+#define LOOM_MPI_DEFINITIONS_VISIBLE 1
+#endif
+#else
+#if defined(LOOM_SOURCE_MPI)
+#error "LOOM_SOURCE_MPI (src/loom_mpi.cpp) needs LOOM_SEPARATE_COMPILATION_MPI: without it there is nothing to compile once"
+#endif
+#define LOOM_MPI_DECL inline
+#define LOOM_MPI_DEFINITIONS_VISIBLE 1
+#endif
+
 #define LOOM_VERSION_MAJOR 0
 #define LOOM_VERSION_MINOR 1
 #define LOOM_VERSION_PATCH 0

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "loom/comm/communicator.hpp"
+#include "loom/core/config.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/fault.hpp"
 #include "loom/core/half.hpp"
@@ -164,39 +165,7 @@ namespace detail {
 /// The fields of a job description `key=value;key=value` that differ between a (rank 0's) and
 /// b, compared by key in a's order (then b's keys that a lacks), as
 /// " [b's field] where rank 0 has [a's field]" each; a missing field reads "(none)".
-inline std::string job_field_diff(const std::string& a, const std::string& b) {
-  struct field {
-    std::string key, text;
-  };
-  auto fields = [](const std::string& s) {
-    std::vector<field> out;
-    std::size_t at = 0;
-    while (at <= s.size()) {
-      std::size_t end = s.find(';', at);
-      if (end == std::string::npos) end = s.size();
-      if (end > at) {
-        const std::string text = s.substr(at, end - at);
-        out.push_back({text.substr(0, text.find('=')), text});
-      }
-      at = end + 1;
-    }
-    return out;
-  };
-  auto find = [](const std::vector<field>& fs, const std::string& key) -> const field* {
-    for (const auto& f : fs)
-      if (f.key == key) return &f;
-    return nullptr;
-  };
-  const auto fa = fields(a), fb = fields(b);
-  std::string out;
-  for (const auto& x : fa) {
-    const field* y = find(fb, x.key);
-    if (!y || y->text != x.text) out += " [" + (y ? y->text : x.key + "=(none)") + "] where rank 0 has [" + x.text + "]";
-  }
-  for (const auto& y : fb)
-    if (!find(fa, y.key)) out += " [" + y.text + "] where rank 0 has [" + y.key + "=(none)]";
-  return out;
-}
+LOOM_DECL std::string job_field_diff(const std::string& a, const std::string& b);
 
 /// Every rank of comm describes its job as `key=value` fields; all ranks gather all
 /// descriptions, and if any differs from rank 0's, every rank throws the same
@@ -524,3 +493,7 @@ class gradient_allreduce {
 };
 
 }  // namespace loom
+
+#if defined(LOOM_DEFINITIONS_VISIBLE)
+#include "loom/parallel/impl/data_parallel.ipp"
+#endif

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "loom/comm/communicator.hpp"
+#include "loom/core/config.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/fault.hpp"
 #include "loom/io/checkpoint.hpp"
@@ -37,11 +38,7 @@
 namespace loom {
 namespace detail {
 
-inline std::string fmt_seconds(double s) {
-  char t[32];
-  std::snprintf(t, sizeof t, "%.3f s", s);
-  return t;
-}
+LOOM_DECL std::string fmt_seconds(double s);
 
 /// A place in the run: the epoch in progress, the global batches of it taken, and its sums so
 /// far (this rank's, as the fit loop keeps them).
@@ -117,32 +114,13 @@ inline constexpr bool can_spawn_replacements = requires(Comm& c, const std::vect
 };
 
 /// A rank of a roll call, as the reports name it.
-inline std::string recovery_who(const recovery_roll_entry& e) {
-  return "rank " + std::to_string(e.rank) + " (" +
-         (e.world_rank < 0 ? std::string("a replacement") : "world rank " + std::to_string(e.world_rank)) + ", pid " +
-         std::to_string(e.pid) + " on " + e.host + ")";
-}
+LOOM_DECL std::string recovery_who(const recovery_roll_entry& e);
 
 /// The ranks a recovery left out, named.
-inline std::string recovery_lost(const recovery_result& res) {
-  std::string lost;
-  for (const int l : res.lost) lost += (lost.empty() ? "" : ", ") + recovery_who(res.roll_call[static_cast<std::size_t>(l)]);
-  return lost;
-}
+LOOM_DECL std::string recovery_lost(const recovery_result& res);
 
 /// The roll call of a recovery, a line per rank of the old communicator.
-inline std::string recovery_roll(const recovery_result& res, double window) {
-  std::string roll;
-  for (const auto& e : res.roll_call) {
-    roll += "\n  " + recovery_who(e) + ": ";
-    if (e.answered)
-      roll += "finished " + std::to_string(e.committed_step) + " steps; last completed " + e.last_op + " at " +
-              to_string(e.last_done) + "; now at " + to_string(e.now);
-    else
-      roll += "did not answer within " + fmt_seconds(window) + ": the rank the others wait for";
-  }
-  return roll;
-}
+LOOM_DECL std::string recovery_roll(const recovery_result& res, double window);
 
 /// This rank was left out by the verdict of a recovery: it says so and leaves (status 0: the
 /// job goes on without it).
@@ -157,24 +135,9 @@ inline std::string recovery_roll(const recovery_result& res, double window) {
 }
 
 /// The line a recovery prints once the first step after it is good.
-inline std::string recovery_report(int number, std::size_t step, const recovery_result& res, const rank_failure& f,
+LOOM_DECL std::string recovery_report(int number, std::size_t step, const recovery_result& res, const rank_failure& f,
                                    const fault_marker& failed_at, int root, std::size_t behind, double exchange_s,
-                                   const std::string& roll) {
-  const std::string lost = recovery_lost(res);
-  const char* how = f.why() == rank_failure::kind::deadline         ? "timed out"
-                    : f.why() == rank_failure::kind::peer_recovery ? "was interrupted by a peer's recovery"
-                    : f.why() == rank_failure::kind::peer_gone     ? "found a peer's process gone"
-                                                                   : "failed";
-  char text[512];
-  std::snprintf(text, sizeof text,
-                "loom: recovery %d at step %zu: %s; %d ranks go on (were %d); %s %s after %.3f s waiting (%s); "
-                "agreement %.3f s, rebuild %.3f s, state from rank %d (%zu steps; this rank had %zu) %.3f s",
-                number, step, lost.empty() ? "no rank lost (all answered: a deadline expired on a slow peer)" : ("lost " + lost).c_str(),
-                res.new_size, res.old_size, f.operation().c_str(), how, f.waited_s(), to_string(failed_at).c_str(), res.agree_s,
-                res.rebuild_s, root, step, behind, exchange_s);
-  return text + (res.fenced.empty() ? std::string() : "; fenced (killed) the left-out process on this host") +
-         ". Roll call:" + roll;
-}
+                                   const std::string& roll);
 
 /// The handshake of the survivors and their replacements over m (survivors first; both sides
 /// call it, in this order): rank 0 sends the job id, the membership epoch and its job's
@@ -341,44 +304,20 @@ fit_position join_as_replacement(recovery_host<Comm>& h, const fault_options& fo
 
 /// The first good step after a recovery: rank 0 prints the recovery's report (and the
 /// replacement's, when one joined) with the time since the wait that failed began.
-inline void report_first_good_step(int rank, int world, std::size_t step, const std::string& report,
+LOOM_DECL void report_first_good_step(int rank, int world, std::size_t step, const std::string& report,
                                    monitor::clock::time_point failure_seen, monitor::clock::time_point step_end,
-                                   const std::optional<monitor::clock::time_point>& replacement_began) {
-  if (rank != 0) return;
-  std::fprintf(stderr, "%s\nloom: recovery: first good step (%zu) done %.3f s after the wait that failed began "
-               "(unix time %.3f)\n", report.c_str(), step, monitor::seconds_between(failure_seen, step_end),
-               std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
-  if (replacement_began)
-    std::fprintf(stderr, "loom: replacement: first good step (%zu) on %d ranks done %.3f s after the spawn began\n", step,
-                 world, monitor::seconds_between(*replacement_began, step_end));
-  std::fflush(stderr);
-}
+                                   const std::optional<monitor::clock::time_point>& replacement_began);
 
 /// When no recovery is possible: a survivor holding a whole replica writes the state after the
 /// last step it finished as a checkpoint on its own (the first to claim the step does), so that
 /// plain mpirun loses no step. `write` starts the checkpoint on the writer and collectives it is
 /// given (solo). Never throws; says on stderr what it did.
-inline void emergency_checkpoint(const std::string& directory, int rank, std::size_t step, io::checkpointer* ckpt,
-                                 const std::function<void(io::checkpointer&, collectives&)>& write) noexcept {
-  try {
-    if (ckpt) ckpt->abandon();
-    const std::filesystem::path dir = directory;
-    const std::string name = "step-" + std::to_string(step);
-    std::error_code ec;
-    if (std::filesystem::exists(dir / name / "checkpoint.json", ec)) return;  // committed already
-    const std::filesystem::path claim = dir / (".emergency-" + name);
-    std::filesystem::create_directories(dir, ec);
-    if (::mkdir(claim.c_str(), 0755) != 0) return;  // another survivor writes it
-    solo_collectives solo;
-    io::checkpointer writer;
-    write(writer, solo);
-    std::filesystem::remove(claim, ec);
-    std::fprintf(stderr, "loom: rank %d: emergency checkpoint of step %zu committed: %s\n", rank, step, (dir / name).c_str());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "loom: rank %d: the emergency checkpoint of step %zu failed: %s\n", rank, step, e.what());
-  }
-  std::fflush(stderr);
-}
+LOOM_DECL void emergency_checkpoint(const std::string& directory, int rank, std::size_t step, io::checkpointer* ckpt,
+                                 const std::function<void(io::checkpointer&, collectives&)>& write) noexcept;
 
 }  // namespace detail
 }  // namespace loom
+
+#if defined(LOOM_DEFINITIONS_VISIBLE)
+#include "loom/train/impl/recovery.ipp"
+#endif

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "loom/backend/default_backend.hpp"
+#include "loom/core/config.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/type_name.hpp"
 #include "loom/data/distributed.hpp"
@@ -210,10 +211,7 @@ class preemption_guard {
 /// Whether loomrun (bin/loomrun) restarted this job after a failure: it exports LOOM_RESTART,
 /// the number of restarts so far (0 or unset on the first launch). fit then resumes from the
 /// newest valid checkpoint of checkpoint_options::directory as if resume were set.
-inline bool restarted_by_launcher() {
-  const char* v = std::getenv("LOOM_RESTART");
-  return v && *v && std::strtoul(v, nullptr, 10) > 0;
-}
+LOOM_DECL bool restarted_by_launcher();
 
 template <class Engine>
 inline constexpr bool is_pipeline_engine_v = false;
@@ -358,80 +356,26 @@ struct eval_result {
 namespace detail {
 
 /// The checks of fit's options, on every rank alike before anything is communicated.
-inline void check_fit_options(const fit_options& opts, std::size_t samples) {
-  if (opts.batch == 0) throw invalid_argument("loom::trainer::fit: batch must be at least 1, got 0");
-  if (opts.accumulation == 0) throw invalid_argument("loom::trainer::fit: accumulation must be at least 1, got 0");
-  if (samples == 0) throw invalid_argument("loom::trainer::fit: the training set is empty");
-  if (!(opts.clip_grad_norm >= 0) || !std::isfinite(opts.clip_grad_norm))
-    throw invalid_argument("loom::trainer::fit: clip_grad_norm must be finite and >= 0 (0: no clipping), got " +
-                           std::to_string(opts.clip_grad_norm));
-  if (!(opts.sample_every_s >= 0) || !std::isfinite(opts.sample_every_s))
-    throw invalid_argument("loom::trainer::fit: sample_every_s must be finite and >= 0 (0: after every step), got " +
-                           std::to_string(opts.sample_every_s));
-}
+LOOM_DECL void check_fit_options(const fit_options& opts, std::size_t samples);
 
 /// fault_options::replace where the policy cannot have it: `watch` (the policy recovers on
 /// fewer ranks) and `replace` (it can also merge new processes in) say what it has.
-inline void check_replace(const fault_options& fo, bool watch, bool replace, const std::string& policy) {
-  if (fo.replace && !watch)
-    throw invalid_argument("loom::trainer::fit: fault_options::replace (start a replacement for a lost rank) needs "
-                           "data_parallel over loom::mpi_comm without shard_optimizer_state; this policy (" + policy +
-                           ") cannot go on without a lost rank, let alone take a new one: a "
-                           "failure ends the job and loomrun resumes it from its last checkpoint (docs/fault-tolerance.md)");
-  if (fo.replace && !replace)
-    throw invalid_argument("loom::trainer::fit: fault_options::replace (start a replacement for a lost rank) needs "
-                           "data_parallel over loom::mpi_comm; this policy (" + policy +
-                           ") recovers on fewer ranks but cannot merge a new process into its communicator "
-                           "(docs/fault-tolerance.md)");
-}
+LOOM_DECL void check_replace(const fault_options& fo, bool watch, bool replace, const std::string& policy);
 
 /// A fit's options as the ranks compare them (and a replacement with the survivors').
-inline std::string describe_fit(const fit_options& opts, std::size_t samples) {
-  const checkpoint_options& co = opts.checkpoint;
-  const fault_options& fo = opts.fault;
-  return "fit: epochs=" + std::to_string(opts.epochs) + ";batch=" + std::to_string(opts.batch) +
-         ";accumulation=" + std::to_string(opts.accumulation) + ";max_steps=" + std::to_string(opts.max_steps) +
-         ";samples=" + std::to_string(samples) + ";clip_grad_norm=" + std::to_string(opts.clip_grad_norm) +
-         ";deterministic_chunk=" + std::to_string(opts.deterministic_chunk) +
-         ";trace=" + (opts.trace.empty() ? "off" : "on") + ";live_every_s=" + std::to_string(opts.live_every_s) +
-         ";checkpoint=" + co.directory +
-         ";checkpoint_every=" + std::to_string(co.every_steps) + "," + std::to_string(co.every_s) +
-         ";resume=" + (co.resume ? "yes" : "no") + ";on_signal=" + (co.on_signal ? "yes" : "no") +
-         ";fault=" + std::to_string(static_cast<int>(fo.recovery)) + "," + (fo.detect ? "detect" : "no") +
-         "," + std::to_string(fo.deadline_s) + ";replace=" + (fo.replace ? "yes" : "no");
-}
+LOOM_DECL std::string describe_fit(const fit_options& opts, std::size_t samples);
 
 /// Rank 0's warning when fault_options::replace is on but no recovery runs in this fit.
-inline void warn_replace_without_recovery(const fault_options& fo, bool watching) {
-  std::fprintf(stderr, "loom: fault_options::replace is on, but no recovery runs in this fit (%s): a lost rank ends "
-               "the job and no replacement is started\n",
-               !watching ? "failure detection is off" : fo.recovery == recovery_mode::off ? "recovery is off"
-                                                                    : "not under mpirun --enable-recovery");
-  std::fflush(stderr);
-}
+LOOM_DECL void warn_replace_without_recovery(const fault_options& fo, bool watching);
 
 /// The job every rank must share (the trainer's part; the engine adds its policy's own fields).
-inline std::string describe_job(const std::string& network, std::size_t parameters, const char* loss, const char* optimizer,
-                                std::uint64_t seed, math_mode math, const std::string& policy) {
-  return "network=" + network + ";parameters=" + std::to_string(parameters) + ";loss=" + loss +
-         ";optimizer=" + optimizer + ";seed=" + std::to_string(seed) + ";math=" + to_string(math) + ";policy=" + policy;
-}
+LOOM_DECL std::string describe_job(const std::string& network, std::size_t parameters, const char* loss, const char* optimizer,
+                                std::uint64_t seed, math_mode math, const std::string& policy);
 
 /// Why a fit cannot resume exactly from a checkpoint's record (empty: it can): another seed,
 /// or a stop in the middle of an epoch with another batch or another training set size.
-inline void check_resumable(const io::trainer_record& rec, const std::filesystem::path& path, std::uint64_t seed,
-                            const fit_options& opts, std::size_t samples) {
-  std::string why;
-  if (rec.seed != seed)
-    why = "it was saved with seed " + std::to_string(rec.seed) + ", this trainer has seed " + std::to_string(seed);
-  else if (rec.batch_in_epoch != 0 && rec.batch != opts.batch)
-    why = "it stopped in the middle of an epoch with batch " + std::to_string(rec.batch) + ", and this fit asks for batch " +
-          std::to_string(opts.batch) + " (a different batch can resume only at an epoch's start)";
-  else if (rec.batch_in_epoch != 0 && rec.samples != samples)
-    why = "it stopped in the middle of an epoch of " + std::to_string(rec.samples) + " samples, and this training set has " +
-          std::to_string(samples);
-  if (!why.empty()) throw invalid_argument("loom::trainer::fit: cannot resume exactly from " + path.string() + ": " + why);
-}
+LOOM_DECL void check_resumable(const io::trainer_record& rec, const std::filesystem::path& path, std::uint64_t seed,
+                            const fit_options& opts, std::size_t samples);
 
 }  // namespace detail
 
@@ -507,278 +451,7 @@ class trainer_core {
   /// fit after its checks and the ranks' agreement on the job: trains on `samples` samples as
   /// opts says (loom::trainer::fit). `joining`: this process replaces a lost rank.
   fit_result run_fit(fit_host& h, const fit_options& opts, std::size_t samples, bool joining, std::uint64_t seed,
-                     float base_lr) {
-    const checkpoint_options& co = opts.checkpoint;
-    const fault_options& fo = opts.fault;
-    const bool checkpoints = !co.directory.empty();
-    const std::unique_ptr<collectives> coll = h.make_collectives();
-    fit_result r;
-    const bool resume = checkpoints && (co.resume || detail::restarted_by_launcher());
-    if (resume && !joining) h.load_checkpoint(*coll, opts, samples);
-    // Failure detection (deadlines on every collective), and recovery where the runtime keeps
-    // the survivors alive: data parallelism over a communicator that offers it (loom::mpi_comm).
-    watching_ = false;
-    if (h.can_watch) {
-      if (h.can_replace) {
-        if (joining) {
-          resume_ = h.join_as_replacement(opts);  // the survivors' job check, detector and state
-          watching_ = true;
-        }
-      }
-      if (!joining && fo.detect && h.world() > 1) {
-        h.watch_for_failures(fo.deadline_s > 0 ? fo.deadline_s : fo.startup_deadline_s);
-        watching_ = true;
-      }
-    }
-    const bool recovering = watching_ && (fo.recovery == recovery_mode::on ||
-                                          (fo.recovery == recovery_mode::automatic && runtime_keeps_survivors()));
-    if (fo.replace && !recovering && h.rank() == 0 && h.world() > 1 && !joining) {
-      detail::warn_replace_without_recovery(fo, watching_);
-    }
-    // Under failure detection every rank keeps the whole batch's loss sums, step by step, so that
-    // a survivor's position (and an emergency checkpoint) has them without a collective.
-    global_sums_ = !h.per_epoch_sums || watching_;
-    // Where this fit starts: where a loaded checkpoint stopped, or at the beginning.
-    const position start_at = std::exchange(resume_, position{});
-    cur_ = start_at;
-    last_fit_ = {opts.batch, opts.accumulation, opts.epochs, opts.max_steps, opts.deterministic_chunk,
-                 opts.clip_grad_norm, samples};
-    r.resumed_from_step = start_at.valid ? step_ : 0;
-    const std::size_t first_step = step_;
-    // Every rank leaves that collective at about the same time: the timeline's common zero.
-    std::optional<monitor::timeline> timeline;
-    if (!opts.trace.empty()) timeline.emplace().set_zero(monitor::clock::now());
-    monitor::timeline_scope recording(timeline ? &*timeline : nullptr);
-    h.open_loader(opts.batch);
-    if (const std::size_t block = h.prepare_fit(opts.batch, opts.deterministic_chunk)) h.set_rank_block(block);
-    h.reserve(opts.batch);
-    progress_display progress(h.rank() == 0 ? opts.progress : nullptr, opts.progress_style,
-                              opts.progress == &std::cerr ? ::isatty(2) : opts.progress == &std::cout ? ::isatty(1) : false);
-    h.reset_figures();
-    rank_figures& fig = h.figures();
-    monitor::metrics_writer metrics(opts.metrics, h.rank(), h.world());
-    // The machine's ceiling, against which the achieved GFLOP/s are shown: measured once per
-    // process (about 0.1 s) when something shows it.
-    if (metrics.enabled() || opts.live_every_s > 0 || timeline) fig.peak_gflops = h.peak_gflops();
-    monitor::sampler sampler(fig, h.device_monitor(), opts.sample_every_s);
-    // Training FLOPs per sample of this rank: forward, and backward's two products (data and weights).
-    const double flops_per_sample = 3.0 * h.flops_per_sample();
-    monitor::training_point point;
-    // Preemption by signal and checkpoints by time: the ranks agree each step (one allreduce).
-    detail::preemption_guard signals(checkpoints && co.on_signal);
-    const bool agree_each_step = checkpoints && (co.on_signal || co.every_s > 0) && h.world() > 1;
-    auto last_checkpoint_time = monitor::clock::now();
-    std::size_t saved_step = start_at.valid ? step_ : static_cast<std::size_t>(-1);
-    monitor::live_view live(opts.live_every_s, fig, h.rank() == 0 ? opts.progress : nullptr, opts.progress_style);
-    step_clock steps_timed(fo, recovering ? fo.min_deadline_s : std::max(fo.min_deadline_s, fo.min_deadline_without_recovery_s));
-    // The communicators of a policy that cannot recover (pipelines, tensor parallelism) wait at
-    // most the step-derived deadline too, where the runtime keeps survivors alive: a dead peer
-    // then ends the job (loomrun restarts it from its checkpoint) instead of hanging it.
-    const bool shared_deadlines = !h.can_watch && fo.detect && detail::shared_deadline_s > 0;
-    const auto start = monitor::clock::now();
-    bool stop = false;
-    // The report of the last recovery, printed once the first step after it is good.
-    std::string recovery_report;
-    monitor::clock::time_point failure_seen{};
-
-    auto run = [&](const position& start_at) {
-    for (std::size_t epoch = start_at.valid ? start_at.epoch : 0; epoch < opts.epochs && !stop; ++epoch) {
-      h.start_epoch(epoch);
-      const bool resumed_epoch = start_at.valid && epoch == start_at.epoch;
-      if (resumed_epoch) h.skip(start_at.batch);
-      const std::size_t batches = h.batches_per_epoch();
-      // Loss sum, correct and samples of this rank's replica, summed over the replicas at the
-      // end of the epoch — or after every step (global_sums_) where rank 0 holds no loss (a
-      // pipeline's first stage), so that its progress shows the whole batch's, or under failure
-      // detection.
-      double sums[3] = {0, 0, 0};
-      if (resumed_epoch) {  // the whole epoch's sums on the ranks that count them once
-        const bool counts = global_sums_ || h.replica() == 0;
-        for (int i = 0; i < 3; ++i) sums[i] = counts ? start_at.sums[i] : 0;
-      }
-      std::size_t steps = 0, global_samples = 0;
-      for (std::size_t k = resumed_epoch ? start_at.batch : 0; k < batches;) {
-        if (opts.max_steps && step_ >= opts.max_steps) {
-          stop = true;
-          break;
-        }
-        const std::size_t group = std::min(opts.accumulation, batches - k);
-        const auto step_start = monitor::clock::now();
-        detail::fault_here.step = step_;
-        if (timeline) timeline->set_step(static_cast<std::uint32_t>(step_));
-        double step_sums[3] = {0, 0, 0};
-        std::size_t step_global = 0;
-        for (std::size_t m = 0; m < group; ++m, ++k) {
-          batch_view<float> b;
-          {
-            detail::set_phase(fault_phase::data);
-            monitor::timed data_time(fig, &rank_figures::data_s);
-            b = h.next_batch();
-          }
-          detail::set_phase(fault_phase::forward_backward);
-          const loss_value v = h.micro_step(b, m, group, seed, step_ * 1000003 + m);
-          step_sums[0] += v.sum;
-          step_sums[1] += static_cast<double>(v.correct);
-          step_sums[2] += static_cast<double>(b.n);
-          fig.samples += static_cast<double>(b.n);
-          fig.flops += flops_per_sample * static_cast<double>(b.n);
-          step_global += b.global_n;
-        }
-        // Under failure detection the sums come before the optimizer step, so that a rank's
-        // state after its step (parameters, step count, position, sums) has no collective inside.
-        detail::set_phase(fault_phase::loss_sums);
-        if (h.per_epoch_sums && global_sums_) h.sum(step_sums, 3);
-        detail::set_phase(fault_phase::optimizer);
-        const float lr = opts.schedule(step_, base_lr);
-        h.optimizer_step(lr, opts.clip_grad_norm);
-        ++step_;
-        ++steps;
-        global_samples += step_global;
-        last_lr_ = lr;
-        detail::set_phase(fault_phase::bookkeeping);
-        if (!h.per_epoch_sums) h.sum(step_sums, 3);
-        for (int i = 0; i < 3; ++i) sums[i] += step_sums[i];
-        cur_ = {.valid = true, .epoch = epoch, .batch = k, .batches = batches, .sums = {sums[0], sums[1], sums[2]}};
-        const auto step_end = monitor::clock::now();
-        monitor::record_span(monitor::step_span, step_start, step_end);
-        if (shared_deadlines) detail::shared_deadline_s = steps_timed.add(monitor::seconds_between(step_start, step_end));
-        if (watching_) {
-          if (h.can_watch) h.set_deadline(steps_timed.add(monitor::seconds_between(step_start, step_end)));
-          if (!recovery_report.empty()) {
-            detail::report_first_good_step(h.rank(), h.world(), step_, recovery_report, failure_seen, step_end,
-                                           replacement_began_);
-            recovery_report.clear();
-            replacement_began_.reset();
-          }
-        }
-        point = {.step = step_, .epoch = epoch + 1, .loss = sums[2] ? sums[0] / sums[2] : 0,
-                 .accuracy = sums[2] ? sums[1] / sums[2] : 0, .lr = lr,
-                 .elapsed_s = monitor::seconds_between(start, monitor::clock::now())};
-        point.samples_per_s = (r.samples + global_samples) / std::max(1e-9, point.elapsed_s);
-        progress.update(epoch + 1, opts.epochs, k, batches, point.loss, point.accuracy, point.samples_per_s);
-        sampler.tick();
-        metrics.tick(fig, point, sampler.latest());
-        const std::size_t exchanges = live.exchanges();
-        live.step(epoch, [&] { return h.gather_figures(); });
-        if (live.exchanges() != exchanges) {  // an exchange: the straggler it found, if any, named
-          const straggler& s = live.last_straggler();
-          metrics.straggler_seen(step_, s);
-          if (s) {
-            const auto now = monitor::clock::now();
-            monitor::record_span(monitor::span_kind::straggler, now, now, s.rank, s.why == straggler::cause::data ? 1 : 0,
-                                 s.score);
-          }
-        }
-        if (checkpoints) {
-          // The step boundary: a checkpoint when due, and a stop when a signal asked for one.
-          detail::set_phase(fault_phase::checkpoint);
-          bool due = co.every_steps && step_ % co.every_steps == 0;
-          std::uint64_t flags[2] = {static_cast<std::uint64_t>(detail::preemption_signal), 0};
-          if (co.every_s > 0 && h.rank() == 0)
-            flags[1] = monitor::seconds_between(last_checkpoint_time, monitor::clock::now()) >= co.every_s;
-          if (agree_each_step) coll->max(flags, 2);
-          due = due || flags[1] || flags[0];
-          if (due) {
-            monitor::span writing(monitor::span_kind::checkpoint);
-            h.save_current(*coll, opts, /*async=*/co.async && !flags[0]);
-            saved_step = step_;
-            last_checkpoint_time = monitor::clock::now();
-          }
-          if (flags[0]) {
-            r.preempted = true;
-            r.signal = static_cast<int>(flags[0]);
-            stop = true;
-            break;
-          }
-        }
-      }
-      if (steps == 0) break;
-      if (h.per_epoch_sums && !global_sums_) h.sum(sums, 3);
-      r.epochs = epoch + 1;
-      r.samples += static_cast<std::size_t>(sums[2]);
-      r.train_loss = sums[2] ? sums[0] / sums[2] : 0;
-      r.train_accuracy = sums[2] ? sums[1] / sums[2] : 0;
-    }
-    detail::set_phase(fault_phase::end_of_fit);
-    if (checkpoints) {
-      if (co.at_end && saved_step != step_) {
-        // The run's end: the next epoch's start (or where max_steps stopped it, mid-epoch).
-        monitor::span writing(monitor::span_kind::checkpoint);
-        h.save_current(*coll, opts, co.async);
-        saved_step = step_;
-      }
-      h.ckpt().wait(*coll);
-      if (saved_step == step_) r.checkpoint = (std::filesystem::path(co.directory) / ("step-" + std::to_string(step_))).string();
-    }
-    r.seconds = monitor::seconds_between(start, monitor::clock::now());
-    fig.seconds = r.seconds;
-    fig.memory_peak_bytes = static_cast<double>(host_memory().peak_bytes);
-    fig.planned_bytes = static_cast<double>(h.planned_bytes(opts.batch));
-    point.elapsed_s = r.seconds;
-    live.finish();
-    metrics.tick(fig, point, sampler.sample_now(), /*force=*/true);
-    r.figures = h.gather_figures();
-    };
-
-    position from = start_at;
-    for (int recoveries = 0;;) {
-      try {
-        run(from);
-        break;
-      } catch (const rank_failure& first) {
-        rank_failure f = first;
-        failed_at_ = detail::fault_here;
-        failure_seen = monitor::clock::now() - std::chrono::duration_cast<monitor::clock::duration>(
-                                                   std::chrono::duration<double>(f.waited_s()));
-        if (!recovering) {
-          h.emergency_checkpoint(opts);
-          throw;
-        }
-        // Reports of recoveries that another failure cut short go out with the next recovery's,
-        // by the rank 0 after it: the rank 0 of the world they left may be the one that died.
-        std::string earlier;
-        // The last recovery's report waits for its first good step; a failure came first (two
-        // failures close together).
-        if (!recovery_report.empty()) {
-          earlier = recovery_report + "\nloom: recovery: no good step after it: another failure came first (" +
-                    f.what() + ")\n";
-          recovery_report.clear();
-          replacement_began_.reset();
-        }
-        // A survivor that dies during the recovery (its state broadcast) makes the next one.
-        for (;;) {
-          try {
-            from = h.survive(f, opts, ++recoveries, recovery_report);
-            break;
-          } catch (const rank_failure& again) {
-            earlier += "loom: recovery " + std::to_string(recoveries) + " at step " + std::to_string(step_) + ": lost " +
-                       (interrupted_lost_.empty() ? std::string("no rank") : interrupted_lost_) +
-                       "; interrupted during its state exchange: " + again.what() + "\n";
-            f = again;
-            failed_at_ = detail::fault_here;
-          }
-        }
-        if (!earlier.empty()) recovery_report = earlier + recovery_report;
-        saved_step = static_cast<std::size_t>(-1);  // a checkpoint in flight was given up
-        h.reshard(h.replica(), h.replicas());
-        h.set_rank_block(h.prepare_fit(opts.batch, opts.deterministic_chunk));
-        steps_timed.restart();
-        live.restart();  // the same exchange steps on every rank, replacements included
-        if (h.can_watch) h.set_deadline(steps_timed.deadline());
-        r.recoveries = recoveries;
-      }
-    }
-    r.steps = step_ - first_step;
-    r.ranks = h.world();
-    metrics.end_of_fit(r.figures);
-    if (timeline) h.write_trace(opts.trace, *timeline);
-    if (watching_ && h.rank() == 0 && r.recoveries > 0) {
-      std::error_code ec;  // the verdicts of this job are history now
-      if (h.can_watch)
-        std::filesystem::remove_all(verdict_directory(fo, co.directory) / ("job-" + h.watch_job_id()), ec);
-    }
-    return r;
-  }
+                     float base_lr);
 
   std::size_t step_ = 0;
   float last_lr_ = 0;
@@ -1477,3 +1150,7 @@ class trainer : public detail::trainer_body<Network, Loss, Optimizer, detail::co
 };
 
 }  // namespace loom
+
+#if defined(LOOM_DEFINITIONS_VISIBLE)
+#include "loom/train/impl/trainer.ipp"
+#endif

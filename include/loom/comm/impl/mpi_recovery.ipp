@@ -1,0 +1,437 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// The definitions of mpi_recovery.hpp's non-template functions: included at the end of the header
+// (header-only), or compiled once in src/loom_mpi.cpp (loom::compiled_mpi,
+// LOOM_SEPARATE_COMPILATION_MPI; see loom/core/config.hpp).
+
+#include "loom/comm/mpi_recovery.hpp"
+
+namespace loom::detail {
+
+LOOM_MPI_DECL std::string read_small_file(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+LOOM_MPI_DECL std::string link_verdict(const std::filesystem::path& dir, const std::filesystem::path& final, const std::string& text,
+                                int rank, bool durable) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  const std::filesystem::path tmp = dir / (final.filename().string() + ".rank-" + std::to_string(rank) + ".tmp");
+  {
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+      throw communication_error("loom::recover_world: rank " + std::to_string(rank) + ": cannot write the verdict file " +
+                                tmp.string() + ": " + std::strerror(errno) +
+                                " (fault_options::verdict_dir must be a directory every rank can write)");
+    std::size_t at = 0;
+    while (at < text.size()) {
+      const ssize_t k = ::write(fd, text.data() + at, text.size() - at);
+      if (k <= 0) break;
+      at += static_cast<std::size_t>(k);
+    }
+    if (durable) ::fsync(fd);
+    ::close(fd);
+  }
+  const int rc = ::link(tmp.c_str(), final.c_str());
+  const int err = errno;
+  ::unlink(tmp.c_str());
+  if (rc != 0 && err != EEXIST)
+    throw communication_error("loom::recover_world: rank " + std::to_string(rank) + ": cannot link the verdict " +
+                              final.string() + ": " + std::strerror(err));
+  return read_small_file(final);
+}
+
+}  // namespace loom::detail
+
+namespace loom {
+
+LOOM_MPI_DECL recovery_result recover_world(mpi_comm& c, const recovery_request& q) {
+  using clock = std::chrono::steady_clock;
+  detail::mpi_watch* w = c.watch();
+  if (!w) throw communication_error("loom::recover_world: failure detection is off on this communicator (watch_for_failures)");
+  const int n = c.size(), me = c.rank();
+  const auto t0 = clock::now();
+  recovery_result res;
+  res.old_rank = me;
+  res.old_size = n;
+  res.epoch = w->generation + 1;
+
+  // Rounds of the protocol: a member that is gone (this host) before the rebuild starts makes
+  // the next epoch's round, so that no survivor waits for it inside MPI_Comm_create_group.
+  std::vector<int> members;
+  // Messages of a later round than this rank's, kept until it gets there.
+  struct early_message {
+    MPI_Comm ctl;
+    int from;
+    detail::roll_message message;
+  };
+  static std::vector<early_message> early;
+  struct early_ready_message {
+    MPI_Comm ctl;
+    int from;
+    std::uint64_t epoch;
+  };
+  static std::vector<early_ready_message> early_ready;
+  const std::string my_host = w->peers[static_cast<std::size_t>(me)].host;
+  for (;;) {
+    // 1. The roll call.
+    const auto round_start = clock::now();
+    detail::roll_message mine;
+    mine.generation = w->generation;
+    mine.committed_step = q.committed_step;
+    mine.last_step = w->last_done.step;
+    mine.last_phase = static_cast<std::uint8_t>(w->last_done.phase);
+    mine.last_bucket = w->last_done.bucket;
+    mine.now_step = detail::fault_here.step;
+    mine.now_phase = static_cast<std::uint8_t>(detail::fault_here.phase);
+    mine.now_bucket = detail::fault_here.bucket;
+    std::snprintf(mine.last_op, sizeof mine.last_op, "%s", w->last_op);
+    // The sends' buffer outlives them: one per recovery, kept for the program's life.
+    static std::vector<std::unique_ptr<detail::roll_message>> sent;
+    sent.push_back(std::make_unique<detail::roll_message>(mine));
+    for (int p = 0; p < n; ++p) {
+      if (p == me) continue;
+      MPI_Request r;
+      if (MPI_Isend(sent.back().get(), sizeof mine, MPI_BYTE, p, detail::recovery_tag, w->ctl, &r) == MPI_SUCCESS)
+        MPI_Request_free(&r);
+    }
+    std::vector<bool> heard(static_cast<std::size_t>(n), false);
+    std::vector<detail::roll_message> got(static_cast<std::size_t>(n));
+    heard[static_cast<std::size_t>(me)] = true;
+    got[static_cast<std::size_t>(me)] = mine;
+    int count = 1;
+    for (const auto& e : early)
+      if (e.ctl == w->ctl && e.message.generation == w->generation && !heard[static_cast<std::size_t>(e.from)]) {
+        heard[static_cast<std::size_t>(e.from)] = true;
+        got[static_cast<std::size_t>(e.from)] = e.message;
+        ++count;
+      }
+    // Listen until every rank answered, or the window passed — but a silent peer on this host
+    // is looked at: a process that is gone or stopped will not answer (no need to wait for it),
+    // one that runs is only slow (wait for it up to four windows).
+    auto next_look = clock::now();
+    for (;;) {
+      if (count == n) break;
+      const double waited = std::chrono::duration<double>(clock::now() - round_start).count();
+      if (clock::now() >= next_look) {
+        next_look = clock::now() + std::chrono::milliseconds(5);
+        bool wait_more = false;
+        for (int p = 0; p < n && !wait_more; ++p) {
+          if (heard[static_cast<std::size_t>(p)]) continue;
+          const auto e = detail::evidence_of(w->peers[static_cast<std::size_t>(p)], my_host);
+          if (e == detail::local_evidence::alive) wait_more = waited < 4 * q.window_s;
+          else if (e == detail::local_evidence::unknown) wait_more = waited < q.window_s;
+        }
+        if (!wait_more) break;
+      }
+      int flag = 0;
+      MPI_Status st;
+      MPI_Iprobe(MPI_ANY_SOURCE, detail::recovery_tag, w->ctl, &flag, &st);
+      if (!flag) {
+        sched_yield();
+        continue;
+      }
+      detail::roll_message m;
+      MPI_Recv(&m, sizeof m, MPI_BYTE, st.MPI_SOURCE, detail::recovery_tag, w->ctl, MPI_STATUS_IGNORE);
+      const auto src = static_cast<std::size_t>(st.MPI_SOURCE);
+      if (m.generation == w->generation && !heard[src]) {
+        heard[src] = true;
+        got[src] = m;
+        ++count;
+      } else if (m.generation > w->generation) {
+        early.push_back({w->ctl, static_cast<int>(src), m});  // a peer already in a later round
+      }
+    }
+    for (int r = 0; r < n; ++r) {
+      const auto& m = got[static_cast<std::size_t>(r)];
+      const auto& peer = w->peers[static_cast<std::size_t>(r)];
+      recovery_roll_entry e{.rank = r, .world_rank = peer.world_rank, .pid = peer.pid, .host = peer.host,
+                            .answered = heard[static_cast<std::size_t>(r)], .committed_step = m.committed_step,
+                            .last_op = m.last_op,
+                            .last_done = {m.last_step, static_cast<fault_phase>(m.last_phase), m.last_bucket},
+                            .now = {m.now_step, static_cast<fault_phase>(m.now_phase), m.now_bucket}};
+      res.roll_call.push_back(std::move(e));
+    }
+
+    // 2. The verdict: the first proposal linked in the shared directory. A rank heard from whose
+    // process is gone by now (this host) is not proposed.
+    for (int r = 0; r < n; ++r)
+      if (r != me && heard[static_cast<std::size_t>(r)] &&
+          detail::evidence_of(w->peers[static_cast<std::size_t>(r)], my_host) == detail::local_evidence::gone)
+        heard[static_cast<std::size_t>(r)] = false;
+    std::string proposal = "members";
+    for (int r = 0; r < n; ++r)
+      if (heard[static_cast<std::size_t>(r)]) proposal += " " + std::to_string(r);
+    proposal += "\nby " + std::to_string(me) + "\nworld_ranks";
+    for (int r = 0; r < n; ++r)
+      if (heard[static_cast<std::size_t>(r)]) proposal += " " + std::to_string(w->peers[static_cast<std::size_t>(r)].world_rank);
+    proposal += "\n";
+    const std::filesystem::path dir = q.verdict_dir / ("job-" + w->job_id);
+    res.verdict = dir / ("epoch-" + std::to_string(res.epoch));
+    const std::string verdict = detail::link_verdict(dir, res.verdict, proposal, me);
+    members.clear();
+    {
+      std::istringstream in(verdict);
+      std::string word;
+      in >> word;  // "members"
+      int r = 0;
+      while (in >> r) members.push_back(r);
+      in.clear();
+      in >> word >> res.verdict_by;  // "by"
+    }
+    if (members.empty() || std::any_of(members.begin(), members.end(), [n](int r) { return r < 0 || r >= n; }))
+      throw communication_error("loom::recover_world: rank " + std::to_string(me) + ": the verdict " + res.verdict.string() +
+                                " is not one this job wrote (expected 'members <ranks of 0.." + std::to_string(n - 1) +
+                                ">', found '" + verdict.substr(0, 80) + "')");
+    for (int r = 0; r < n; ++r)
+      if (std::find(members.begin(), members.end(), r) == members.end()) res.lost.push_back(r);
+    res.agree_s = std::chrono::duration<double>(clock::now() - t0).count();
+    res.excluded = std::find(members.begin(), members.end(), me) == members.end();
+    if (res.excluded) break;
+    // Ready: every member tells the others it is about to rebuild, and waits until every member
+    // said so — one that does not (gone, or silent for the window) makes the next round. So
+    // a member that dies between the roll call and the rebuild is left out by the next verdict
+    // instead of blocking MPI_Comm_create_group; only a death within the microseconds between
+    // its last ready message and the rebuild still can (the watchdog's case).
+    static std::vector<std::unique_ptr<std::uint64_t>> ready_sent;
+    ready_sent.push_back(std::make_unique<std::uint64_t>(res.epoch));
+    for (const int m : members) {
+      if (m == me) continue;
+      MPI_Request r;
+      if (MPI_Isend(ready_sent.back().get(), 1, MPI_UINT64_T, m, detail::recovery_tag + 1, w->ctl, &r) == MPI_SUCCESS)
+        MPI_Request_free(&r);
+    }
+    std::vector<bool> ready(static_cast<std::size_t>(n), false);
+    auto is_member = [&](int r) { return std::find(members.begin(), members.end(), r) != members.end(); };
+    ready[static_cast<std::size_t>(me)] = true;
+    std::size_t have = 1;
+    for (const auto& e : early_ready)
+      if (e.ctl == w->ctl && e.epoch == res.epoch && is_member(e.from) && !ready[static_cast<std::size_t>(e.from)]) {
+        ready[static_cast<std::size_t>(e.from)] = true;
+        ++have;
+      }
+    const auto ready_start = clock::now();
+    auto look = ready_start;
+    bool all_ready = false;
+    for (;;) {
+      if (have == members.size()) {
+        all_ready = true;
+        break;
+      }
+      if (clock::now() >= look) {
+        look = clock::now() + std::chrono::milliseconds(5);
+        const double waited = std::chrono::duration<double>(clock::now() - ready_start).count();
+        bool wait_more = true;
+        for (const int m : members) {
+          if (ready[static_cast<std::size_t>(m)]) continue;
+          const auto e = detail::evidence_of(w->peers[static_cast<std::size_t>(m)], my_host);
+          if (e == detail::local_evidence::gone || e == detail::local_evidence::stopped) wait_more = false;
+          else if (e == detail::local_evidence::alive && waited >= 4 * q.window_s) wait_more = false;
+          else if (e == detail::local_evidence::unknown && waited >= q.window_s) wait_more = false;
+        }
+        if (!wait_more) break;
+      }
+      int flag = 0;
+      MPI_Status st;
+      MPI_Iprobe(MPI_ANY_SOURCE, detail::recovery_tag + 1, w->ctl, &flag, &st);
+      if (!flag) {
+        sched_yield();
+        continue;
+      }
+      std::uint64_t epoch = 0;
+      MPI_Recv(&epoch, 1, MPI_UINT64_T, st.MPI_SOURCE, detail::recovery_tag + 1, w->ctl, MPI_STATUS_IGNORE);
+      const auto src = static_cast<std::size_t>(st.MPI_SOURCE);
+      if (epoch == res.epoch && is_member(st.MPI_SOURCE) && !ready[src]) {
+        ready[src] = true;
+        ++have;
+      } else if (epoch > res.epoch) {
+        early_ready.push_back({w->ctl, st.MPI_SOURCE, epoch});
+      }
+    }
+    // The round's outcome, decided once for every member: the first decision linked as
+    // epoch-<e>.decision is everyone's. Each member decides alone otherwise, and two can
+    // disagree — one saw a member's ready before that member died, another looked at the dead
+    // process before reading its ready (or it died between its two sends) — and then one goes
+    // on to the rebuild, where it blocks, while the other starts the next round and leaves the
+    // blocked one out as silent (a live survivor lost; fault_trials.sh `during`). A member
+    // decides "go" only if every member said ready and none is gone or stopped now.
+    bool go = all_ready;
+    for (const int m : members)
+      if (go && m != me) {
+        const auto e = detail::evidence_of(w->peers[static_cast<std::size_t>(m)], my_host);
+        if (e == detail::local_evidence::gone || e == detail::local_evidence::stopped) go = false;
+      }
+    const std::filesystem::path decision = dir / ("epoch-" + std::to_string(res.epoch) + ".decision");
+    const std::string outcome = detail::link_verdict(dir, decision, go ? "go\n" : "retry\n", me, /*durable=*/false);
+    if (outcome.rfind("go", 0) == 0) break;
+    if (outcome.rfind("retry", 0) != 0)
+      throw communication_error("loom::recover_world: rank " + std::to_string(me) + ": the decision " + decision.string() +
+                                " is not one this job wrote (expected 'go' or 'retry', found '" + outcome.substr(0, 80) +
+                                "')");
+    w->generation = res.epoch;
+    res.epoch = w->generation + 1;
+    res.roll_call.clear();
+    res.lost.clear();
+  }
+  if (res.excluded) return res;
+  detail::recovered = true;
+
+  // Fencing: the first member on a left-out rank's host ends that rank's process.
+  for (const int lost : res.lost) {
+    const auto& peer = w->peers[static_cast<std::size_t>(lost)];
+    int first_here = -1;
+    for (const int m : members)
+      if (w->peers[static_cast<std::size_t>(m)].host == peer.host) {
+        first_here = m;
+        break;
+      }
+    if (first_here == me && detail::runs_this_program(peer.pid) && ::kill(static_cast<pid_t>(peer.pid), SIGKILL) == 0)
+      res.fenced.push_back(peer.pid);
+  }
+
+  // 3. The survivors' communicator.
+  const auto t1 = clock::now();
+  {
+    detail::deadline_watchdog watchdog(
+        q.rebuild_timeout_s, "recovery: rank " + std::to_string(me) + ": the survivors' communicator (a survivor died while it was built)");
+    MPI_Group old_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
+    MPI_Comm_group(c.boost_communicator(), &old_group);
+    MPI_Group_incl(old_group, static_cast<int>(members.size()), members.data(), &group);
+    MPI_Comm nc = MPI_COMM_NULL;
+    const int tag = static_cast<int>(1000 + res.epoch % 30000);
+    detail::check_mpi(MPI_Comm_create_group(c.boost_communicator(), group, tag, &nc), "recover_world", me);
+    MPI_Group_free(&group);
+    MPI_Group_free(&old_group);
+    mpi_comm fresh(boost::mpi::communicator(nc, boost::mpi::comm_take_ownership));
+    auto nw = std::make_shared<detail::mpi_watch>();
+    detail::check_mpi(MPI_Comm_dup(nc, &nw->ctl), "recover_world", me);
+    MPI_Comm_set_errhandler(nw->ctl, MPI_ERRORS_RETURN);
+    for (const int m : members) nw->peers.push_back(w->peers[static_cast<std::size_t>(m)]);
+    nw->job_id = w->job_id;
+    nw->generation = res.epoch;
+    nw->deadline_s = w->deadline_s;
+    fresh.attach_watch(std::move(nw));
+    c.replace_after_recovery(std::move(fresh));
+  }
+  res.rebuild_s = std::chrono::duration<double>(clock::now() - t1).count();
+  res.new_rank = c.rank();
+  res.new_size = c.size();
+  return res;
+}
+
+}  // namespace loom
+
+namespace loom::detail {
+
+LOOM_MPI_DECL std::vector<std::string> own_arguments() {
+  std::vector<std::string> args;
+  const std::string all = read_small_file("/proc/self/cmdline");
+  for (std::size_t at = 0; at < all.size();) {
+    const std::size_t end = all.find('\0', at);
+    args.push_back(all.substr(at, end == std::string::npos ? std::string::npos : end - at));
+    if (end == std::string::npos) break;
+    at = end + 1;
+  }
+  if (!args.empty()) args.erase(args.begin());
+  return args;
+}
+
+}  // namespace loom::detail
+
+namespace loom {
+
+LOOM_MPI_DECL replacement_spawn spawn_replacements(mpi_comm& c, const std::vector<std::string>& hosts, double timeout_s) {
+  using clock = std::chrono::steady_clock;
+  replacement_spawn out;
+  const auto t0 = clock::now();
+  const int me = c.rank();
+  MPI_Comm bridge = MPI_COMM_NULL;
+  std::uint64_t status[2] = {0, 0};  // ok, MPI error code
+  std::string why;
+  if (me == 0) {
+    std::error_code ec;
+    out.command = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+    std::vector<std::string> args = detail::own_arguments();
+    // LOOM_REPLACE_EXTRA_ARG: one more argument for the newcomers (tests: one that changes
+    // the job, which the survivors must refuse).
+    if (const char* extra = std::getenv("LOOM_REPLACE_EXTRA_ARG"); extra && *extra) args.emplace_back(extra);
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    const int k = static_cast<int>(hosts.size());
+    std::vector<char*> commands(static_cast<std::size_t>(k), const_cast<char*>(out.command.c_str()));
+    std::vector<char**> argvs(static_cast<std::size_t>(k), argv.data());
+    std::vector<int> procs(static_cast<std::size_t>(k), 1), codes(static_cast<std::size_t>(k), MPI_SUCCESS);
+    std::vector<MPI_Info> infos(static_cast<std::size_t>(k), MPI_INFO_NULL);
+    const std::string cwd = std::filesystem::current_path(ec).string();
+    // LOOM_REPLACE_HOST: the host every newcomer is asked for (tests: a host not in the
+    // allocation makes the runtime refuse).
+    const char* forced = std::getenv("LOOM_REPLACE_HOST");
+    for (int i = 0; i < k; ++i) {
+      MPI_Info_create(&infos[static_cast<std::size_t>(i)]);
+      const std::string host = forced && *forced ? std::string(forced) : hosts[static_cast<std::size_t>(i)];
+      if (!host.empty()) MPI_Info_set(infos[static_cast<std::size_t>(i)], "host", host.c_str());
+      if (!cwd.empty()) MPI_Info_set(infos[static_cast<std::size_t>(i)], "wdir", cwd.c_str());
+    }
+    MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
+    MPI_Comm inter = MPI_COMM_NULL;
+    int rc = MPI_SUCCESS;
+    {
+      detail::deadline_watchdog watchdog(timeout_s, "replacement: starting the replacement processes (MPI_Comm_spawn_multiple)");
+      rc = MPI_Comm_spawn_multiple(k, commands.data(), argvs.data(), procs.data(), infos.data(), 0, MPI_COMM_SELF,
+                                   &inter, codes.data());
+    }
+    for (auto& i : infos) MPI_Info_free(&i);
+    out.spawn_s = std::chrono::duration<double>(clock::now() - t0).count();
+    if (rc == MPI_SUCCESS)
+      for (const int code : codes)
+        if (code != MPI_SUCCESS) rc = code;
+    if (rc == MPI_SUCCESS) {
+      MPI_Comm_set_errhandler(inter, MPI_ERRORS_RETURN);
+      detail::deadline_watchdog watchdog(timeout_s, "replacement: the merge with the replacement processes");
+      rc = MPI_Intercomm_merge(inter, 0, &bridge);
+      if (rc != MPI_SUCCESS) why = "MPI_Intercomm_merge with them failed: " + detail::mpi_error_string(rc);
+    } else {
+      why = "MPI_Comm_spawn_multiple of " + out.command + " failed: " + detail::mpi_error_string(rc);
+    }
+    status[0] = rc == MPI_SUCCESS;
+    status[1] = static_cast<std::uint64_t>(rc);
+  }
+  {
+    // The others wait for rank 0's spawn (0.3 s measured, more on a loaded host) longer than
+    // a step-derived deadline may be.
+    const double deadline = c.watch() ? c.watch()->deadline_s : 0;
+    c.set_deadline(std::max(deadline, timeout_s));
+    try {
+      c.broadcast(status, 2, 0);
+    } catch (...) {
+      c.set_deadline(deadline);
+      throw;
+    }
+    c.set_deadline(deadline);
+  }
+  if (!status[0]) {
+    out.why = me == 0 ? why : "rank 0 could not start them: " + detail::mpi_error_string(static_cast<int>(status[1]));
+    return out;
+  }
+  const auto t1 = clock::now();
+  {
+    detail::deadline_watchdog watchdog(timeout_s, "replacement: the survivors' merge with the replacement processes");
+    MPI_Comm inter = MPI_COMM_NULL;
+    detail::check_mpi(MPI_Intercomm_create(c.boost_communicator(), 0, me == 0 ? bridge : MPI_COMM_NULL, 1,
+                                           detail::replacement_tag, &inter),
+                      "spawn_replacements (MPI_Intercomm_create)", me);
+    MPI_Comm world = MPI_COMM_NULL;
+    detail::check_mpi(MPI_Intercomm_merge(inter, 0, &world), "spawn_replacements (MPI_Intercomm_merge)", me);
+    out.world.emplace(boost::mpi::communicator(world, boost::mpi::comm_attach));
+  }
+  out.merge_s = std::chrono::duration<double>(clock::now() - t1).count();
+  if (me != 0) out.spawn_s = std::chrono::duration<double>(t1 - t0).count();
+  out.ok = true;
+  return out;
+}
+
+}  // namespace loom

@@ -1,0 +1,13 @@
+// SPDX-License-Identifier: Apache-2.0
+// The MPI part of loom's separate compilation (the CMake target loom::compiled_mpi; see
+// loom/core/config.hpp and README.md): defines LOOM_SOURCE_MPI and includes the headers of
+// comm/ whose non-template functions are declared there and defined in their impl/*.ipp, so
+// that those definitions (the recovery protocol, the spawn of replacements) are compiled here
+// once, not inline in every translation unit that uses them. Links loom::compiled and loom::mpi.
+#ifndef LOOM_SEPARATE_COMPILATION_MPI
+#define LOOM_SEPARATE_COMPILATION_MPI
+#endif
+#define LOOM_SOURCE_MPI
+
+#include "loom/comm/mpi.hpp"
+#include "loom/comm/mpi_recovery.hpp"
