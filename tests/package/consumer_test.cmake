@@ -1,10 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
-# cmake -P script run by the package.find_package_consumer test:
+# cmake -P script run by the package.* tests (tests/package/CMakeLists.txt):
 #   1. installs the loom build tree LOOM_BUILD_DIR (component `loom`) into WORK_DIR/prefix,
 #   2. configures CONSUMER_SOURCE_DIR with CMAKE_PREFIX_PATH = that prefix (Release),
 #   3. builds it,
 #   4. runs its program, which must exit 0.
-# CONSUMER_CUDA_COMPILER and CONSUMER_CUDA_ARCHITECTURES, when given, configure a CUDA consumer.
+# CONSUMER_CUDA_COMPILER and CONSUMER_CUDA_ARCHITECTURES, when given, configure a CUDA consumer;
+# CONSUMER_EXPECT is what the program must print (step 4).
 # Everything under WORK_DIR is removed first, so each run starts from nothing.
 foreach(v LOOM_BUILD_DIR CONSUMER_SOURCE_DIR WORK_DIR)
   if(NOT DEFINED ${v})
@@ -85,7 +86,12 @@ if(NOT app)
   message(FATAL_ERROR "package test: the consumer's program was not found under ${build}")
 endif()
 step("run the consumer" ${app})
-if(NOT step_output MATCHES "loom consumer: [0-9]+ parameters, loss")
-  message(FATAL_ERROR "package test: the consumer ran but did not report its training steps")
+# What the program must print: CONSUMER_EXPECT (a regular expression), by default the training
+# consumers' line.
+if(NOT DEFINED CONSUMER_EXPECT)
+  set(CONSUMER_EXPECT "loom consumer: [0-9]+ parameters, loss")
+endif()
+if(NOT step_output MATCHES "${CONSUMER_EXPECT}")
+  message(FATAL_ERROR "package test: the consumer ran but did not print what it must (${CONSUMER_EXPECT})")
 endif()
 message("package test: installed, found, built and ran a loom consumer")
