@@ -147,13 +147,8 @@ class mpi_watch {
 
  private:
   static fault_marker detail_here() noexcept { return fault_here; }
-  static std::string mpi_error_text(int code) {
-    char text[MPI_MAX_ERROR_STRING];
-    int length = 0;
-    if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) return "MPI error code " + std::to_string(code);
-    return std::string(text, static_cast<std::size_t>(length));
-  }
-  [[noreturn]] void fail(rank_failure::kind k, const char* op, int rank, clock::time_point t0, int peer, const std::string& why);
+  [[noreturn]] void fail(rank_failure::kind k, const char* op, int rank, clock::time_point t0, int peer,
+                         const std::string& why);
 };
 
 }  // namespace detail

@@ -79,7 +79,7 @@ LOOM_MPI_DECL std::string read_small_file(const std::filesystem::path& p);
 /// survivors wait for it, skips that: its milliseconds widen the window in which a death
 /// blocks the rebuild). Throws communication_error when the directory cannot be written.
 LOOM_MPI_DECL std::string link_verdict(const std::filesystem::path& dir, const std::filesystem::path& final, const std::string& text,
-                                int rank, bool durable = true);
+                                       int rank, bool durable = true);
 
 /// Ends the process (status 75, so that the launcher restarts the job from its newest
 /// checkpoint) when a blocking MPI call that no deadline can abandon — a communicator's rebuild,

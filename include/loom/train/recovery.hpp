@@ -136,8 +136,8 @@ LOOM_DECL std::string recovery_roll(const recovery_result& res, double window);
 
 /// The line a recovery prints once the first step after it is good.
 LOOM_DECL std::string recovery_report(int number, std::size_t step, const recovery_result& res, const rank_failure& f,
-                                   const fault_marker& failed_at, int root, std::size_t behind, double exchange_s,
-                                   const std::string& roll);
+                                      const fault_marker& failed_at, int root, std::size_t behind, double exchange_s,
+                                      const std::string& roll);
 
 /// The handshake of the survivors and their replacements over m (survivors first; both sides
 /// call it, in this order): rank 0 sends the job id, the membership epoch and its job's
@@ -305,15 +305,15 @@ fit_position join_as_replacement(recovery_host<Comm>& h, const fault_options& fo
 /// The first good step after a recovery: rank 0 prints the recovery's report (and the
 /// replacement's, when one joined) with the time since the wait that failed began.
 LOOM_DECL void report_first_good_step(int rank, int world, std::size_t step, const std::string& report,
-                                   monitor::clock::time_point failure_seen, monitor::clock::time_point step_end,
-                                   const std::optional<monitor::clock::time_point>& replacement_began);
+                                      monitor::clock::time_point failure_seen, monitor::clock::time_point step_end,
+                                      const std::optional<monitor::clock::time_point>& replacement_began);
 
 /// When no recovery is possible: a survivor holding a whole replica writes the state after the
 /// last step it finished as a checkpoint on its own (the first to claim the step does), so that
 /// plain mpirun loses no step. `write` starts the checkpoint on the writer and collectives it is
 /// given (solo). Never throws; says on stderr what it did.
 LOOM_DECL void emergency_checkpoint(const std::string& directory, int rank, std::size_t step, io::checkpointer* ckpt,
-                                 const std::function<void(io::checkpointer&, collectives&)>& write) noexcept;
+                                    const std::function<void(io::checkpointer&, collectives&)>& write) noexcept;
 
 }  // namespace detail
 }  // namespace loom

@@ -370,12 +370,12 @@ LOOM_DECL void warn_replace_without_recovery(const fault_options& fo, bool watch
 
 /// The job every rank must share (the trainer's part; the engine adds its policy's own fields).
 LOOM_DECL std::string describe_job(const std::string& network, std::size_t parameters, const char* loss, const char* optimizer,
-                                std::uint64_t seed, math_mode math, const std::string& policy);
+                                   std::uint64_t seed, math_mode math, const std::string& policy);
 
 /// Why a fit cannot resume exactly from a checkpoint's record (empty: it can): another seed,
 /// or a stop in the middle of an epoch with another batch or another training set size.
 LOOM_DECL void check_resumable(const io::trainer_record& rec, const std::filesystem::path& path, std::uint64_t seed,
-                            const fit_options& opts, std::size_t samples);
+                               const fit_options& opts, std::size_t samples);
 
 }  // namespace detail
 

@@ -57,7 +57,7 @@ LOOM_MPI_DECL void detail::mpi_watch::wait(int n, MPI_Request* r, MPI_Status* st
   for (unsigned spins = 0;; ++spins) {
     int done = 0;
     const int rc = MPI_Testall(n, r, &done, st);
-    if (rc != MPI_SUCCESS) fail(rank_failure::kind::mpi_error, op, rank, t0, -1, mpi_error_text(rc));
+    if (rc != MPI_SUCCESS) fail(rank_failure::kind::mpi_error, op, rank, t0, -1, mpi_error_string(rc));
     if (done) {
       last_op = op;
       last_done = detail_here();
@@ -100,7 +100,8 @@ LOOM_MPI_DECL void detail::mpi_watch::wait(int n, MPI_Request* r, MPI_Status* st
   }
 }
 
-LOOM_MPI_DECL void detail::mpi_watch::fail(rank_failure::kind k, const char* op, int rank, clock::time_point t0, int peer, const std::string& why) {
+LOOM_MPI_DECL void detail::mpi_watch::fail(rank_failure::kind k, const char* op, int rank, clock::time_point t0,
+                                           int peer, const std::string& why) {
   broken = true;
   const double waited = std::chrono::duration<double>(clock::now() - t0).count();
   throw rank_failure(k, op, waited, peer,

@@ -16,7 +16,7 @@ LOOM_MPI_DECL std::string read_small_file(const std::filesystem::path& p) {
 }
 
 LOOM_MPI_DECL std::string link_verdict(const std::filesystem::path& dir, const std::filesystem::path& final, const std::string& text,
-                                int rank, bool durable) {
+                                       int rank, bool durable) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   const std::filesystem::path tmp = dir / (final.filename().string() + ".rank-" + std::to_string(rank) + ".tmp");

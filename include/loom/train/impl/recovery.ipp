@@ -39,8 +39,8 @@ LOOM_DECL std::string recovery_roll(const recovery_result& res, double window) {
 }
 
 LOOM_DECL std::string recovery_report(int number, std::size_t step, const recovery_result& res, const rank_failure& f,
-                                   const fault_marker& failed_at, int root, std::size_t behind, double exchange_s,
-                                   const std::string& roll) {
+                                      const fault_marker& failed_at, int root, std::size_t behind, double exchange_s,
+                                      const std::string& roll) {
   const std::string lost = recovery_lost(res);
   const char* how = f.why() == rank_failure::kind::deadline         ? "timed out"
                     : f.why() == rank_failure::kind::peer_recovery ? "was interrupted by a peer's recovery"
@@ -58,8 +58,8 @@ LOOM_DECL std::string recovery_report(int number, std::size_t step, const recove
 }
 
 LOOM_DECL void report_first_good_step(int rank, int world, std::size_t step, const std::string& report,
-                                   monitor::clock::time_point failure_seen, monitor::clock::time_point step_end,
-                                   const std::optional<monitor::clock::time_point>& replacement_began) {
+                                      monitor::clock::time_point failure_seen, monitor::clock::time_point step_end,
+                                      const std::optional<monitor::clock::time_point>& replacement_began) {
   if (rank != 0) return;
   std::fprintf(stderr, "%s\nloom: recovery: first good step (%zu) done %.3f s after the wait that failed began "
                "(unix time %.3f)\n", report.c_str(), step, monitor::seconds_between(failure_seen, step_end),
@@ -71,7 +71,7 @@ LOOM_DECL void report_first_good_step(int rank, int world, std::size_t step, con
 }
 
 LOOM_DECL void emergency_checkpoint(const std::string& directory, int rank, std::size_t step, io::checkpointer* ckpt,
-                                 const std::function<void(io::checkpointer&, collectives&)>& write) noexcept {
+                                    const std::function<void(io::checkpointer&, collectives&)>& write) noexcept {
   try {
     if (ckpt) ckpt->abandon();
     const std::filesystem::path dir = directory;

@@ -62,13 +62,13 @@ LOOM_DECL void warn_replace_without_recovery(const fault_options& fo, bool watch
 }
 
 LOOM_DECL std::string describe_job(const std::string& network, std::size_t parameters, const char* loss, const char* optimizer,
-                                std::uint64_t seed, math_mode math, const std::string& policy) {
+                                   std::uint64_t seed, math_mode math, const std::string& policy) {
   return "network=" + network + ";parameters=" + std::to_string(parameters) + ";loss=" + loss +
          ";optimizer=" + optimizer + ";seed=" + std::to_string(seed) + ";math=" + to_string(math) + ";policy=" + policy;
 }
 
 LOOM_DECL void check_resumable(const io::trainer_record& rec, const std::filesystem::path& path, std::uint64_t seed,
-                            const fit_options& opts, std::size_t samples) {
+                               const fit_options& opts, std::size_t samples) {
   std::string why;
   if (rec.seed != seed)
     why = "it was saved with seed " + std::to_string(rec.seed) + ", this trainer has seed " + std::to_string(seed);
@@ -82,7 +82,7 @@ LOOM_DECL void check_resumable(const io::trainer_record& rec, const std::filesys
 }
 
 LOOM_DECL fit_result trainer_core::run_fit(fit_host& h, const fit_options& opts, std::size_t samples, bool joining,
-                                            std::uint64_t seed, float base_lr) {
+                                           std::uint64_t seed, float base_lr) {
   const checkpoint_options& co = opts.checkpoint;
   const fault_options& fo = opts.fault;
   const bool checkpoints = !co.directory.empty();
