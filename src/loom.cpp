@@ -2,7 +2,8 @@
 // The library's one source file, for separate compilation (the CMake target loom::compiled; see
 // loom/core/config.hpp and README.md): defines LOOM_SOURCE and includes the headers whose
 // non-template functions are declared there and defined in their impl/*.ipp, so that those
-// definitions are compiled here once, not inline in every translation unit that uses them.
+// definitions are compiled here once, not inline in every translation unit that uses them; and
+// the instantiations for loom's own types that the headers name with LOOM_INSTANTIATE.
 // Nothing here depends on MPI or CUDA (the fit loop comes with the trainer's header, which
 // includes the CPU backend's; the MPI part is src/loom_mpi.cpp).
 #ifndef LOOM_SEPARATE_COMPILATION
@@ -10,7 +11,12 @@
 #endif
 #define LOOM_SOURCE
 
-// Every header with an impl/*.ipp (the ones it includes come with them; listed all the same).
+// Every header with an impl/*.ipp or LOOM_INSTANTIATE lines (the ones it includes come with
+// them; listed all the same).
+#include "loom/backend/cpu/conv2d.hpp"
+#include "loom/backend/cpu/dnnl_support.hpp"
+#include "loom/backend/cpu/gemm.hpp"
+#include "loom/backend/cpu/pool2d.hpp"
 #include "loom/data/dataset.hpp"
 #include "loom/data/idx.hpp"
 #include "loom/data/mapped.hpp"
@@ -26,6 +32,8 @@
 #include "loom/monitor/sampler.hpp"
 #include "loom/monitor/tensorboard.hpp"
 #include "loom/monitor/timeline.hpp"
+#include "loom/parallel/chunk_tree.hpp"
+#include "loom/parallel/collectives.hpp"
 #include "loom/parallel/data_parallel.hpp"
 #include "loom/train/recovery.hpp"
 #include "loom/train/trainer.hpp"

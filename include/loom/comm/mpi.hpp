@@ -625,46 +625,10 @@ class mpi_comm::request {
 
   /// Blocks until the operation has completed. Throws communication_error (loom::rank_failure
   /// under failure detection).
-  void wait() {
-    if (watch_ && next_ < parts_.size()) return watched_wait();
-    std::string error;
-    for (; next_ < parts_.size(); ++next_) {
-      MPI_Status status;
-      const int rc = MPI_Wait(&parts_[next_].handle, &status);
-      if (error.empty()) error = rc != MPI_SUCCESS ? detail::mpi_error_string(rc) : check(status, parts_[next_]);
-    }
-    parts_.clear();
-    next_ = 0;
-    if (!error.empty()) {
-      then_ = nullptr;
-      detail::throw_mpi(op_, rank_, error);
-    }
-    completed();
-  }
+  LOOM_MPI_DECL void wait();
 
   /// True once the operation has completed. Throws communication_error.
-  bool test() {
-    for (; next_ < parts_.size(); ++next_) {
-      int flag = 0;
-      MPI_Status status;
-      const int rc = MPI_Test(&parts_[next_].handle, &flag, &status);
-      std::string error = rc != MPI_SUCCESS ? detail::mpi_error_string(rc) : std::string();
-      if (error.empty() && flag == 0) return false;
-      if (error.empty()) error = check(status, parts_[next_]);
-      if (!error.empty()) {
-        ++next_;
-        try {
-          wait();
-        } catch (const communication_error&) {  // report the first error
-        }
-        detail::throw_mpi(op_, rank_, error);
-      }
-    }
-    parts_.clear();
-    next_ = 0;
-    completed();
-    return true;
-  }
+  LOOM_MPI_DECL bool test();
 
  private:
   friend class mpi_comm;
@@ -675,12 +639,7 @@ class mpi_comm::request {
     int from = -1;      // a receive of a collective made of messages: its sender (else the request's peer)
   };
 
-  std::string check(const MPI_Status& status, const part& p) const {
-    if (p.expected < 0) return {};
-    int got = 0;
-    MPI_Get_count(&status, type_, &got);
-    return got == p.expected ? std::string() : count_mismatch(p.expected, got, p.from >= 0 ? p.from : peer_, tag_);
-  }
+  LOOM_MPI_DECL std::string check(const MPI_Status& status, const part& p) const;
 
   void take(request& other) noexcept {
     parts_ = std::move(other.parts_);
@@ -888,6 +847,32 @@ mpi_comm::request mpi_comm::iallgather_v(T* data, const std::size_t* counts) {
   }
   return r;
 }
+
+// The instantiations loom itself uses, compiled once in loom_compiled_mpi under
+// LOOM_SEPARATE_COMPILATION_MPI (LOOM_INSTANTIATE_MPI, loom/core/config.hpp).
+LOOM_INSTANTIATE_MPI(void mpi_comm::broadcast<float>(float*, std::size_t, int))
+LOOM_INSTANTIATE_MPI(void mpi_comm::broadcast<char>(char*, std::size_t, int))
+LOOM_INSTANTIATE_MPI(void mpi_comm::broadcast<std::uint64_t>(std::uint64_t*, std::size_t, int))
+LOOM_INSTANTIATE_MPI(void mpi_comm::allreduce<float>(float*, std::size_t, reduce_op))
+LOOM_INSTANTIATE_MPI(void mpi_comm::allreduce<double>(double*, std::size_t, reduce_op))
+LOOM_INSTANTIATE_MPI(void mpi_comm::allreduce<std::uint64_t>(std::uint64_t*, std::size_t, reduce_op))
+LOOM_INSTANTIATE_MPI(void mpi_comm::allreduce<bf16>(bf16*, std::size_t, reduce_op))
+LOOM_INSTANTIATE_MPI(void mpi_comm::allreduce<fp16>(fp16*, std::size_t, reduce_op))
+LOOM_INSTANTIATE_MPI(void mpi_comm::allgather<char>(const char*, char*, std::size_t))
+LOOM_INSTANTIATE_MPI(void mpi_comm::allgather<double>(const double*, double*, std::size_t))
+LOOM_INSTANTIATE_MPI(void mpi_comm::send<float>(const float*, std::size_t, int, int))
+LOOM_INSTANTIATE_MPI(void mpi_comm::recv<float>(float*, std::size_t, int, int))
+LOOM_INSTANTIATE_MPI(mpi_comm::request mpi_comm::iallreduce<float>(float*, std::size_t, reduce_op))
+LOOM_INSTANTIATE_MPI(mpi_comm::request mpi_comm::iallreduce<bf16>(bf16*, std::size_t, reduce_op))
+LOOM_INSTANTIATE_MPI(mpi_comm::request mpi_comm::iallreduce<fp16>(fp16*, std::size_t, reduce_op))
+LOOM_INSTANTIATE_MPI(mpi_comm::request mpi_comm::isend<float>(const float*, std::size_t, int, int))
+LOOM_INSTANTIATE_MPI(mpi_comm::request mpi_comm::irecv<float>(float*, std::size_t, int, int))
+LOOM_INSTANTIATE_MPI(mpi_comm::request mpi_comm::ireduce_scatter_v<float>(const float*, float*, const std::size_t*, reduce_op))
+LOOM_INSTANTIATE_MPI(mpi_comm::request mpi_comm::ireduce_scatter_v<bf16>(const bf16*, bf16*, const std::size_t*, reduce_op))
+LOOM_INSTANTIATE_MPI(mpi_comm::request mpi_comm::ireduce_scatter_v<fp16>(const fp16*, fp16*, const std::size_t*, reduce_op))
+LOOM_INSTANTIATE_MPI(mpi_comm::request mpi_comm::iallgather_v<float>(float*, const std::size_t*))
+LOOM_INSTANTIATE_MPI(void mpi_comm::reduce_scatter_v<float>(const float*, float*, const std::size_t*, reduce_op))
+LOOM_INSTANTIATE_MPI(void mpi_comm::allgather_v<float>(float*, const std::size_t*))
 
 static_assert(communicator<mpi_comm>);
 

@@ -53,6 +53,34 @@
 #define LOOM_MPI_DEFINITIONS_VISIBLE 1
 #endif
 
+// Templates that loom itself instantiates with its own types (float on the CPU backend,
+// loom::mpi_comm, ...) are compiled once likewise: after such a template, its header names those
+// instantiations with
+//
+//   LOOM_INSTANTIATE(declaration)      `extern template declaration;` under
+//                                      LOOM_SEPARATE_COMPILATION (the translation unit uses the
+//                                      one in loom_compiled), `template declaration;` in
+//                                      src/loom.cpp (which compiles it), nothing header-only
+//   LOOM_INSTANTIATE_MPI(declaration)  the same with LOOM_SEPARATE_COMPILATION_MPI and
+//                                      src/loom_mpi.cpp, for those that involve MPI
+//
+// A translation unit that uses other types (double, a user's communicator) instantiates those
+// itself, as always; the inline small ones may still be inlined where they are called.
+#if defined(LOOM_SEPARATE_COMPILATION) && defined(LOOM_SOURCE)
+#define LOOM_INSTANTIATE(...) template __VA_ARGS__;
+#elif defined(LOOM_SEPARATE_COMPILATION)
+#define LOOM_INSTANTIATE(...) extern template __VA_ARGS__;
+#else
+#define LOOM_INSTANTIATE(...)
+#endif
+#if defined(LOOM_SEPARATE_COMPILATION_MPI) && defined(LOOM_SOURCE_MPI)
+#define LOOM_INSTANTIATE_MPI(...) template __VA_ARGS__;
+#elif defined(LOOM_SEPARATE_COMPILATION_MPI)
+#define LOOM_INSTANTIATE_MPI(...) extern template __VA_ARGS__;
+#else
+#define LOOM_INSTANTIATE_MPI(...)
+#endif
+
 #define LOOM_VERSION_MAJOR 0
 #define LOOM_VERSION_MINOR 1
 #define LOOM_VERSION_PATCH 0

@@ -98,6 +98,8 @@ void write_safetensors(const std::filesystem::path& path, std::span<const named_
   for (const auto& t : tensors) out.write(t.values.data(), t.values.size_bytes());
   out.commit();
 }
+LOOM_INSTANTIATE(void write_safetensors<float>(const std::filesystem::path&, std::span<const named_tensor<float>>,
+                                                const std::map<std::string, std::string>&))
 
 /// A safetensors file opened for reading, its header checked: valid JSON, every tensor with a
 /// known dtype, a shape and data_offsets that agree with each other, tensors that tile the

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "loom/backend/kernels/elementwise.hpp"
+#include "loom/core/config.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/memory.hpp"
 
@@ -51,30 +52,7 @@ struct chunk_plan {
   /// The plan of `ranks` ranks training on global batches of `batch` in chunks of `chunk`.
   /// Throws loom::invalid_argument, naming batch, chunk and ranks and what would work, when
   /// chunk, batch or ranks is 0, or a full batch leaves a rank without a chunk.
-  static chunk_plan make(std::size_t batch, std::size_t chunk, std::size_t ranks) {
-    const std::string where = "loom::trainer::fit: deterministic_chunk=" + std::to_string(chunk) + " with batch=" +
-                              std::to_string(batch) + " on " + std::to_string(ranks) + " rank" +
-                              (ranks == 1 ? "" : "s") + ": ";
-    if (chunk == 0 || batch == 0)
-      throw invalid_argument(where + "expected a chunk and a batch of at least 1 sample (0 turns the mode off)");
-    if (ranks == 0) throw invalid_argument(where + "expected at least 1 rank, found 0");
-    chunk_plan p;
-    p.batch = batch;
-    p.chunk = chunk;
-    p.ranks = ranks;
-    p.chunks_per_batch = (batch + chunk - 1) / chunk;
-    p.chunks_per_rank = (p.chunks_per_batch + ranks - 1) / ranks;
-    if (p.chunks_per_batch < ranks) {
-      const std::size_t idle = ranks - p.chunks_per_batch;
-      throw invalid_argument(where + "a full batch makes " + std::to_string(p.chunks_per_batch) + " chunk" +
-                             (p.chunks_per_batch == 1 ? "" : "s") + " of at most " + std::to_string(chunk) +
-                             " samples, which leaves " + std::to_string(idle) + " rank" + (idle == 1 ? "" : "s") +
-                             " without samples in every step: expected at least one chunk per rank; use a chunk of "
-                             "at most " + std::to_string(std::max<std::size_t>(1, batch / ranks)) +
-                             " samples (batch / ranks), or fewer ranks");
-    }
-    return p;
-  }
+  LOOM_DECL static chunk_plan make(std::size_t batch, std::size_t chunk, std::size_t ranks);
 
   /// The unit data::distributed_loader::set_rank_block deals the global batches in: the chunk.
   std::size_t rank_block() const noexcept { return chunk; }
@@ -112,16 +90,7 @@ struct tree_node {
 /// The maximal aligned subtrees that the chunks [first, last) split into, left to right: the
 /// nodes a rank holding those chunks computes alone (sizes grow, then shrink; at most about
 /// 2 log2(last - first) of them).
-inline std::vector<tree_node> aligned_subtrees(std::size_t first, std::size_t last) {
-  std::vector<tree_node> out;
-  for (std::size_t at = first; at < last;) {
-    std::size_t size = std::bit_floor(last - at);
-    if (at != 0) size = std::min(size, at & (~at + 1));  // the lowest set bit: at's alignment
-    out.push_back({at, size});
-    at += size;
-  }
-  return out;
-}
+LOOM_DECL std::vector<tree_node> aligned_subtrees(std::size_t first, std::size_t last);
 
 /// Sums equally sized gradient vectors pushed in order (chunk first, first + 1, ...) in the
 /// binary tree over their indices: a stack of the complete aligned subtrees pushed so far,
@@ -358,3 +327,7 @@ class chunk_exchange {
 };
 
 }  // namespace loom
+
+#if defined(LOOM_DEFINITIONS_VISIBLE)
+#include "loom/parallel/impl/chunk_tree.ipp"
+#endif

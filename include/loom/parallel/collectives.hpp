@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "loom/comm/communicator.hpp"
+#include "loom/core/config.hpp"
 
 namespace loom {
 
@@ -31,30 +32,10 @@ class collectives {
   virtual void recv(float* p, std::size_t n, int from, int tag) = 0;
 
   /// Every rank's text, in rank order. Collective.
-  std::vector<std::string> allgather_text(const std::string& mine) {
-    std::uint64_t width = mine.size() + 1;
-    max(&width, 1);
-    std::vector<char> in(width, '\0'), all(width * static_cast<std::size_t>(size()), '\0');
-    std::memcpy(in.data(), mine.data(), mine.size());
-    allgather(in.data(), all.data(), width);
-    std::vector<std::string> out;
-    for (int r = 0; r < size(); ++r) out.emplace_back(all.data() + width * static_cast<std::size_t>(r));
-    return out;
-  }
+  LOOM_DECL std::vector<std::string> allgather_text(const std::string& mine);
   /// The ranks' non-empty texts as one message ("rank r: text", one per line; the text alone
   /// when training alone), or empty when every rank's is. Collective: every rank gets the same.
-  std::string agree_on_errors(const std::string& mine) {
-    std::uint64_t any = mine.empty() ? 0 : 1;
-    max(&any, 1);
-    if (!any) return {};
-    const auto all = allgather_text(mine);
-    if (size() == 1) return all[0];
-    std::string out;
-    for (int r = 0; r < size(); ++r)
-      if (!all[static_cast<std::size_t>(r)].empty())
-        out += (out.empty() ? "" : "\n") + std::string("rank ") + std::to_string(r) + ": " + all[static_cast<std::size_t>(r)];
-    return out;
-  }
+  LOOM_DECL std::string agree_on_errors(const std::string& mine);
 };
 
 /// A rank training alone.
@@ -85,3 +66,7 @@ class comm_collectives final : public collectives {
 };
 
 }  // namespace loom
+
+#if defined(LOOM_DEFINITIONS_VISIBLE)
+#include "loom/parallel/impl/collectives.ipp"
+#endif

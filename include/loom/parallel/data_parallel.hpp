@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -205,28 +206,8 @@ struct zero_layout {
   std::size_t shard_count = 0;        ///< values in this rank's shard
   std::size_t largest_shard = 0;      ///< the most any rank holds
 
-  template <class Buckets>
-  static zero_layout make(const Buckets& buckets, std::size_t rank, std::size_t ranks) {
-    zero_layout z;
-    z.rank = rank;
-    z.ranks = ranks;
-    std::vector<std::size_t> per_rank(ranks, 0);
-    for (const gradient_bucket& bk : buckets) {
-      for (std::size_t j = 0; j < ranks; ++j) {
-        const std::size_t lo = j * bk.count / ranks, hi = (j + 1) * bk.count / ranks;
-        z.counts.push_back(hi - lo);
-        per_rank[j] += hi - lo;
-        if (j == rank) {
-          z.begins.push_back(bk.offset + lo);
-          z.shard_at.push_back(z.shard_count);
-          if (hi > lo) z.pieces.push_back({.whole_offset = bk.offset + lo, .local_offset = z.shard_count, .count = hi - lo});
-          z.shard_count += hi - lo;
-        }
-      }
-    }
-    for (const std::size_t n : per_rank) z.largest_shard = std::max(z.largest_shard, n);
-    return z;
-  }
+  /// The layout of the buckets `buckets` on rank `rank` of `ranks`.
+  LOOM_DECL static zero_layout make(std::span<const gradient_bucket> buckets, std::size_t rank, std::size_t ranks);
   const std::size_t* counts_of(std::size_t b) const noexcept { return counts.data() + b * ranks; }
   std::size_t mine(std::size_t b) const noexcept { return counts[b * ranks + rank]; }
 };

@@ -44,7 +44,9 @@
 #include "loom/monitor/progress.hpp"
 #include "loom/nn/loss.hpp"
 #include "loom/nn/model.hpp"
+#include "loom/optim/adam.hpp"
 #include "loom/optim/schedule.hpp"
+#include "loom/optim/sgd.hpp"
 #include "loom/parallel/collectives.hpp"
 #include "loom/parallel/data_parallel.hpp"
 #include "loom/parallel/engine.hpp"
@@ -1148,6 +1150,42 @@ class trainer : public detail::trainer_body<Network, Loss, Optimizer, detail::co
   explicit trainer(Comm comm, optimizer_options opt = {}, trainer_options options = {})
       : body(facts(), std::move(comm), opt, options) {}
 };
+
+// The instantiations of the trainer's parts that depend on neither the network nor the policy,
+// for loom's own types: compiled once in loom_compiled (the CPU backend's float) and
+// loom_compiled_mpi (loom::mpi_comm) under separate compilation, rather than in every program
+// (LOOM_INSTANTIATE, loom/core/config.hpp). Where the CPU backend is not built, none.
+#if LOOM_HAS_DNNL && !defined(LOOM_WITHOUT_CPU_BACKEND) && !defined(__CUDACC__)
+LOOM_INSTANTIATE(class gradient_tree<float, cpu>)
+LOOM_INSTANTIATE(class chunk_exchange<float, cpu>)
+LOOM_INSTANTIATE(class sgd::state<float, cpu>)
+LOOM_INSTANTIATE(class detail::adam_state<adam, float, cpu>)
+LOOM_INSTANTIATE(class detail::adam_state<adamw, float, cpu>)
+LOOM_INSTANTIATE(double monitor::measure_peak_gflops<cpu>(std::size_t, double))
+#if defined(LOOM_SEPARATE_COMPILATION_MPI)
+class mpi_comm;
+LOOM_INSTANTIATE_MPI(double chunk_exchange<float, cpu>::run<mpi_comm>(mpi_comm&, const chunk_plan&, std::size_t,
+                                                                      const gradient_tree<float, cpu>&, float*, std::size_t))
+#endif
+#endif
+#if defined(LOOM_SEPARATE_COMPILATION_MPI)
+class mpi_comm;
+LOOM_INSTANTIATE_MPI(class comm_collectives<mpi_comm>)
+LOOM_INSTANTIATE_MPI(void detail::check_same_job<mpi_comm>(mpi_comm&, const std::string&, const std::string&))
+LOOM_INSTANTIATE_MPI(std::vector<rank_figures> gather_figures<mpi_comm>(mpi_comm&, const rank_figures&))
+LOOM_INSTANTIATE_MPI(std::vector<std::vector<monitor::span_event>> monitor::gather_timelines<mpi_comm>(
+    mpi_comm&, const monitor::timeline&, std::vector<std::size_t>&))
+LOOM_INSTANTIATE_MPI(std::string detail::join_exchange<mpi_comm>(mpi_comm&, mpi_comm&, bool, const fault_options&,
+                                                                 const std::string&))
+LOOM_INSTANTIATE_MPI(void detail::bring_replacements<mpi_comm>(detail::recovery_host<mpi_comm>&, const recovery_result&,
+                                                               const fault_options&, int, std::string&,
+                                                               std::optional<monitor::clock::time_point>&))
+LOOM_INSTANTIATE_MPI(detail::fit_position detail::survive<mpi_comm>(
+    detail::recovery_host<mpi_comm>&, const rank_failure&, const fault_options&, const std::string&, int,
+    const fault_marker&, io::checkpointer*, std::string&, std::string&, std::optional<monitor::clock::time_point>&))
+LOOM_INSTANTIATE_MPI(detail::fit_position detail::join_as_replacement<mpi_comm>(detail::recovery_host<mpi_comm>&,
+                                                                                const fault_options&))
+#endif
 
 }  // namespace loom
 

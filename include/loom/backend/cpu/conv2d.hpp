@@ -14,6 +14,7 @@
 
 #include "loom/backend/cpu/dnnl_support.hpp"
 #include "loom/backend/cpu/gemm.hpp"
+#include "loom/core/config.hpp"
 #include "loom/core/geometry.hpp"
 #include "loom/core/math_mode.hpp"
 #include "loom/core/memory.hpp"
@@ -329,5 +330,7 @@ class cpu_conv2d_plan {
   bool relu_ = false;
   std::vector<std::unique_ptr<entry>> entries_;
 };
+
+LOOM_INSTANTIATE(class cpu_conv2d_plan<float>)
 
 }  // namespace loom

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "loom/backend/cpu/signals.hpp"
+#include "loom/core/config.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/memory.hpp"
 
@@ -74,28 +75,14 @@ inline bool unpadded(const dnnl::memory::desc& d, std::size_t elements) {
 class reorder_cache {
  public:
   /// src and dst hold the types their descs name (f32, or bf16 for a conversion).
-  void run(const dnnl::memory::desc& from, const void* src, const dnnl::memory::desc& to, void* dst) {
-    for (auto& e : entries_)
-      if (e.from == from && e.to == to) return exec(e, src, dst);
-    entries_.push_back(dnnl_checked("creating a reorder", [&] {
-      return entry{from, to, dnnl::reorder(dnnl::reorder::primitive_desc(dnnl_engine(), from, dnnl_engine(), to))};
-    }));
-    exec(entries_.back(), src, dst);
-  }
+  LOOM_DECL void run(const dnnl::memory::desc& from, const void* src, const dnnl::memory::desc& to, void* dst);
 
  private:
   struct entry {
     dnnl::memory::desc from, to;
     dnnl::reorder prim;
   };
-  static void exec(entry& e, const void* src, void* dst) {
-    dnnl::memory s(e.from, dnnl_engine(), const_cast<void*>(src));
-    dnnl::memory d(e.to, dnnl_engine(), dst);
-    dnnl_checked("running a reorder", [&] {
-      e.prim.execute(dnnl_stream(), s, d);
-      dnnl_stream().wait();
-    });
-  }
+  LOOM_DECL static void exec(entry& e, const void* src, void* dst);
   std::vector<entry> entries_;
 };
 
@@ -115,3 +102,7 @@ class scratch {
 
 }  // namespace detail
 }  // namespace loom
+
+#if defined(LOOM_DEFINITIONS_VISIBLE)
+#include "loom/backend/cpu/impl/dnnl_support.ipp"
+#endif

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "loom/backend/cpu/dnnl_support.hpp"
+#include "loom/core/config.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/math_mode.hpp"
 #include "loom/core/memory.hpp"
@@ -21,11 +22,7 @@
 namespace loom::detail {
 
 /// The message for a CPU whose oneDNN has no bf16 matrix product or convolution.
-inline std::string cpu_bf16_unsupported(const char* what) {
-  return std::string("loom: math_mode::bf16 needs a CPU with bf16 support in oneDNN (AVX-512: avx512_core, fast with "
-                     "avx512_bf16 or amx_bf16; see /proc/cpuinfo), but oneDNN has no bf16 ") +
-         what + " on this CPU: use math_mode::fp32 (trainer_options::math), or check loom::cpu::supports(math_mode::bf16) first";
-}
+LOOM_DECL std::string cpu_bf16_unsupported(const char* what);
 
 /// C = alpha op(A) op(B) + beta C with A and B rounded to bf16 (to nearest, ties to even) and
 /// products summed in float. One matmul primitive and two f32 -> bf16 reorders per call shape,
@@ -38,41 +35,11 @@ class bf16_gemm {
     return g;
   }
 
-  void run(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
-           std::size_t lda, const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
-    const key kk{trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta};
-    entry* e = nullptr;
-    for (auto& x : entries_)
-      if (x->k == kk) e = x.get();
-    if (!e) e = &make(kk);
-    auto& eng = dnnl_engine();
-    a16_.reserve_discard(m * k);
-    b16_.reserve_discard(k * n);
-    dnnl::memory ma32(e->a32, eng, const_cast<float*>(a)), ma16(e->a16, eng, a16_.data());
-    dnnl::memory mb32(e->b32, eng, const_cast<float*>(b)), mb16(e->b16, eng, b16_.data());
-    dnnl::memory mc(e->c, eng, c);
-    dnnl_checked("running a bf16 matrix product", [&] {
-      e->ra.execute(dnnl_stream(), ma32, ma16);
-      e->rb.execute(dnnl_stream(), mb32, mb16);
-      e->mm.execute(dnnl_stream(), {{DNNL_ARG_SRC, ma16}, {DNNL_ARG_WEIGHTS, mb16}, {DNNL_ARG_DST, mc}});
-      dnnl_stream().wait();
-    });
-  }
+  LOOM_DECL void run(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
+                     std::size_t lda, const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc);
 
   /// Whether oneDNN offers a bf16 matmul on this CPU.
-  static bool available() {
-    static const bool ok = [] {
-      try {
-        using dt = dnnl::memory::data_type;
-        dnnl::memory::desc a({2, 2}, dt::bf16, {2, 1}), c({2, 2}, dt::f32, {2, 1});
-        dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, a, c), dnnl_engine());
-        return true;
-      } catch (const dnnl::error&) {
-        return false;
-      }
-    }();
-    return ok;
-  }
+  LOOM_DECL static bool available();
 
  private:
   struct key {
@@ -88,39 +55,7 @@ class bf16_gemm {
     dnnl::matmul mm;
   };
 
-  entry& make(const key& kk) {
-    using dt = dnnl::memory::data_type;
-    using dims = dnnl::memory::dims;
-    const auto d = [](std::size_t v) { return static_cast<dnnl::memory::dim>(v); };
-    auto e = std::make_unique<entry>();
-    e->k = kk;
-    // op(A) is (m, k): stored (m, k) with row stride lda, or (k, m) with row stride lda.
-    e->a32 = {{d(kk.m), d(kk.k)}, dt::f32, kk.ta ? dims{1, d(kk.lda)} : dims{d(kk.lda), 1}};
-    e->a16 = {{d(kk.m), d(kk.k)}, dt::bf16, kk.ta ? dims{1, d(kk.m)} : dims{d(kk.k), 1}};
-    e->b32 = {{d(kk.k), d(kk.n)}, dt::f32, kk.tb ? dims{1, d(kk.ldb)} : dims{d(kk.ldb), 1}};
-    e->b16 = {{d(kk.k), d(kk.n)}, dt::bf16, kk.tb ? dims{1, d(kk.k)} : dims{d(kk.n), 1}};
-    e->c = {{d(kk.m), d(kk.n)}, dt::f32, dims{d(kk.ldc), 1}};
-    auto& eng = dnnl_engine();
-    dnnl::primitive_attr attr;
-    if (kk.alpha != 1.0f) attr.set_output_scales(0, {kk.alpha});
-    if (kk.beta != 0.0f) {
-      dnnl::post_ops ops;
-      ops.append_sum(kk.beta);
-      attr.set_post_ops(ops);
-    }
-    try {
-      e->mm = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(e->a16, e->b16, e->c), attr, eng));
-    } catch (const dnnl::error& err) {
-      if (err.status == dnnl_unimplemented) throw invalid_argument(cpu_bf16_unsupported("matrix product"));
-      throw backend_error(std::string("loom: oneDNN failed while creating a bf16 matrix product: ") + err.what());
-    }
-    dnnl_checked("creating the bf16 conversions of a matrix product", [&] {
-      e->ra = dnnl::reorder(dnnl::reorder::primitive_desc(eng, e->a32, eng, e->a16));
-      e->rb = dnnl::reorder(dnnl::reorder::primitive_desc(eng, e->b32, eng, e->b16));
-    });
-    entries_.push_back(std::move(e));
-    return *entries_.back();
-  }
+  LOOM_DECL entry& make(const key& kk);
 
   std::vector<std::unique_ptr<entry>> entries_;
   buffer<std::uint16_t> a16_, b16_;
@@ -159,4 +94,11 @@ void cpu_gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::siz
   }
 }
 
+LOOM_INSTANTIATE(void cpu_gemm<float>(bool, bool, std::size_t, std::size_t, std::size_t, float, const float*, std::size_t,
+                                      const float*, std::size_t, float, float*, std::size_t, math_mode))
+
 }  // namespace loom::detail
+
+#if defined(LOOM_DEFINITIONS_VISIBLE)
+#include "loom/backend/cpu/impl/gemm.ipp"
+#endif

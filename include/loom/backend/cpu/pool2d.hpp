@@ -12,6 +12,7 @@
 #include "loom/backend/cpu/dnnl_support.hpp"
 #include "loom/backend/cpu/launch.hpp"
 #include "loom/backend/kernels/pool.hpp"
+#include "loom/core/config.hpp"
 #include "loom/core/geometry.hpp"
 #include "loom/core/memory.hpp"
 
@@ -84,5 +85,7 @@ class cpu_pool2d_plan {
   pool2d_geometry g_;
   pool_kind kind_;
 };
+
+LOOM_INSTANTIATE(class cpu_pool2d_plan<float>)
 
 }  // namespace loom

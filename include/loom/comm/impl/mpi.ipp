@@ -201,6 +201,53 @@ LOOM_MPI_DECL std::string mpi_comm::count_mismatch(int want, int got, int peer, 
          std::to_string(tag) + " but the message holds " + std::to_string(got);
 }
 
+LOOM_MPI_DECL void mpi_comm::request::wait() {
+  if (watch_ && next_ < parts_.size()) return watched_wait();
+  std::string error;
+  for (; next_ < parts_.size(); ++next_) {
+    MPI_Status status;
+    const int rc = MPI_Wait(&parts_[next_].handle, &status);
+    if (error.empty()) error = rc != MPI_SUCCESS ? detail::mpi_error_string(rc) : check(status, parts_[next_]);
+  }
+  parts_.clear();
+  next_ = 0;
+  if (!error.empty()) {
+    then_ = nullptr;
+    detail::throw_mpi(op_, rank_, error);
+  }
+  completed();
+}
+
+LOOM_MPI_DECL bool mpi_comm::request::test() {
+  for (; next_ < parts_.size(); ++next_) {
+    int flag = 0;
+    MPI_Status status;
+    const int rc = MPI_Test(&parts_[next_].handle, &flag, &status);
+    std::string error = rc != MPI_SUCCESS ? detail::mpi_error_string(rc) : std::string();
+    if (error.empty() && flag == 0) return false;
+    if (error.empty()) error = check(status, parts_[next_]);
+    if (!error.empty()) {
+      ++next_;
+      try {
+        wait();
+      } catch (const communication_error&) {  // report the first error
+      }
+      detail::throw_mpi(op_, rank_, error);
+    }
+  }
+  parts_.clear();
+  next_ = 0;
+  completed();
+  return true;
+}
+
+LOOM_MPI_DECL std::string mpi_comm::request::check(const MPI_Status& status, const part& p) const {
+  if (p.expected < 0) return {};
+  int got = 0;
+  MPI_Get_count(&status, type_, &got);
+  return got == p.expected ? std::string() : count_mismatch(p.expected, got, p.from >= 0 ? p.from : peer_, tag_);
+}
+
 LOOM_MPI_DECL void mpi_comm::request::watched_wait() {
   std::vector<MPI_Request> rest;
   for (std::size_t i = next_; i < parts_.size(); ++i) rest.push_back(parts_[i].handle);

@@ -42,3 +42,29 @@ LOOM_DECL std::string job_field_diff(const std::string& a, const std::string& b)
 }
 
 }  // namespace loom::detail
+
+namespace loom {
+
+LOOM_DECL zero_layout zero_layout::make(std::span<const gradient_bucket> buckets, std::size_t rank, std::size_t ranks) {
+  zero_layout z;
+  z.rank = rank;
+  z.ranks = ranks;
+  std::vector<std::size_t> per_rank(ranks, 0);
+  for (const gradient_bucket& bk : buckets) {
+    for (std::size_t j = 0; j < ranks; ++j) {
+      const std::size_t lo = j * bk.count / ranks, hi = (j + 1) * bk.count / ranks;
+      z.counts.push_back(hi - lo);
+      per_rank[j] += hi - lo;
+      if (j == rank) {
+        z.begins.push_back(bk.offset + lo);
+        z.shard_at.push_back(z.shard_count);
+        if (hi > lo) z.pieces.push_back({.whole_offset = bk.offset + lo, .local_offset = z.shard_count, .count = hi - lo});
+        z.shard_count += hi - lo;
+      }
+    }
+  }
+  for (const std::size_t n : per_rank) z.largest_shard = std::max(z.largest_shard, n);
+  return z;
+}
+
+}  // namespace loom
