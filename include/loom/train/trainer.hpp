@@ -437,6 +437,73 @@ class fit_host {
   ~fit_host() = default;
 };
 
+/// What checkpoints (and the emergency checkpoint) need from the typed trainer: its facts and
+/// this rank's state, moved through host memory. trainer_body implements it; the checkpoint
+/// code itself (trainer_core::record_now, snapshot, save_current, load_checkpoint) is compiled
+/// once for every trainer.
+class state_host {
+ public:
+  /// The trainer's facts that a checkpoint records or checks, fixed for its lifetime.
+  struct facts {
+    const io::network_description* network = nullptr;      ///< io::describe<Network>()
+    const std::vector<io::tensor_description>* tensors = nullptr;  ///< its tensors
+    std::size_t parameter_count = 0;
+    const char* loss = "";
+    const char* optimizer = "";
+    std::string policy;
+    std::uint64_t seed = 0;
+    math_mode math = math_mode::fp32;
+    float base_lr = 0;
+    bool per_epoch_sums = true;  ///< the engine keeps the epoch's loss sums per replica
+  };
+  virtual const facts& state_facts() const = 0;
+  /// What this rank holds of the parameters, and of the optimizer state where that differs
+  /// (shard_optimizer_state; nullopt otherwise).
+  virtual shard_map parameter_shard() const = 0;
+  virtual std::optional<shard_map> optimizer_shard() const = 0;
+  /// Values of this rank's parameters, and of each of its optimizer buffers.
+  virtual std::size_t parameter_values() const = 0;
+  virtual std::size_t state_values() const = 0;
+  /// The names of the optimizer buffers this rank keeps (Optimizer::buffer_names).
+  virtual std::vector<std::string> optimizer_buffer_names() = 0;
+  /// Copies between this rank's state and host memory: the parameters (n values in), optimizer
+  /// buffer i (state_values() values).
+  virtual void parameters_to_host(float* dst) = 0;
+  virtual void buffer_to_host(std::size_t i, float* dst) = 0;
+  virtual void parameters_from_host(const float* src, std::size_t n) = 0;
+  virtual void buffer_from_host(std::size_t i, const float* src) = 0;
+  virtual std::size_t optimizer_steps() = 0;
+  virtual void set_optimizer_steps(std::size_t n) = 0;
+  /// Host memory of n values for a snapshot, which the previous checkpoint has finished with:
+  /// the trainer's page-locked staging buffer on a backend whose memory the host cannot read,
+  /// null elsewhere (the snapshot then owns a new host vector).
+  virtual float* snapshot_staging(std::size_t n) = 0;
+  /// Sums v over the replicas (collective over the world).
+  virtual void sum_over_replicas(double* v, std::size_t n) = 0;
+  virtual int world_size() const = 0;
+
+ protected:
+  ~state_host() = default;
+};
+
+/// io::describe<Network>() and its tensors, made once per network type (not per trainer type).
+template <class Network>
+const io::network_description& described() {
+  static const io::network_description d = io::describe<Network>();
+  return d;
+}
+template <class Network>
+const std::vector<io::tensor_description>& described_tensors() {
+  static const std::vector<io::tensor_description> t = described<Network>().tensors();
+  return t;
+}
+
+/// trainer::write_trace's files: this rank's own timeline (under several ranks), and on rank 0
+/// every rank's (gathered by the engine).
+LOOM_DECL void write_rank_trace(const std::string& path, const monitor::timeline& t, int rank, int world);
+LOOM_DECL void write_whole_trace(const std::string& path, const std::vector<std::vector<monitor::span_event>>& all,
+                                 const std::vector<std::size_t>& dropped);
+
 /// The options of the last fit (what a checkpoint records of them).
 struct fit_record {
   std::size_t batch = 0, accumulation = 1, epochs = 0, max_steps = 0, deterministic_chunk = 0;
@@ -455,6 +522,26 @@ class trainer_core {
   fit_result run_fit(fit_host& h, const fit_options& opts, std::size_t samples, bool joining, std::uint64_t seed,
                      float base_lr);
 
+  /// The record of the current state (collective where the epoch's sums are summed over replicas).
+  LOOM_DECL io::trainer_record record_now(state_host& h);
+  /// This rank's parameters and optimizer buffers, copied to host memory (state_host::snapshot_staging).
+  LOOM_DECL io::rank_snapshot snapshot(state_host& h);
+  /// Starts writing a checkpoint of the current state in `directory` (collective; waits for the
+  /// previous one first: it may be using the staging memory).
+  LOOM_DECL void save_current(state_host& h, collectives& c, const std::filesystem::path& directory, bool async,
+                              std::size_t keep, double commit_timeout_s);
+  /// Reads a checkpoint (see trainer::load) and applies it; with fit's options, first checks that
+  /// the run can continue from it exactly. Returns its path (empty when none_ok and none is there).
+  LOOM_DECL std::filesystem::path load_checkpoint(state_host& h, collectives& c, const std::filesystem::path& where,
+                                                  bool none_ok, std::ostream* log, const fit_options* opts,
+                                                  std::size_t samples);
+  /// The emergency checkpoint of a survivor holding a whole replica (detail::emergency_checkpoint).
+  LOOM_DECL void write_emergency_checkpoint(state_host& h, const fit_options& opts, int rank);
+  io::checkpointer& ckpt() {
+    if (!ckpt_) ckpt_ = std::make_unique<io::checkpointer>();
+    return *ckpt_;
+  }
+
   std::size_t step_ = 0;
   float last_lr_ = 0;
   position resume_{}, cur_{};
@@ -465,13 +552,14 @@ class trainer_core {
   std::string fit_description_;   // the fit's options, as the ranks compare them
   std::optional<monitor::clock::time_point> replacement_began_;  // the last replacement's spawn, until its first good step
   bool global_sums_ = false;  // the loss sums are the whole batch's on every rank, step by step
+  std::unique_ptr<io::checkpointer> ckpt_;
 };
 
 /// Everything of loom::trainer, keyed by the policy whose code it runs (code_policy_t<Policy>):
 /// trainers whose policies differ only in run-time facts (a pipeline's micro-batch count and
 /// schedule) share it; what they differ in arrives as trainer_facts. See loom::trainer.
 template <class Network, class Loss, class Optimizer, class Policy, class Backend>
-class trainer_body : private trainer_core {
+class trainer_body : private trainer_core, private state_host {
   static_assert(is_network_v<Network>, "loom::trainer's first argument must be a loom::network<loom::input<...>, ...>");
   using traits = detail::engine_for<Network, Loss, Optimizer, Policy, Backend>;
   static_assert(!std::is_same_v<typename traits::type, detail::no_engine_for_policy>,
@@ -538,8 +626,7 @@ class trainer_body : private trainer_core {
   /// cannot be written; nothing is left in its place.
   std::filesystem::path save(const std::filesystem::path& dir) {
     const std::unique_ptr<collectives> coll = make_collectives();
-    ckpt().wait(*coll);
-    ckpt().start(*coll, dir, tensors(), snapshot(), record_now(), buffer_names(), /*async=*/false, /*keep=*/0, 600);
+    save_current(*this, *coll, dir, /*async=*/false, /*keep=*/0, 600);
     return dir / ("step-" + std::to_string(step_));
   }
 
@@ -552,7 +639,7 @@ class trainer_body : private trainer_core {
   std::filesystem::path load(const std::filesystem::path& where) {
     if (replacement_pending()) return {};  // a replacement takes the survivors' state in fit
     const std::unique_ptr<collectives> coll = make_collectives();
-    return load_checkpoint(*coll, where, /*none_ok=*/false, nullptr, nullptr, 0);
+    return load_checkpoint(*this, *coll, where, /*none_ok=*/false, nullptr, nullptr, 0);
   }
 
   /// Writes the whole model's weights as one safetensors file (loom::save_weights' format, for
@@ -675,14 +762,8 @@ class trainer_body : private trainer_core {
     else
       return std::make_unique<solo_collectives>();
   }
-  io::checkpointer& ckpt() {
-    if (!ckpt_) ckpt_ = std::make_unique<io::checkpointer>();
-    return *ckpt_;
-  }
-  static const std::vector<io::tensor_description>& tensors() {
-    static const std::vector<io::tensor_description> t = io::describe<Network>().tensors();
-    return t;
-  }
+  static const io::network_description& network_description() { return described<Network>(); }
+  static const std::vector<io::tensor_description>& tensors() { return described_tensors<Network>(); }
   static void to_host(const value_type* src, std::size_t n, value_type* dst) {
     if constexpr (space::host_accessible) {
       if (n) std::memcpy(dst, src, n * sizeof(value_type));
@@ -726,110 +807,45 @@ class trainer_body : private trainer_core {
     for (std::size_t i = 0; i < k; ++i) out.emplace_back(Optimizer::buffer_names[i]);
     return out;
   }
-  /// This rank's parameters and optimizer buffers, copied to host memory: a new host copy, or
-  /// on a backend whose memory the host cannot read (loom::cuda) the trainer's page-locked
-  /// staging buffer, which the previous checkpoint has finished with (callers wait for it first).
-  io::rank_snapshot snapshot() {
-    io::rank_snapshot s;
-    s.map = engine_.shard();
-    if constexpr (sharded_state) {
-      s.state_map = engine_.state_shard();
-      s.own_state_map = true;
-    }
-    const std::size_t n = engine_.local_count(), m = state_count();
-    const auto bufs = engine_.optimizer().buffers();
-    const std::size_t k = buffer_names().size();
-    value_type* host = nullptr;
+  // detail::state_host: what trainer_core's checkpoint code needs, for this trainer's types.
+  const state_host::facts& state_facts() const override {
+    state_facts_ = {.network = &network_description(), .tensors = &tensors(), .parameter_count = Network::parameter_count,
+                    .loss = Loss::name, .optimizer = Optimizer::name, .policy = facts_.name, .seed = options_.seed,
+                    .math = options_.math, .base_lr = opt_.lr, .per_epoch_sums = per_epoch_sums};
+    return state_facts_;
+  }
+  shard_map parameter_shard() const override { return engine_.shard(); }
+  std::optional<shard_map> optimizer_shard() const override {
+    if constexpr (sharded_state) return engine_.state_shard();
+    else return std::nullopt;
+  }
+  std::size_t parameter_values() const override { return engine_.local_count(); }
+  std::size_t state_values() const override { return state_count(); }
+  std::vector<std::string> optimizer_buffer_names() override { return buffer_names(); }
+  void parameters_to_host(float* dst) override { to_host(engine_.local_parameters(), engine_.local_count(), dst); }
+  void buffer_to_host(std::size_t i, float* dst) override {
+    const std::size_t m = state_count();
+    to_host(engine_.optimizer().buffers().data() + i * m, m, dst);
+  }
+  void parameters_from_host(const float* src, std::size_t n) override { from_host(src, n, engine_.local_parameters()); }
+  void buffer_from_host(std::size_t i, const float* src) override {
+    const std::size_t m = state_count();
+    from_host(src, m, engine_.optimizer().buffers().data() + i * m);
+  }
+  std::size_t optimizer_steps() override { return engine_.optimizer().steps(); }
+  void set_optimizer_steps(std::size_t n) override { engine_.optimizer().set_steps(n); }
+  float* snapshot_staging(std::size_t n) override {
     if constexpr (staged) {
-      snapshot_stage_.reserve_discard(n + m * k);
-      host = snapshot_stage_.data();
-      s.owner = std::shared_ptr<const void>(host, [](const void*) {});  // the trainer's; outlives the write
+      snapshot_stage_.reserve_discard(n);
+      return snapshot_stage_.data();
     } else {
-      auto v = std::make_shared<std::vector<value_type>>(n + m * k);
-      host = v->data();
-      s.owner = v;
+      (void)n;
+      return nullptr;
     }
-    to_host(engine_.local_parameters(), n, host);
-    s.params = {host, n};
-    for (std::size_t i = 0; i < k; ++i) {
-      to_host(bufs.data() + i * m, m, host + n + i * m);
-      s.buffers.emplace_back(host + n + i * m, m);
-    }
-    return s;
   }
-  /// The record of the current state (collective where the epoch's sums are summed over replicas).
-  io::trainer_record record_now() {
-    io::trainer_record r;
-    position p = cur_.next();  // an epoch that just ended: the next one's start
-    if (per_epoch_sums && !global_sums_) engine_.sum(p.sums, 3);
-    r.step = step_;
-    r.epoch = p.epoch;
-    r.batch_in_epoch = p.batch;
-    for (int i = 0; i < 3; ++i) r.epoch_sums[i] = p.sums[i];
-    r.seed = options_.seed;
-    r.batch = last_fit_.batch;
-    r.accumulation = last_fit_.accumulation;
-    r.epochs = last_fit_.epochs;
-    r.max_steps = last_fit_.max_steps;
-    r.deterministic_chunk = last_fit_.deterministic_chunk;
-    r.clip_grad_norm = last_fit_.clip_grad_norm;
-    r.samples = last_fit_.samples;
-    r.lr = last_lr_;
-    r.math = to_string(options_.math);
-    r.loss = Loss::name;
-    r.optimizer = Optimizer::name;
-    r.optimizer_options = "lr=" + std::to_string(opt_.lr);
-    r.optimizer_steps = engine_.optimizer().steps();
-    r.optimizer_buffers = buffer_names();
-    r.policy = facts_.name;
-    const shard_map m = engine_.shard();
-    r.ranks = engine_.world();
-    r.replicas = m.replicas;
-    r.stages = m.stages;
-    r.slices = m.slices;
-    static const io::network_description d = io::describe<Network>();
-    r.network = d.text();
-    r.fingerprint = d.fingerprint();
-    r.parameter_count = Network::parameter_count;
-    return r;
-  }
-  void save_current(collectives& c, const fit_options& opts, bool async) {
-    const checkpoint_options& co = opts.checkpoint;
-    ckpt().wait(c);  // the previous checkpoint is done with the staging memory
-    io::trainer_record rec = record_now();
-    ckpt().start(c, co.directory, tensors(), snapshot(), rec, buffer_names(), async, co.keep, co.commit_timeout_s);
-  }
-  /// Reads a checkpoint (see load) and applies it; with fit's options, first checks that the
-  /// run can continue from it exactly. Returns its path (empty when none_ok and none is there).
-  std::filesystem::path load_checkpoint(collectives& c, const std::filesystem::path& where, bool none_ok, std::ostream* log,
-                                        const fit_options* opts, std::size_t samples) {
-    const io::load_expectation want{.network = io::describe<Network>().text(), .optimizer = Optimizer::name,
-                                    .parameter_count = Network::parameter_count, .buffer_names = buffer_names()};
-    const shard_map m = engine_.shard();
-    std::optional<shard_map> sm;
-    if constexpr (sharded_state) sm = engine_.state_shard();
-    std::optional<io::loaded_checkpoint> got =
-        io::read_checkpoint(c, where, tensors(), m, want, none_ok, c.rank() == 0 ? log : nullptr, sm ? &*sm : nullptr);
-    if (!got) {
-      if (log && c.rank() == 0) *log << "loom: no checkpoint in " << where.string() << " yet: starting from step 0\n";
-      return {};
-    }
-    const io::trainer_record& rec = got->record;
-    if (opts) detail::check_resumable(rec, got->path, options_.seed, *opts, samples);
-    from_host(got->params.data(), got->params.size(), engine_.local_parameters());
-    auto bufs = engine_.optimizer().buffers();
-    const std::size_t n = state_count();
-    for (std::size_t i = 0; i < got->buffers.size(); ++i) from_host(got->buffers[i].data(), n, bufs.data() + i * n);
-    engine_.optimizer().set_steps(rec.optimizer_steps);
-    step_ = rec.step;
-    last_lr_ = static_cast<float>(rec.lr);
-    resume_ = {.valid = true, .epoch = rec.epoch, .batch = rec.batch_in_epoch, .batches = 0,
-               .sums = {rec.epoch_sums[0], rec.epoch_sums[1], rec.epoch_sums[2]}};
-    if (log && c.rank() == 0)
-      *log << "loom: resumed from " << got->path.string() << " (step " << rec.step << ", epoch " << rec.epoch + 1
-           << ", batch " << rec.batch_in_epoch << " of it)\n";
-    return got->path;
-  }
+  void sum_over_replicas(double* v, std::size_t n) override { engine_.sum(v, n); }
+  int world_size() const override { return engine_.world(); }
+
   static constexpr bool staged = !Backend::memory_space::host_accessible;
   using space = typename Backend::memory_space;
   using staging_space = typename detail::staging_space_of<Backend>::type;
@@ -874,12 +890,10 @@ class trainer_body : private trainer_core {
   /// in `path` (collective).
   void write_trace(const std::string& path, const monitor::timeline& t) {
     const int rank = engine_.rank(), world = engine_.world();
-    if (world > 1)
-      monitor::write_file_atomically(monitor::rank_path(path, rank, world),
-                                     monitor::chrome_trace({t.events()}, {t.dropped()}, rank));
+    if (world > 1) detail::write_rank_trace(path, t, rank, world);
     std::vector<std::size_t> dropped;
     const auto all = engine_.gather_timelines(t, dropped);
-    if (rank == 0) monitor::write_file_atomically(path, monitor::chrome_trace(all, dropped));
+    if (rank == 0) detail::write_whole_trace(path, all, dropped);
   }
 
   /// Room for a batch of n samples: the samples where the engine reads them, the labels likewise.
@@ -989,13 +1003,16 @@ class trainer_body : private trainer_core {
     batch_view<float> next_batch() override { return t_.next_batch(*loader_); }
     std::unique_ptr<collectives> make_collectives() override { return t_.make_collectives(); }
     void load_checkpoint(collectives& c, const fit_options& opts, std::size_t samples) override {
-      t_.load_checkpoint(c, opts.checkpoint.directory, /*none_ok=*/true, opts.progress, &opts, samples);
+      t_.load_checkpoint(t_, c, opts.checkpoint.directory, /*none_ok=*/true, opts.progress, &opts, samples);
     }
     detail::fit_position join_as_replacement(const fit_options& opts) override {
       if constexpr (trainer_body::can_replace) return t_.join_as_replacement(opts);
       else return {};
     }
-    void save_current(collectives& c, const fit_options& opts, bool async) override { t_.save_current(c, opts, async); }
+    void save_current(collectives& c, const fit_options& opts, bool async) override {
+      const checkpoint_options& co = opts.checkpoint;
+      t_.save_current(t_, c, co.directory, async, co.keep, co.commit_timeout_s);
+    }
     io::checkpointer& ckpt() override { return t_.ckpt(); }
     std::size_t planned_bytes(std::size_t batch) const override { return t_.planned_bytes(batch); }
     double peak_gflops() override { return monitor::measure_peak_gflops<Backend>(); }
@@ -1092,11 +1109,7 @@ class trainer_body : private trainer_core {
       std::fflush(stderr);
       return;
     }
-    if constexpr (can_watch) {
-      detail::emergency_checkpoint(co.directory, rank(), step_, ckpt_.get(), [&](io::checkpointer& writer, collectives& solo) {
-        writer.start(solo, co.directory, tensors(), snapshot(), record_now(), buffer_names(), /*async=*/false, co.keep, 10);
-      });
-    }
+    if constexpr (can_watch) write_emergency_checkpoint(*this, opts, rank());
   }
 
   trainer_facts<optimizer_options> facts_;
@@ -1109,7 +1122,7 @@ class trainer_body : private trainer_core {
   buffer<value_type, staging_space> x_stage_;  // (batch, input) on the host; empty unless staged
   buffer<std::int32_t, staging_space> labels_stage_;
   buffer<value_type, staging_space> snapshot_stage_;  // checkpoints' host copy; empty unless staged
-  std::unique_ptr<io::checkpointer> ckpt_;
+  mutable state_host::facts state_facts_;             // state_facts(), made again on each call
 };
 }  // namespace detail
 

@@ -355,4 +355,121 @@ LOOM_DECL fit_result trainer_core::run_fit(fit_host& h, const fit_options& opts,
   return r;
 }
 
+LOOM_DECL io::trainer_record trainer_core::record_now(state_host& h) {
+  const state_host::facts& f = h.state_facts();
+  io::trainer_record r;
+  position p = cur_.next();  // an epoch that just ended: the next one's start
+  if (f.per_epoch_sums && !global_sums_) h.sum_over_replicas(p.sums, 3);
+  r.step = step_;
+  r.epoch = p.epoch;
+  r.batch_in_epoch = p.batch;
+  for (int i = 0; i < 3; ++i) r.epoch_sums[i] = p.sums[i];
+  r.seed = f.seed;
+  r.batch = last_fit_.batch;
+  r.accumulation = last_fit_.accumulation;
+  r.epochs = last_fit_.epochs;
+  r.max_steps = last_fit_.max_steps;
+  r.deterministic_chunk = last_fit_.deterministic_chunk;
+  r.clip_grad_norm = last_fit_.clip_grad_norm;
+  r.samples = last_fit_.samples;
+  r.lr = last_lr_;
+  r.math = to_string(f.math);
+  r.loss = f.loss;
+  r.optimizer = f.optimizer;
+  r.optimizer_options = "lr=" + std::to_string(f.base_lr);
+  r.optimizer_steps = h.optimizer_steps();
+  r.optimizer_buffers = h.optimizer_buffer_names();
+  r.policy = f.policy;
+  const shard_map m = h.parameter_shard();
+  r.ranks = h.world_size();
+  r.replicas = m.replicas;
+  r.stages = m.stages;
+  r.slices = m.slices;
+  r.network = f.network->text();
+  r.fingerprint = f.network->fingerprint();
+  r.parameter_count = f.parameter_count;
+  return r;
+}
+
+LOOM_DECL io::rank_snapshot trainer_core::snapshot(state_host& h) {
+  io::rank_snapshot s;
+  s.map = h.parameter_shard();
+  if (std::optional<shard_map> sm = h.optimizer_shard()) {
+    s.state_map = std::move(*sm);
+    s.own_state_map = true;
+  }
+  const std::size_t n = h.parameter_values(), m = h.state_values();
+  const std::size_t k = h.optimizer_buffer_names().size();
+  float* host = h.snapshot_staging(n + m * k);
+  if (host) {
+    s.owner = std::shared_ptr<const void>(host, [](const void*) {});  // the trainer's; outlives the write
+  } else {
+    auto v = std::make_shared<std::vector<float>>(n + m * k);
+    host = v->data();
+    s.owner = v;
+  }
+  h.parameters_to_host(host);
+  s.params = {host, n};
+  for (std::size_t i = 0; i < k; ++i) {
+    h.buffer_to_host(i, host + n + i * m);
+    s.buffers.emplace_back(host + n + i * m, m);
+  }
+  return s;
+}
+
+LOOM_DECL void trainer_core::save_current(state_host& h, collectives& c, const std::filesystem::path& directory,
+                                          bool async, std::size_t keep, double commit_timeout_s) {
+  ckpt().wait(c);  // the previous checkpoint is done with the staging memory
+  io::trainer_record rec = record_now(h);
+  ckpt().start(c, directory, *h.state_facts().tensors, snapshot(h), rec, h.optimizer_buffer_names(), async, keep,
+               commit_timeout_s);
+}
+
+LOOM_DECL std::filesystem::path trainer_core::load_checkpoint(state_host& h, collectives& c,
+                                                              const std::filesystem::path& where, bool none_ok,
+                                                              std::ostream* log, const fit_options* opts,
+                                                              std::size_t samples) {
+  const state_host::facts& f = h.state_facts();
+  const io::load_expectation want{.network = f.network->text(), .optimizer = f.optimizer,
+                                  .parameter_count = f.parameter_count, .buffer_names = h.optimizer_buffer_names()};
+  const shard_map m = h.parameter_shard();
+  const std::optional<shard_map> sm = h.optimizer_shard();
+  std::optional<io::loaded_checkpoint> got =
+      io::read_checkpoint(c, where, *f.tensors, m, want, none_ok, c.rank() == 0 ? log : nullptr, sm ? &*sm : nullptr);
+  if (!got) {
+    if (log && c.rank() == 0) *log << "loom: no checkpoint in " << where.string() << " yet: starting from step 0\n";
+    return {};
+  }
+  const io::trainer_record& rec = got->record;
+  if (opts) check_resumable(rec, got->path, f.seed, *opts, samples);
+  h.parameters_from_host(got->params.data(), got->params.size());
+  for (std::size_t i = 0; i < got->buffers.size(); ++i) h.buffer_from_host(i, got->buffers[i].data());
+  h.set_optimizer_steps(rec.optimizer_steps);
+  step_ = rec.step;
+  last_lr_ = static_cast<float>(rec.lr);
+  resume_ = {.valid = true, .epoch = rec.epoch, .batch = rec.batch_in_epoch, .batches = 0,
+             .sums = {rec.epoch_sums[0], rec.epoch_sums[1], rec.epoch_sums[2]}};
+  if (log && c.rank() == 0)
+    *log << "loom: resumed from " << got->path.string() << " (step " << rec.step << ", epoch " << rec.epoch + 1
+         << ", batch " << rec.batch_in_epoch << " of it)\n";
+  return got->path;
+}
+
+LOOM_DECL void trainer_core::write_emergency_checkpoint(state_host& h, const fit_options& opts, int rank) {
+  const checkpoint_options& co = opts.checkpoint;
+  emergency_checkpoint(co.directory, rank, step_, ckpt_.get(), [&](io::checkpointer& writer, collectives& solo) {
+    writer.start(solo, co.directory, *h.state_facts().tensors, snapshot(h), record_now(h), h.optimizer_buffer_names(),
+                 /*async=*/false, co.keep, 10);
+  });
+}
+
+LOOM_DECL void write_rank_trace(const std::string& path, const monitor::timeline& t, int rank, int world) {
+  monitor::write_file_atomically(monitor::rank_path(path, rank, world), monitor::chrome_trace({t.events()}, {t.dropped()}, rank));
+}
+
+LOOM_DECL void write_whole_trace(const std::string& path, const std::vector<std::vector<monitor::span_event>>& all,
+                                 const std::vector<std::size_t>& dropped) {
+  monitor::write_file_atomically(path, monitor::chrome_trace(all, dropped));
+}
+
 }  // namespace loom::detail
