@@ -17,6 +17,7 @@
 #include "loom/backend/cpu/dnnl_support.hpp"
 #include "loom/backend/cpu/gemm.hpp"
 #include "loom/backend/cpu/pool2d.hpp"
+#include "loom/core/half.hpp"
 #include "loom/data/dataset.hpp"
 #include "loom/data/idx.hpp"
 #include "loom/data/mapped.hpp"

@@ -20,7 +20,6 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
-#include <random>
 #include <string>
 #include <system_error>
 #include <utility>

@@ -10,7 +10,7 @@
 #include <string>
 
 #if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
+#include <xmmintrin.h>  // _mm_getcsr, _mm_setcsr
 #endif
 
 #include "loom/backend/cpu/signals.hpp"

@@ -3,6 +3,8 @@
 // The definitions of mapped.hpp's non-template functions: included at the end of the header
 // (header-only), or compiled once in src/loom.cpp (LOOM_SEPARATE_COMPILATION; see loom/core/config.hpp).
 
+#include <random>  // std::random_device, for a unique temporary name
+
 #include "loom/data/mapped.hpp"
 
 namespace loom::data {
