@@ -190,6 +190,12 @@ namespace detail {
 
 LOOM_DECL void shift(std::vector<layer_description>& layers, std::size_t by);
 
+/// A described layer d of a chain: checks that its tensors (and its inner layers') hold
+/// `parameters` values, makes their offsets absolute (the layer's parameters start at `at`) and
+/// appends it to out. Throws loom::error naming the layer when a layer_traits describe() is wrong.
+LOOM_DECL void add_described(layer_description&& d, std::size_t parameters, std::size_t at,
+                             std::vector<layer_description>& out);
+
 /// Layer I of Chain (L), described, its offsets made absolute (base: where Chain's parameters
 /// start), appended to out.
 template <class Chain, std::size_t I, class L>
@@ -200,19 +206,7 @@ void describe_at(const std::string& prefix, std::size_t base, std::vector<layer_
   d.input_shape = dims_of<In>();
   d.output_shape = dims_of<typename Chain::template output_of<I>>();
   layer_traits<L>::template describe<In>(d);
-  std::size_t described = 0;
-  for (const auto& t : d.tensors) described += t.count;
-  std::vector<tensor_description> inner;
-  collect(d.inner, inner);
-  for (const auto& t : inner) described += t.count;
-  if (described != Chain::parameter_counts[I])
-    throw error("loom::io: layer " + d.path + " (" + layer_text(d) + ") is described with " + std::to_string(described) +
-                " parameters but has " + std::to_string(Chain::parameter_counts[I]) +
-                ": its loom::io::layer_traits describe() is wrong");
-  const std::size_t at_ = base + Chain::parameter_offsets[I];
-  for (auto& t : d.tensors) t.offset += at_;
-  shift(d.inner, at_);
-  out.push_back(std::move(d));
+  add_described(std::move(d), Chain::parameter_counts[I], base + Chain::parameter_offsets[I], out);
 }
 
 template <class Chain, class... Layers, std::size_t... I>

@@ -94,5 +94,20 @@ LOOM_DECL void shift(std::vector<layer_description>& layers, std::size_t by) {
     shift(l.inner, by);
   }
 }
+
+LOOM_DECL void add_described(layer_description&& d, std::size_t parameters, std::size_t at,
+                             std::vector<layer_description>& out) {
+  std::size_t described = 0;
+  for (const auto& t : d.tensors) described += t.count;
+  std::vector<tensor_description> inner;
+  collect(d.inner, inner);
+  for (const auto& t : inner) described += t.count;
+  if (described != parameters)
+    throw error("loom::io: layer " + d.path + " (" + layer_text(d) + ") is described with " + std::to_string(described) +
+                " parameters but has " + std::to_string(parameters) + ": its loom::io::layer_traits describe() is wrong");
+  for (auto& t : d.tensors) t.offset += at;
+  shift(d.inner, at);
+  out.push_back(std::move(d));
+}
 }  // namespace detail
 }  // namespace loom::io
