@@ -23,6 +23,7 @@
 #include "loom/core/half.hpp"
 #include "loom/core/memory.hpp"
 #include "loom/parallel/bucket_plan.hpp"
+#include "loom/parallel/engine.hpp"
 #include "loom/monitor/figures.hpp"
 #include "loom/monitor/timeline.hpp"
 #include "loom/parallel/shard_map.hpp"
@@ -61,6 +62,11 @@ struct compress {
 struct shard_optimizer_state {};
 
 namespace detail {
+/// An option of data_parallel that only the trainer's shared code names (detail::code_policy,
+/// loom/train/trainer.hpp): the wire format and ZeRO are the engine's run-time choice
+/// (data_parallel_choice), so that the trainers of every such choice share one compiled body.
+struct choice_at_run_time {};
+
 template <class T>
 inline constexpr bool is_compress_v = false;
 template <class H>
@@ -113,8 +119,9 @@ constexpr bool shards_state_of() {
   return n == 1;
 }
 template <class Option>
-inline constexpr bool is_data_parallel_option_v =
-    is_bucket_bytes_v<Option> || is_compress_v<Option> || std::is_same_v<Option, shard_optimizer_state>;
+inline constexpr bool is_data_parallel_option_v = is_bucket_bytes_v<Option> || is_compress_v<Option> ||
+                                                  std::is_same_v<Option, shard_optimizer_state> ||
+                                                  std::is_same_v<Option, choice_at_run_time>;
 
 /// Whether policy D shards the optimizer state (a data_parallel with shard_optimizer_state).
 template <class D>
@@ -155,12 +162,29 @@ struct data_parallel {
   static constexpr std::size_t bucket_cap_bytes = detail::bucket_cap_of<Options...>();
   /// What gradients travel as: loom::bf16 or loom::fp16 under compress<>, void (their own type) otherwise.
   using wire_type = typename detail::wire_of<Options...>::type;
+  /// The trainer's shared code: the wire format and ZeRO chosen at run time (detail::choice_at_run_time).
+  static constexpr bool choice_at_run_time = (std::is_same_v<Options, detail::choice_at_run_time> || ...);
 };
 
 template <class T>
 inline constexpr bool is_data_parallel_v = false;
 template <class C, class... O>
 inline constexpr bool is_data_parallel_v<data_parallel<C, O...>> = true;
+
+namespace detail {
+/// The run-time form of data_parallel policy D's wire format and ZeRO option (defaults for
+/// any other policy).
+template <class D>
+constexpr data_parallel_choice data_parallel_choice_of() {
+  data_parallel_choice c;
+  if constexpr (is_data_parallel_v<D>) {
+    if constexpr (std::is_same_v<typename D::wire_type, bf16>) c.wire = gradient_wire::bf16;
+    else if constexpr (std::is_same_v<typename D::wire_type, fp16>) c.wire = gradient_wire::fp16;
+    c.shard_state = D::shards_state;
+  }
+  return c;
+}
+}  // namespace detail
 
 namespace detail {
 /// The fields of a job description `key=value;key=value` that differ between a (rank 0's) and
@@ -217,29 +241,58 @@ struct zero_layout {
 /// layers, and waits for all of them before the optimizer steps. loom::replica_engine drives it
 /// under data_parallel; the tensor-parallel grid and the pipeline engine use it for the
 /// gradient average over replicas under loom::hybrid.
+///
+/// The wire format (compress<>) and ZeRO (shard_optimizer_state) are Policy's; under the
+/// trainer's shared code (detail::choice_at_run_time) they are the constructor's
+/// data_parallel_choice instead, and the code of every choice is compiled in.
 template <class Network, class T, class Policy>
 class gradient_allreduce {
   using comm_t = typename Policy::comm_type;
   using plan = bucket_plan<Network, T, Policy::bucket_cap_bytes>;
   using clock = monitor::clock;
   using wire_type = typename Policy::wire_type;
+  static constexpr bool at_run_time = Policy::choice_at_run_time;
 
  public:
   using rank_network = Network;
-  /// Whether gradients travel compressed (loom::compress<bf16 or fp16>): converted into a
-  /// 16-bit copy in host memory as each bucket starts, reduced there, converted back as it
-  /// completes.
+  /// Whether gradients travel compressed (loom::compress<bf16 or fp16>), as Policy says:
+  /// converted into a 16-bit copy in host memory as each bucket starts, reduced there,
+  /// converted back as it completes. (Under a run-time choice: false here, compressing() says.)
   static constexpr bool compressed = !std::is_void_v<wire_type>;
-  /// Whether the optimizer state is sharded (loom::shard_optimizer_state, ZeRO stage 1): each
-  /// bucket is reduce-scattered into this rank's slice of it (zero()), in the shard buffer the
-  /// engine binds (bind_shard), and gather_parameters all-gathers the stepped slices.
+  /// Whether the optimizer state is sharded (loom::shard_optimizer_state, ZeRO stage 1), as
+  /// Policy says: each bucket is reduce-scattered into this rank's slice of it (zero()), in the
+  /// shard buffer the engine binds (bind_shard), and gather_parameters all-gathers the stepped
+  /// slices. (Under a run-time choice: false here, sharding() says.)
   static constexpr bool sharded = detail::shards_state_of_v<Policy>;
-  explicit gradient_allreduce(comm_t comm) : comm_(std::move(comm)) {
-    if constexpr (sharded) make_layout();
+  /// Whether this class may compress or shard: Policy does, or the choice is made at run time
+  /// (the code of both is compiled then; ZeRO's only over a communicator that offers it).
+  static constexpr bool may_compress = compressed || at_run_time;
+  static constexpr bool may_shard = sharded || (at_run_time && detail::sharding_communicator<comm_t>);
+
+  explicit gradient_allreduce(comm_t comm, data_parallel_choice choice = {}) : comm_(std::move(comm)) {
+    if constexpr (at_run_time) {
+      if (choice.shard_state && !may_shard)
+        throw invalid_argument("loom::shard_optimizer_state: this communicator has no ireduce_scatter_v / iallgather_v");
+      wire_ = choice.wire;
+      sharded_ = choice.shard_state;
+    } else {
+      (void)choice;
+      wire_ = detail::data_parallel_choice_of<Policy>().wire;
+      sharded_ = sharded;
+    }
+    if (sharding()) make_layout();
   }
 
+  /// Whether gradients travel in 16 bits, and whether the optimizer state is sharded, in this run.
+  bool compressing() const noexcept { return may_compress && wire_ != gradient_wire::native; }
+  bool sharding() const noexcept { return may_shard && sharded_; }
+
   /// ZeRO: this rank's slices (for the world as it is now).
-  const zero_layout& zero() const noexcept { return zero_; }
+  const zero_layout& zero() const noexcept
+    requires may_shard
+  {
+    return zero_;
+  }
   /// ZeRO: where the reduced slices go (zero().shard_count values in the backend's memory).
   void bind_shard(T* shard) noexcept { shard_ = shard; }
 
@@ -288,27 +341,30 @@ class gradient_allreduce {
     detail::set_phase(fault_phase::gradient_allreduce, static_cast<std::int32_t>(plan::count) - 1);
     if (plan::count > 0 && started_ + 1 < plan::count) start(plan::count - 2, grads);  // a rank without samples ran no backward
     if (started_ < plan::count) {
-      const auto& last = plan::buckets[plan::count - 1];
+      const std::size_t b = plan::count - 1;
+      const auto& last = plan::buckets[b];
       if (started_ == 0) first_start_ = exposed.start();
       account(last);
       const auto posted = clock::now();
-      if constexpr (sharded) {
-        const std::size_t b = plan::count - 1;
-        if constexpr (compressed) {
-          post(b, grads).wait();
-          unwire(b, grads);
-        } else {
+      if (sharding() && compressing()) {
+        post(b, grads).wait();
+        unwire(b, grads);
+      } else if (sharding()) {
+        if constexpr (may_shard)
           comm_.reduce_scatter_v(grads + last.offset, shard_ + zero_.shard_at[b], zero_.counts_of(b), reduce_op::sum);
+      } else if (compressing()) {
+        if constexpr (may_compress) {
+          on_wire([&]<class H>(H*) {
+            H* w = wire<H>(grads, last);
+            comm_.allreduce(w, last.count, reduce_op::sum);
+            from_half(w, grads + last.offset, last.count);
+          });
         }
-      } else if constexpr (compressed) {
-        wire_type* w = wire(grads, last);
-        comm_.allreduce(w, last.count, reduce_op::sum);
-        from_half(w, grads + last.offset, last.count);
       } else {
         comm_.allreduce(grads + last.offset, last.count, reduce_op::sum);
       }
-      monitor::record_collective(static_cast<std::int32_t>(plan::count - 1), world(), double(last.count * wire_bytes),
-                                 posted, clock::now());
+      monitor::record_collective(static_cast<std::int32_t>(b), world(), double(last.count * wire_bytes()), posted,
+                                 clock::now());
       ++started_;
     }
     for (std::size_t i = 0; i < requests_.size(); ++i)
@@ -329,8 +385,11 @@ class gradient_allreduce {
     requests_.clear();
     flights_.clear();
     started_ = 0;
-    if constexpr (sharded) make_layout();
-    if constexpr (compressed) wire_.abandon();  // abandoned requests may still write it: a fresh one next time
+    if (sharding()) make_layout();
+    if constexpr (may_compress) {  // abandoned requests may still write them: fresh ones next time
+      wire_bf16_.abandon();
+      wire_fp16_.abandon();
+    }
   }
 
   /// Sums values over ranks (losses, counts for reporting). Collective.
@@ -342,7 +401,7 @@ class gradient_allreduce {
   /// ZeRO: every rank's stepped slices into every rank's params (the whole layout), one
   /// allgather per bucket. Collective; accounted as exposed communication.
   void gather_parameters(T* params)
-    requires sharded
+    requires may_shard
   {
     monitor::timed exposed(figures_, &rank_figures::comm_exposed_s);
     detail::set_phase(fault_phase::gradient_allreduce, -1);
@@ -388,43 +447,69 @@ class gradient_allreduce {
       ++started_;
     }
   }
+  /// Calls f with a null pointer of the wire type of this run (loom::bf16 or loom::fp16).
+  template <class F>
+  decltype(auto) on_wire(F&& f) {
+    if constexpr (!at_run_time) {
+      return f(static_cast<wire_type*>(nullptr));
+    } else {
+      if (wire_ == gradient_wire::bf16) return f(static_cast<bf16*>(nullptr));
+      return f(static_cast<fp16*>(nullptr));
+    }
+  }
   /// Posts bucket b's reduction: an allreduce of it in place, or under ZeRO a reduce-scatter
   /// into this rank's slice of the shard (16-bit copies of both when compressed).
   typename comm_t::request post(std::size_t b, T* grads) {
     const auto& bk = plan::buckets[b];
-    if constexpr (sharded) {
-      if constexpr (compressed) {
-        if (wire_shard_.size() != std::max<std::size_t>(1, zero_.shard_count))
-          wire_shard_ = buffer<wire_type, host_space>(std::max<std::size_t>(1, zero_.shard_count));
-        return comm_.ireduce_scatter_v(wire(grads, bk), wire_shard_.data() + zero_.shard_at[b], zero_.counts_of(b),
-                                       reduce_op::sum);
-      } else {
+    if constexpr (may_shard) {
+      if (sharding()) {
+        if (compressing()) {
+          if constexpr (may_compress) {
+            return on_wire([&]<class H>(H*) {
+              buffer<H, host_space>& ws = wire_buffer<H>(/*shard=*/true);
+              if (ws.size() != std::max<std::size_t>(1, zero_.shard_count))
+                ws = buffer<H, host_space>(std::max<std::size_t>(1, zero_.shard_count));
+              return comm_.ireduce_scatter_v(wire<H>(grads, bk), ws.data() + zero_.shard_at[b], zero_.counts_of(b),
+                                             reduce_op::sum);
+            });
+          }
+        }
         return comm_.ireduce_scatter_v(grads + bk.offset, shard_ + zero_.shard_at[b], zero_.counts_of(b), reduce_op::sum);
       }
-    } else if constexpr (compressed) {
-      return comm_.iallreduce(wire(grads, bk), bk.count, reduce_op::sum);
-    } else {
-      return comm_.iallreduce(grads + bk.offset, bk.count, reduce_op::sum);
     }
+    if constexpr (may_compress) {
+      if (compressing())
+        return on_wire([&]<class H>(H*) { return comm_.iallreduce(wire<H>(grads, bk), bk.count, reduce_op::sum); });
+    }
+    return comm_.iallreduce(grads + bk.offset, bk.count, reduce_op::sum);
   }
   /// Compressed: bucket b's reduced values back into float (its slice of the shard under ZeRO).
   void unwire(std::size_t b, T* grads) {
-    if constexpr (compressed) {
+    if constexpr (may_compress) {
+      if (!compressing()) return;
       const auto& bk = plan::buckets[b];
-      if constexpr (sharded) from_half(wire_shard_.data() + zero_.shard_at[b], shard_ + zero_.shard_at[b], zero_.mine(b));
-      else from_half(wire_.data() + bk.offset, grads + bk.offset, bk.count);
+      on_wire([&]<class H>(H*) {
+        if constexpr (may_shard) {
+          if (sharding()) {
+            from_half(wire_buffer<H>(true).data() + zero_.shard_at[b], shard_ + zero_.shard_at[b], zero_.mine(b));
+            return;
+          }
+        }
+        from_half(wire_buffer<H>(false).data() + bk.offset, grads + bk.offset, bk.count);
+      });
     }
   }
   void make_layout() {
-    zero_ = zero_layout::make(plan::buckets, static_cast<std::size_t>(comm_.rank()), static_cast<std::size_t>(comm_.size()));
+    if constexpr (may_shard)
+      zero_ = zero_layout::make(plan::buckets, static_cast<std::size_t>(comm_.rank()), static_cast<std::size_t>(comm_.size()));
   }
   void account(const gradient_bucket& bk) {
     const std::size_t n = static_cast<std::size_t>(world());
     // An allreduce moves 2 (n - 1) / n of the bucket per rank; a reduce-scatter half of that.
-    const double bus = n > 1 ? (sharded ? 1.0 : 2.0) * double(n - 1) / double(n) * double(bk.count * wire_bytes) : 0.0;
+    const double bus = n > 1 ? (sharding() ? 1.0 : 2.0) * double(n - 1) / double(n) * double(bk.count * wire_bytes()) : 0.0;
     figures_.bytes_sent += bus;
     figures_.bus_bytes += bus;
-    figures_.comm_bytes += n > 1 ? double(bk.count * wire_bytes) : 0.0;
+    figures_.comm_bytes += n > 1 ? double(bk.count * wire_bytes()) : 0.0;
   }
   /// Request i was seen complete now: its values back into the gradients when compressed, and
   /// onto the timeline (when one is attached).
@@ -432,22 +517,27 @@ class gradient_allreduce {
     flights_[i].done = true;
     const auto& bk = plan::buckets[static_cast<std::size_t>(flights_[i].bucket)];
     unwire(static_cast<std::size_t>(flights_[i].bucket), grads);
-    monitor::record_collective(flights_[i].bucket, world(), double(bk.count * wire_bytes), flights_[i].posted, clock::now());
+    monitor::record_collective(flights_[i].bucket, world(), double(bk.count * wire_bytes()), flights_[i].posted, clock::now());
+  }
+  /// The 16-bit copy of the gradients in H (the whole layout), or under ZeRO of this rank's
+  /// reduced slices (shard).
+  template <class H>
+  buffer<H, host_space>& wire_buffer(bool shard) {
+    if constexpr (std::is_same_v<H, bf16>) return shard ? wire_shard_bf16_ : wire_bf16_;
+    else return shard ? wire_shard_fp16_ : wire_fp16_;
   }
   /// Compressed: bucket bk's gradients rounded into their place in the 16-bit copy (allocated
   /// on first use), which the collective then reduces.
-  auto* wire(const T* grads, const gradient_bucket& bk) {
-    if constexpr (compressed) {
-      if (wire_.size() != Network::parameter_count) wire_ = buffer<wire_type, host_space>(Network::parameter_count);
-      to_half(grads + bk.offset, wire_.data() + bk.offset, bk.count);
-      return wire_.data() + bk.offset;
-    } else {
-      return grads + bk.offset;
-    }
+  template <class H>
+  H* wire(const T* grads, const gradient_bucket& bk) {
+    buffer<H, host_space>& w = wire_buffer<H>(false);
+    if (w.size() != Network::parameter_count) w = buffer<H, host_space>(Network::parameter_count);
+    to_half(grads + bk.offset, w.data() + bk.offset, bk.count);
+    return w.data() + bk.offset;
   }
 
   /// Bytes of one gradient on the wire.
-  static constexpr std::size_t wire_bytes = compressed ? 2 : sizeof(T);
+  std::size_t wire_bytes() const noexcept { return compressing() ? 2 : sizeof(T); }
 
   /// A bucket in flight: which, when it was posted, whether it was seen complete.
   struct flight {
@@ -459,14 +549,13 @@ class gradient_allreduce {
   comm_t comm_;
   std::vector<typename comm_t::request> requests_;
   std::vector<flight> flights_;  // one per request
-  struct no_wire {};
-  [[no_unique_address]] std::conditional_t<compressed, buffer<std::conditional_t<compressed, wire_type, char>, host_space>,
-                                           no_wire>
-      wire_;  // compressed: the gradients' 16-bit copy the collectives reduce
-  [[no_unique_address]] std::conditional_t<compressed && sharded,
-                                           buffer<std::conditional_t<compressed, wire_type, char>, host_space>, no_wire>
-      wire_shard_;  // compressed under ZeRO: this rank's reduced slices in 16 bits
-  [[no_unique_address]] std::conditional_t<sharded, zero_layout, no_wire> zero_;
+  gradient_wire wire_ = gradient_wire::native;
+  bool sharded_ = false;
+  // Compressed: the gradients' 16-bit copy the collectives reduce, and under ZeRO this rank's
+  // reduced slices in 16 bits; in the wire type of the run (the others stay empty).
+  buffer<bf16, host_space> wire_bf16_, wire_shard_bf16_;
+  buffer<fp16, host_space> wire_fp16_, wire_shard_fp16_;
+  zero_layout zero_;    // ZeRO: this rank's slices (empty otherwise)
   T* shard_ = nullptr;  // ZeRO: the engine's shard of reduced gradients
   std::size_t started_ = 0;
   clock::time_point first_start_{};

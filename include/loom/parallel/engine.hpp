@@ -36,15 +36,30 @@ struct batch_view {
   std::size_t offset = 0;                // the first of this replica's samples within the global batch
 };
 
+/// How data parallelism sends the gradients: as they are (float), or rounded to 16 bits
+/// (loom::compress<bf16>, loom::compress<fp16>).
+enum class gradient_wire { native, bf16, fp16 };
+
+/// The options of a data_parallel policy that its engine can also take at run time: the wire
+/// format and ZeRO stage 1 (loom::shard_optimizer_state). The trainers of one network,
+/// optimizer and communicator share one compiled body whatever these are (detail::code_policy,
+/// loom/train/trainer.hpp); the user's policy still fixes them, at compile time, and they
+/// reach that body as these values.
+struct data_parallel_choice {
+  gradient_wire wire = gradient_wire::native;
+  bool shard_state = false;
+};
+
 /// What an engine is built from: the trainer's seed and math mode, the optimizer's options,
-/// and the job every rank must share (key=value fields, compared across ranks before anything
-/// else is communicated).
+/// the job every rank must share (key=value fields, compared across ranks before anything
+/// else is communicated), and for data parallelism the options it takes at run time.
 template <class OptimizerOptions>
 struct engine_setup {
   std::uint64_t seed = 1;
   math_mode math = math_mode::fp32;
   OptimizerOptions optimizer{};
   std::string job;
+  data_parallel_choice data_parallel{};
 };
 
 namespace detail {
@@ -135,6 +150,13 @@ inline constexpr bool compresses_v = [] {
 template <class X>
 inline constexpr bool shards_state_v = [] {
   if constexpr (requires { X::sharded; }) return X::sharded;
+  else return false;
+}();
+/// Whether X (a gradient_allreduce) may shard the optimizer state: it does (shards_state_v), or
+/// it takes that choice at run time (data_parallel_choice).
+template <class X>
+inline constexpr bool may_shard_state_v = [] {
+  if constexpr (requires { X::may_shard; }) return X::may_shard;
   else return false;
 }();
 }  // namespace detail

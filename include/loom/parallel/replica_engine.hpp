@@ -65,8 +65,13 @@ class replica_passes {
                 "loom::compress<>: compressed gradients are converted in host memory; this backend's gradients are "
                 "not (loom::cuda): drop compress<> for now");
   static constexpr bool deterministic_capable = !tensor_split;
-  /// ZeRO stage 1 (loom::shard_optimizer_state): the optimizer state holds this rank's slices only.
-  static constexpr bool shards_state = detail::shards_state_v<Sync>;
+  /// ZeRO stage 1 (loom::shard_optimizer_state): whether the optimizer state may hold this
+  /// rank's slices only (Sync's policy says so, or chooses at run time), and whether it does.
+  static constexpr bool may_shard_state = detail::may_shard_state_v<Sync>;
+  bool shards_state() const noexcept {
+    if constexpr (may_shard_state) return sync_.sharding();
+    else return false;
+  }
 
   /// Takes the communication `sync`, checks that every rank runs `job` (collective), then that
   /// Backend runs `math`, initialises the model from `seed`, and makes every replica start from
@@ -81,7 +86,8 @@ class replica_passes {
         math_((detail::joining_as_replacement ? void() : sync_.check_same_job(job), detail::checked_math<Backend>(math))),
         model_(seed, 0, model_shard(sync_)) {
     if (!detail::joining_as_replacement) sync_.broadcast_parameters(model_.parameters().data(), model_type::parameter_count);
-    if constexpr (shards_state) bind_shard();
+    if constexpr (may_shard_state)
+      if (shards_state()) bind_shard();
   }
 
   int rank() const { return sync_.rank(); }
@@ -96,20 +102,23 @@ class replica_passes {
   /// rank as replica 0 of 1 (together they hold the one copy).
   shard_map state_shard() const {
     shard_map m = sync_.shard();
-    if constexpr (shards_state) {
-      // One copy of the state, spread over every rank: to a checkpoint, they are one replica.
-      const auto& z = sync_.zero();
-      m.replica = 0;
-      m.replicas = 1;
-      m.local_count = z.shard_count;
-      m.pieces = z.pieces;
+    if constexpr (may_shard_state) {
+      if (shards_state()) {
+        // One copy of the state, spread over every rank: to a checkpoint, they are one replica.
+        const auto& z = sync_.zero();
+        m.replica = 0;
+        m.replicas = 1;
+        m.local_count = z.shard_count;
+        m.pieces = z.pieces;
+      }
     }
     return m;
   }
   /// Values per buffer of the optimizer state (local_count(), or the shard's under ZeRO).
   std::size_t state_count() const noexcept {
-    if constexpr (shards_state) return sync_.zero().shard_count;
-    else return model_type::parameter_count;
+    if constexpr (may_shard_state)
+      if (shards_state()) return sync_.zero().shard_count;
+    return model_type::parameter_count;
   }
 
   model_type& model() noexcept { return model_; }
@@ -137,8 +146,10 @@ class replica_passes {
   /// Whether this engine's communication can continue on the survivors of a failed rank
   /// (data parallelism; see loom::trainer's recovery).
   /// Not under shard_optimizer_state: a lost rank takes its slice of the optimizer state with
-  /// it (the run ends; loomrun resumes it from the last checkpoint).
-  static constexpr bool recoverable = detail::replica_comm_sync<Sync> && !shards_state;
+  /// it (the run ends; loomrun resumes it from the last checkpoint). `recoverable` says whether
+  /// the code can; can_recover() whether this run can (not where it shards the state).
+  static constexpr bool recoverable = detail::replica_comm_sync<Sync> && !detail::shards_state_v<Sync>;
+  bool can_recover() const noexcept { return recoverable && !shards_state(); }
   /// After a recovery replaced the communicator (world_comm()): forgets the operations in
   /// flight on the old one, and moves the gradients and the exchange's buffer to fresh memory,
   /// since those operations may still write into the old.
@@ -155,7 +166,7 @@ class replica_passes {
   std::size_t prepare_fit(std::size_t batch, std::size_t deterministic_chunk) {
     chunks_.reset();
     if (deterministic_chunk == 0) return 0;
-    if constexpr (detail::compresses_v<Sync>) {
+    if (compresses()) {
       throw invalid_argument("loom::trainer::fit: deterministic_chunk=" + std::to_string(deterministic_chunk) +
                              " sums each gradient in one fixed order of float additions, and loom::compress<> "
                              "rounds sums to 16 bits: they do not go together; set deterministic_chunk = 0 or drop "
@@ -239,7 +250,7 @@ class replica_passes {
   };
   template <class State>
   void sharded_step(State& state, float lr, double clip)
-    requires shards_state
+    requires may_shard_state
   {
     const auto& z = sync_.zero();
     T* g = gshard_.data();
@@ -322,6 +333,12 @@ class replica_passes {
     const std::size_t n = std::max<std::size_t>(1, sync_.zero().shard_count);
     gshard_ = buffer<T, typename Backend::memory_space>(n);
     sync_.bind_shard(gshard_.data());
+  }
+
+  /// Whether this run sends its gradients in 16 bits (loom::compress<>).
+  bool compresses() const noexcept {
+    if constexpr (requires { sync_.compressing(); }) return sync_.compressing();
+    else return detail::compresses_v<Sync>;
   }
 
   static tensor_shard model_shard(const Sync& s) {
@@ -443,9 +460,11 @@ class replica_engine : public replica_passes<Network, Loss, Backend, Sync> {
   /// Clips the whole model's gradient norm (over the tensor group when split) and steps.
   void optimizer_step(float lr, double clip) {
     monitor::span span(monitor::span_kind::optimizer);
-    if constexpr (base::shards_state) {
-      base::sharded_step(state_, lr, clip);
-      return;
+    if constexpr (base::may_shard_state) {
+      if (base::shards_state()) {
+        base::sharded_step(state_, lr, clip);
+        return;
+      }
     }
     base::clip_and_close_step(clip);
     monitor::timed compute(base::figures(), &rank_figures::compute_s);

@@ -100,7 +100,9 @@ struct engine_for<Network, Loss, Optimizer, data_parallel<Comm, Options...>, Bac
   using sync = gradient_allreduce<Network, float, data_parallel<Comm, Options...>>;
   using type = replica_engine<Network, Loss, Optimizer, Backend, sync>;
   using comm = Comm;
-  static type make(Comm c, const engine_setup<typename Optimizer::options>& s) { return type(sync(std::move(c)), s); }
+  static type make(Comm c, const engine_setup<typename Optimizer::options>& s) {
+    return type(sync(std::move(c), s.data_parallel), s);
+  }
 };
 template <class Network, class Loss, class Optimizer, std::size_t Width, class Comm, class Backend>
 struct engine_for<Network, Loss, Optimizer, model_parallel<tensor_parallel<Width>, Comm>, Backend> {
@@ -135,12 +137,20 @@ struct engine_for<Network, Loss, Optimizer, hybrid<data_parallel<Comm, DO...>, p
 
 /// The policy whose code a trainer of Policy runs: Policy itself, except that a pipeline's
 /// micro-batch count and schedule are left out (its stage count and cut points stay), so that
-/// every micro-batch count and schedule of one cut shares one compiled trainer. The schedule
-/// is still verified at compile time (loom::trainer builds its tables from Policy) and reaches
-/// the shared code as data (trainer_facts).
+/// every micro-batch count and schedule of one cut shares one compiled trainer; and that
+/// data_parallel's wire format (compress<>) and ZeRO (shard_optimizer_state) are left to run
+/// time (detail::choice_at_run_time), so that plain, compressed and sharded data parallelism
+/// over one communicator share one too. The schedule is still verified at compile time
+/// (loom::trainer builds its tables from Policy), and both reach the shared code as data
+/// (trainer_facts).
 template <class Policy>
 struct code_policy {
   using type = Policy;
+};
+template <class Comm, class... O>
+  requires sharding_communicator<Comm>
+struct code_policy<data_parallel<Comm, O...>> {
+  using type = data_parallel<Comm, bucket_bytes<data_parallel<Comm, O...>::bucket_cap_bytes>, choice_at_run_time>;
 };
 template <std::size_t S, class... O, class Comm>
 struct code_policy<model_parallel<pipeline<S, O...>, Comm>> {
@@ -160,6 +170,7 @@ template <class OptimizerOptions>
 struct trainer_facts {
   std::string name;
   std::optional<pipeline_run_table> table;  // pipelines: the schedule the user named
+  data_parallel_choice data_parallel;       // data_parallel: its wire format and ZeRO
   /// memory_plan's bytes of rank `rank` at `share` samples of a global `batch` over `replicas`
   /// replicas; null where the plan does not apply (a backend other than loom::cpu).
   std::size_t (*planned)(const OptimizerOptions& opt, std::size_t rank, std::size_t share, std::size_t batch,
@@ -169,6 +180,7 @@ template <class Network, class Optimizer, class Policy, class Backend>
 trainer_facts<typename Optimizer::options> trainer_facts_of() {
   trainer_facts<typename Optimizer::options> f;
   f.name = type_name<Policy>();
+  f.data_parallel = data_parallel_choice_of<Policy>();
   if constexpr (requires { typename Policy::parallelism; }) {
     if constexpr (is_pipeline_v<typename Policy::parallelism>)
       f.table = pipeline_run_table::of<typename Policy::parallelism>();
@@ -610,10 +622,10 @@ class trainer_body : private trainer_core, private state_host {
   fit_result fit(const Dataset& data, const fit_options& opts = {}) {
     detail::check_dataset_for<Network, Dataset>();
     detail::check_fit_options(opts, data.size());
-    if (opts.fault.replace) detail::check_replace(opts.fault, can_watch, can_replace, facts_.name);
+    if (opts.fault.replace) detail::check_replace(opts.fault, watches(), replaces(), facts_.name);
     // A replacement of a lost rank (fault_options::replace): the survivors are in their
     // recovery, not here; it checks the job with them as it joins (join_as_replacement).
-    const bool joining = can_replace && detail::joining_as_replacement;
+    const bool joining = replaces() && detail::joining_as_replacement;
     fit_description_ = detail::describe_fit(opts, data.size());
     if (!joining) engine_.check_same_job(fit_description_);
     fit_part<Dataset> part(*this, data);
@@ -779,10 +791,13 @@ class trainer_body : private trainer_core, private state_host {
     }
   }
   /// Whether the engine keeps the optimizer state of its own slices only (shard_optimizer_state).
-  static constexpr bool sharded_state = requires { requires engine_type::shards_state; };
+  bool sharded_state() const {
+    if constexpr (requires { engine_.shards_state(); }) return engine_.shards_state();
+    else return false;
+  }
   /// Values per optimizer buffer on this rank: the parameters', or the shard's under ZeRO.
   std::size_t state_count() const {
-    if constexpr (sharded_state) return engine_.state_count();
+    if (sharded_state()) return engine_.state_count();
     else return engine_.local_count();
   }
   /// What loom::memory_plan says this rank needs at its share of a full batch of `batch` (its
@@ -816,8 +831,8 @@ class trainer_body : private trainer_core, private state_host {
   }
   shard_map parameter_shard() const override { return engine_.shard(); }
   std::optional<shard_map> optimizer_shard() const override {
-    if constexpr (sharded_state) return engine_.state_shard();
-    else return std::nullopt;
+    if (sharded_state()) return engine_.state_shard();
+    return std::nullopt;
   }
   std::size_t parameter_values() const override { return engine_.local_count(); }
   std::size_t state_values() const override { return state_count(); }
@@ -852,7 +867,8 @@ class trainer_body : private trainer_core, private state_host {
   static constexpr std::size_t in_width = Network::input_shape::size;
 
   engine_setup<optimizer_options> setup() const {
-    return {.seed = options_.seed, .math = options_.math, .optimizer = opt_, .job = job_description()};
+    return {.seed = options_.seed, .math = options_.math, .optimizer = opt_, .job = job_description(),
+            .data_parallel = facts_.data_parallel};
   }
   engine_type make_engine() const {
     if constexpr (std::is_void_v<comm_type>) return traits::make(setup());
@@ -962,8 +978,8 @@ class trainer_body : private trainer_core, private state_host {
   template <class Dataset>
   struct fit_part final : detail::fit_host {
     fit_part(trainer_body& t, const Dataset& data) : t_(t), data_(data) {
-      can_watch = trainer_body::can_watch;
-      can_replace = trainer_body::can_replace;
+      can_watch = t.watches();
+      can_replace = t.replaces();
       per_epoch_sums = trainer_body::per_epoch_sums;
     }
     int rank() const override { return t_.engine_.rank(); }
@@ -1054,6 +1070,7 @@ class trainer_body : private trainer_core, private state_host {
     if constexpr (!can_watch) {
       throw f;
     } else {
+      if (!watches()) throw f;
       recovery_part_of<engine_type> part(*this);
       return detail::survive(part, f, opts.fault, opts.checkpoint.directory, number, failed_at_, ckpt_.get(),
                              interrupted_lost_, report, replacement_began_);
@@ -1061,7 +1078,16 @@ class trainer_body : private trainer_core, private state_host {
   }
 
   /// Whether this process replaces a lost rank and has not joined yet (its first fit joins).
-  static bool replacement_pending() { return can_watch && detail::joining_as_replacement; }
+  bool replacement_pending() const { return watches() && detail::joining_as_replacement; }
+
+  /// Whether this run can detect failures and recover (the code can, can_watch, and the run
+  /// does not shard the optimizer state), and also replace lost ranks.
+  bool watches() const {
+    if constexpr (!can_watch) return false;
+    else if constexpr (requires { engine_.can_recover(); }) return engine_.can_recover();
+    else return true;
+  }
+  bool replaces() const { return can_replace && watches(); }
 
   /// What a replacement must share with the survivors: the trainer's job and the fit's options.
   std::string joined_description() const { return job_description() + ";" + fit_description_; }
@@ -1100,7 +1126,7 @@ class trainer_body : private trainer_core, private state_host {
   void emergency_checkpoint(const fit_options& opts) noexcept {
     const checkpoint_options& co = opts.checkpoint;
     if (co.directory.empty() || !co.on_signal || !opts.fault.emergency_checkpoint || !global_sums_) return;
-    if constexpr (sharded_state) {
+    if (sharded_state()) {
       std::fprintf(stderr,
                    "loom: rank %d: no emergency checkpoint of step %zu: the optimizer state is sharded over the ranks "
                    "(loom::shard_optimizer_state) and no survivor holds all of it; resume from the last periodic "
@@ -1140,6 +1166,11 @@ template <class Network, class Loss, class Optimizer, class Policy = single_proc
 class trainer : public detail::trainer_body<Network, Loss, Optimizer, detail::code_policy_t<Policy>, Backend> {
   using body = detail::trainer_body<Network, Loss, Optimizer, detail::code_policy_t<Policy>, Backend>;
   using comm_ = typename body::comm_type;
+  // (The shared body takes data_parallel's wire format at run time: checked here, on Policy.)
+  static_assert(detail::data_parallel_choice_of<Policy>().wire == gradient_wire::native ||
+                    Backend::memory_space::host_accessible,
+                "loom::compress<>: compressed gradients are converted in host memory; this backend's gradients are "
+                "not (loom::cuda): drop compress<> for now");
   static detail::trainer_facts<typename Optimizer::options> facts() {
     return detail::trainer_facts_of<Network, Optimizer, Policy, Backend>();
   }
