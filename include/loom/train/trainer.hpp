@@ -797,8 +797,9 @@ class trainer_body : private trainer_core, private state_host {
   }
   /// Values per optimizer buffer on this rank: the parameters', or the shard's under ZeRO.
   std::size_t state_count() const {
-    if (sharded_state()) return engine_.state_count();
-    else return engine_.local_count();
+    if constexpr (requires { engine_.state_count(); })
+      if (sharded_state()) return engine_.state_count();
+    return engine_.local_count();
   }
   /// What loom::memory_plan says this rank needs at its share of a full batch of `batch` (its
   /// stage or slice, its replica's share); 0 where the plan does not apply: a backend other
@@ -831,7 +832,8 @@ class trainer_body : private trainer_core, private state_host {
   }
   shard_map parameter_shard() const override { return engine_.shard(); }
   std::optional<shard_map> optimizer_shard() const override {
-    if (sharded_state()) return engine_.state_shard();
+    if constexpr (requires { engine_.state_shard(); })
+      if (sharded_state()) return engine_.state_shard();
     return std::nullopt;
   }
   std::size_t parameter_values() const override { return engine_.local_count(); }
