@@ -173,7 +173,7 @@ for t in $(seq 1 "$trials"); do
   case $mode in
     replace)
       grep "^loom: replacement" "$d/err"
-      grep -q "^loom: replacement after recovery 1 at step [0-9]*: replaced rank [0-9]* (world rank [0-9]*, pid [0-9]* on [^)]*) by rank $((np - 1)) (pid [0-9]* on " "$d/err" ||
+      grep -q "^loom: replacement after recovery [0-9]* at step [0-9]*: replaced rank [0-9]* (world rank [0-9]*, pid [0-9]* on [^)]*) by rank $((np - 1)) (pid [0-9]* on " "$d/err" ||
         { cat "$d/err"; fail "trial $t: no replacement report naming the lost rank and its replacement"; }
       grep -q "^loom: replacement: first good step ([0-9]*) on $np ranks done" "$d/err" ||
         { cat "$d/err"; fail "trial $t: no first good step on $np ranks after the replacement"; }
@@ -183,12 +183,12 @@ for t in $(seq 1 "$trials"); do
       spawn=$(sed -n 's/.*; spawn \([0-9.]*\) s, merge \([0-9.]*\) s, join[^0-9]*\([0-9.]*\) s.*/spawn \1 s, merge \2 s, join \3 s/p' "$d/err" | head -1)
       echo "trial $t: $spawn" ;;
     refused)
-      grep -q "^loom: replacement after recovery 1: no replacement for rank [0-9]* .*MPI_Comm_spawn_multiple.* failed: .*; $expect ranks go on" "$d/err" ||
+      grep -q "^loom: replacement after recovery [0-9]*: no replacement for rank [0-9]* .*MPI_Comm_spawn_multiple.* failed: .*; $expect ranks go on" "$d/err" ||
         { cat "$d/err"; fail "trial $t: the survivors did not say why no replacement was started"; } ;;
     foreign)
       grep -q "it does not run the survivors' job: \[seed=7\] where rank 0 has \[seed=" "$d/err" ||
         { cat "$d/err"; fail "trial $t: the foreign replacement did not name the field that differs"; }
-      grep -q "^loom: replacement after recovery 1: no replacement for rank [0-9]* .*runs another job.*; $expect ranks go on" "$d/err" ||
+      grep -q "^loom: replacement after recovery [0-9]*: no replacement for rank [0-9]* .*runs another job.*; $expect ranks go on" "$d/err" ||
         { cat "$d/err"; fail "trial $t: the survivors did not say why they refused the replacement"; } ;;
   esac
   grep -q "ranks=$expect " "$d/out" || { cat "$d/out" "$d/err"; fail "trial $t: the result line does not say ranks=$expect"; }
