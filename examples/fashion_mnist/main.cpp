@@ -12,13 +12,13 @@ namespace {
 constexpr const char* program = "fashion_mnist";
 
 #if LOOM_HAS_MPI
-using policy = loom::data_parallel<loom::mpi_comm>;
-/// --grad-compression bf16|fp16: the gradients sent in 16 bits (loom::compress<>). Built for SGD
-/// only, which is what it is measured with, to keep the example's compile time.
-template <class H>
-using compressed_policy = loom::data_parallel<loom::mpi_comm, loom::compress<H>>;
-/// --zero: the optimizer state sharded over the ranks (ZeRO stage 1).
-using zero_policy = loom::data_parallel<loom::mpi_comm, loom::shard_optimizer_state>;
+/// Data parallel over every rank mpirun starts. The wire format (--grad-compression) and ZeRO
+/// (--zero) come from flags, so they are chosen at run time (loom::choose_at_run_time), as the
+/// optimizer is (loom::any_optimizer): one trainer type per network serves every combination,
+/// bitwise as the policy that names them would, and the example compiles the trainer twice
+/// (mlp, cnn) rather than once per combination. A program with fixed choices names them:
+/// loom::data_parallel<loom::mpi_comm, loom::compress<loom::bf16>>, loom::adam.
+using policy = loom::data_parallel<loom::mpi_comm, loom::choose_at_run_time>;
 #else
 using policy = loom::single_process;
 #endif
@@ -26,11 +26,25 @@ using policy = loom::single_process;
 /// --grad-compression: none (default), bf16 or fp16.
 std::string grad_compression = "none";
 
-template <class Net, class Optimizer, class Policy = policy>
-int train(const example::flags& f, typename Optimizer::options opt) {
+template <class Net>
+int train(const example::flags& f) {
   auto train_set = example::load(f, loom::data::split::train);
   auto test_set = example::load(f, loom::data::split::test);
-  loom::trainer<Net, loom::softmax_cross_entropy, Optimizer, Policy> t{opt, {.seed = f.seed, .threads = f.threads}};
+  const loom::any_optimizer::options opt =
+      f.optimizer == "adam" ? loom::any_optimizer::options(loom::adam::options{.lr = f.lr})
+                            : loom::any_optimizer::options(loom::sgd::options{.lr = f.lr, .momentum = f.momentum});
+  const loom::trainer_options options{.seed = f.seed, .threads = f.threads};
+#if LOOM_HAS_MPI
+  const loom::data_parallel_choice choice{.wire = grad_compression == "bf16"   ? loom::gradient_wire::bf16
+                                                  : grad_compression == "fp16" ? loom::gradient_wire::fp16
+                                                                               : loom::gradient_wire::native,
+                                          .shard_state = f.zero};
+  loom::trainer<Net, loom::softmax_cross_entropy, loom::any_optimizer, policy> t{opt, options, choice};
+#else
+  if (f.zero) throw loom::invalid_argument("--zero needs the MPI build (data parallelism)");
+  if (grad_compression != "none") throw loom::invalid_argument("--grad-compression needs the MPI build (data parallelism)");
+  loom::trainer<Net, loom::softmax_cross_entropy, loom::any_optimizer, policy> t{opt, options};
+#endif
   const bool lead = t.rank() == 0;
   if (!f.quiet && lead)
     std::cerr << program << ": " << f.model << " (" << Net::parameter_count << " parameters), " << train_set.size()
@@ -54,34 +68,6 @@ int train(const example::flags& f, typename Optimizer::options opt) {
   return 0;
 }
 
-template <class Net>
-int train_with(const example::flags& f) {
-  if (f.zero) {
-#if LOOM_HAS_MPI
-    if (grad_compression != "none")
-      throw loom::invalid_argument("--zero is built without --grad-compression (the library has both: "
-                                   "loom::data_parallel<Comm, loom::shard_optimizer_state, loom::compress<H>>)");
-    if (f.optimizer == "adam") return train<Net, loom::adam, zero_policy>(f, {.lr = f.lr});
-    return train<Net, loom::sgd, zero_policy>(f, {.lr = f.lr, .momentum = f.momentum});
-#else
-    throw loom::invalid_argument("--zero needs the MPI build (data parallelism)");
-#endif
-  }
-  if (grad_compression != "none") {
-#if LOOM_HAS_MPI
-    if (f.optimizer != "sgd")
-      throw loom::invalid_argument("--grad-compression " + grad_compression + " is built with --optimizer sgd only");
-    const loom::sgd::options o{.lr = f.lr, .momentum = f.momentum};
-    if (grad_compression == "bf16") return train<Net, loom::sgd, compressed_policy<loom::bf16>>(f, o);
-    return train<Net, loom::sgd, compressed_policy<loom::fp16>>(f, o);
-#else
-    throw loom::invalid_argument("--grad-compression needs the MPI build (data parallelism)");
-#endif
-  }
-  if (f.optimizer == "adam") return train<Net, loom::adam>(f, {.lr = f.lr});
-  return train<Net, loom::sgd>(f, {.lr = f.lr, .momentum = f.momentum});
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -90,7 +76,7 @@ int main(int argc, char** argv) {
 #endif
   example::parser p(program, std::string("usage: fashion_mnist [flags]\n") + example::common_usage +
                                   "  --grad-compression none|bf16|fp16  gradients sent in 16 bits, summed in float\n"
-                                  "                         (loom::compress<>; data parallel, SGD; default none)\n");
+                                  "                         (loom::compress<>; data parallel; default none)\n");
   const example::flags f = p.with_weights_flags().with_zero_flag().parse(argc, argv, [&](std::string_view name, std::string_view value) {
     if (name != "grad-compression") return false;
     grad_compression = value;
@@ -104,5 +90,5 @@ int main(int argc, char** argv) {
                                          : loom::world_size_rules<example::mlp, policy>::list(f.batch, f.deterministic_chunk));
     return 0;
   }
-  return example::guarded(program, [&] { return f.model == "cnn" ? train_with<example::cnn>(f) : train_with<example::mlp>(f); });
+  return example::guarded(program, [&] { return f.model == "cnn" ? train<example::cnn>(f) : train<example::mlp>(f); });
 }

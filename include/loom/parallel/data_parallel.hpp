@@ -61,11 +61,20 @@ struct compress {
 /// (docs/data-parallel.md, "Sharded optimizer state").
 struct shard_optimizer_state {};
 
+/// Option of data_parallel: the wire format (compress<>) and ZeRO (shard_optimizer_state) are
+/// chosen when the trainer is built, as a loom::data_parallel_choice (loom::trainer's
+/// constructors that take one), rather than named here: for a program that takes them from a
+/// flag. Its runs are bitwise those of the policy that names the same options, and describe
+/// themselves as it (job checks, checkpoints). Every rank must choose alike (checked). Not
+/// with compress<> or shard_optimizer_state, nor under loom::hybrid.
+struct choose_at_run_time {};
+
 namespace detail {
-/// An option of data_parallel that only the trainer's shared code names (detail::code_policy,
-/// loom/train/trainer.hpp): the wire format and ZeRO are the engine's run-time choice
-/// (data_parallel_choice), so that the trainers of every such choice share one compiled body.
-struct choice_at_run_time {};
+/// The trainer's shared code (detail::code_policy, loom/train/trainer.hpp) keys every
+/// data_parallel policy over one communicator by this option, so that the trainers of every
+/// wire format and ZeRO choice share one compiled body; the choice arrives as a
+/// data_parallel_choice.
+using choice_at_run_time = choose_at_run_time;
 
 template <class T>
 inline constexpr bool is_compress_v = false;
@@ -141,7 +150,8 @@ concept sharding_communicator = requires(C& c, float* p, const float* cp, const 
 }  // namespace detail
 
 /// Data parallelism over communicator Comm (loom::mpi_comm, loom::local_comm). Options, in any
-/// order: bucket_bytes<N>, compress<bf16> or compress<fp16>, shard_optimizer_state.
+/// order: bucket_bytes<N>, compress<bf16> or compress<fp16>, shard_optimizer_state; or
+/// choose_at_run_time in place of the last two.
 template <class Comm, class... Options>
 struct data_parallel {
   static_assert(communicator<Comm>,
@@ -149,7 +159,7 @@ struct data_parallel {
                 "<loom/comm/mpi.hpp> or loom::local_comm from <loom/comm/local.hpp>)");
   static_assert((detail::is_data_parallel_option_v<Options> && ...),
                 "loom::data_parallel<Comm, Options...>: an option is not one of data_parallel's (bucket_bytes<N>, "
-                "compress<bf16>, compress<fp16>, shard_optimizer_state)");
+                "compress<bf16>, compress<fp16>, shard_optimizer_state, choose_at_run_time)");
   static_assert(!(detail::is_bad_compress_v<Options> || ...),
                 "loom::compress<H>: H must be loom::bf16 or loom::fp16 (the 16-bit wire floats of loom/core/half.hpp)");
   static_assert(detail::compress_once<Options...>());
@@ -162,8 +172,11 @@ struct data_parallel {
   static constexpr std::size_t bucket_cap_bytes = detail::bucket_cap_of<Options...>();
   /// What gradients travel as: loom::bf16 or loom::fp16 under compress<>, void (their own type) otherwise.
   using wire_type = typename detail::wire_of<Options...>::type;
-  /// The trainer's shared code: the wire format and ZeRO chosen at run time (detail::choice_at_run_time).
-  static constexpr bool choice_at_run_time = (std::is_same_v<Options, detail::choice_at_run_time> || ...);
+  /// The wire format and ZeRO chosen at run time (choose_at_run_time; also the trainer's shared code's).
+  static constexpr bool choice_at_run_time = (std::is_same_v<Options, choose_at_run_time> || ...);
+  static_assert(!choice_at_run_time || (std::is_void_v<wire_type> && !shards_state),
+                "loom::data_parallel<Comm, ..., loom::choose_at_run_time>: the wire format and ZeRO are then chosen "
+                "at run time (loom::data_parallel_choice); drop compress<> and shard_optimizer_state from the policy");
 };
 
 template <class T>

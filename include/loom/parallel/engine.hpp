@@ -39,12 +39,23 @@ struct batch_view {
 /// How data parallelism sends the gradients: as they are (float), or rounded to 16 bits
 /// (loom::compress<bf16>, loom::compress<fp16>).
 enum class gradient_wire { native, bf16, fp16 };
+/// "native", "bf16", "fp16" ("?" for a value that is none of them).
+constexpr const char* to_string(gradient_wire w) noexcept {
+  switch (w) {
+    case gradient_wire::native: return "native";
+    case gradient_wire::bf16: return "bf16";
+    case gradient_wire::fp16: return "fp16";
+  }
+  return "?";
+}
 
-/// The options of a data_parallel policy that its engine can also take at run time: the wire
-/// format and ZeRO stage 1 (loom::shard_optimizer_state). The trainers of one network,
-/// optimizer and communicator share one compiled body whatever these are (detail::code_policy,
-/// loom/train/trainer.hpp); the user's policy still fixes them, at compile time, and they
-/// reach that body as these values.
+/// The options of a data_parallel policy that can also be taken at run time: the wire format
+/// (gradient_wire::bf16 and fp16 as loom::compress<bf16> and compress<fp16>) and ZeRO stage 1
+/// (shard_state as loom::shard_optimizer_state). A program that reads them from a flag names
+/// loom::data_parallel<Comm, loom::choose_at_run_time> and hands loom::trainer one of these.
+/// Inside loom, the trainers of one network, optimizer and communicator share one compiled
+/// body whatever these are (detail::code_policy, loom/train/trainer.hpp): a policy that names
+/// them still fixes them at compile time, and they reach that body as these values.
 struct data_parallel_choice {
   gradient_wire wire = gradient_wire::native;
   bool shard_state = false;

@@ -45,6 +45,7 @@
 #include "loom/nn/loss.hpp"
 #include "loom/nn/model.hpp"
 #include "loom/optim/adam.hpp"
+#include "loom/optim/any.hpp"
 #include "loom/optim/schedule.hpp"
 #include "loom/optim/sgd.hpp"
 #include "loom/parallel/collectives.hpp"
@@ -191,6 +192,55 @@ trainer_facts<typename Optimizer::options> trainer_facts_of() {
       return rank_memory_for<Network, Optimizer, Policy>(opt, rank).bytes_at(share, batch, replicas);
     };
   return f;
+}
+
+/// The data_parallel policy that names what a run-time choice chose: Policy
+/// (data_parallel<Comm, ..., choose_at_run_time>) with Chosen (compress<H>,
+/// shard_optimizer_state) in place of choose_at_run_time, its bucket size kept.
+template <class Policy, class... Chosen>
+using chosen_data_parallel =
+    std::conditional_t<Policy::bucket_cap_bytes == data_parallel<typename Policy::comm_type>::bucket_cap_bytes,
+                       data_parallel<typename Policy::comm_type, Chosen...>,
+                       data_parallel<typename Policy::comm_type, bucket_bytes<Policy::bucket_cap_bytes>, Chosen...>>;
+
+/// Whether Policy takes data parallelism's wire format and ZeRO at run time
+/// (data_parallel<Comm, ..., choose_at_run_time>).
+template <class Policy>
+inline constexpr bool chooses_at_run_time_v = [] {
+  if constexpr (is_data_parallel_v<Policy>) return Policy::choice_at_run_time;
+  else return false;
+}();
+
+/// The facts of a trainer of Policy (data_parallel<Comm, ..., choose_at_run_time>) built with
+/// `choice`: those of the policy that names the same options (chosen_data_parallel), so that
+/// the run describes itself as that policy's would (job checks, checkpoint records, the memory
+/// plan). Throws loom::invalid_argument for a choice the communicator or the backend cannot run.
+template <class Network, class Optimizer, class Policy, class Backend>
+trainer_facts<typename Optimizer::options> trainer_facts_of_choice(const data_parallel_choice& choice) {
+  using comm = typename Policy::comm_type;
+  auto with = [&]<class... Chosen>() { return trainer_facts_of<Network, Optimizer, chosen_data_parallel<Policy, Chosen...>, Backend>(); };
+  if (choice.wire != gradient_wire::native && choice.wire != gradient_wire::bf16 && choice.wire != gradient_wire::fp16)
+    throw invalid_argument("loom::trainer: data_parallel_choice::wire is not one of loom::gradient_wire's values (found " +
+                           std::to_string(static_cast<int>(choice.wire)) + ")");
+  if (choice.wire != gradient_wire::native && !Backend::memory_space::host_accessible)
+    throw invalid_argument(std::string("loom::trainer: data_parallel_choice::wire = gradient_wire::") +
+                           to_string(choice.wire) +
+                           " (loom::compress<>): compressed gradients are converted in host memory; this backend's "
+                           "gradients are not (loom::" + Backend::name + "): choose gradient_wire::native");
+  if (choice.shard_state) {
+    if constexpr (sharding_communicator<comm>) {
+      if (choice.wire == gradient_wire::bf16) return with.template operator()<compress<bf16>, shard_optimizer_state>();
+      if (choice.wire == gradient_wire::fp16) return with.template operator()<compress<fp16>, shard_optimizer_state>();
+      return with.template operator()<shard_optimizer_state>();
+    } else {
+      throw invalid_argument("loom::trainer: data_parallel_choice::shard_state (ZeRO): this communicator has no "
+                             "ireduce_scatter_v / iallgather_v (blocks of different sizes); use loom::mpi_comm, "
+                             "loom::nccl_comm or loom::local_comm");
+    }
+  }
+  if (choice.wire == gradient_wire::bf16) return with.template operator()<compress<bf16>>();
+  if (choice.wire == gradient_wire::fp16) return with.template operator()<compress<fp16>>();
+  return with.template operator()<>();
 }
 
 extern "C" inline void loom_preemption_handler(int sig) { preemption_signal = sig; }
@@ -629,7 +679,7 @@ class trainer_body : private trainer_core, private state_host {
     fit_description_ = detail::describe_fit(opts, data.size());
     if (!joining) engine_.check_same_job(fit_description_);
     fit_part<Dataset> part(*this, data);
-    return run_fit(part, opts, data.size(), joining, options_.seed, opt_.lr);
+    return run_fit(part, opts, data.size(), joining, options_.seed, detail::base_lr<Optimizer>(opt_));
   }
 
   /// Saves a checkpoint of the current state as `dir`/step-<steps()> (see loom/io/checkpoint.hpp),
@@ -820,14 +870,14 @@ class trainer_body : private trainer_core, private state_host {
     const std::size_t k = n ? engine_.optimizer().buffers().size() / n
                             : typename Optimizer::template state<value_type, Backend>(opt_, 1).buffers().size();
     std::vector<std::string> out;
-    for (std::size_t i = 0; i < k; ++i) out.emplace_back(Optimizer::buffer_names[i]);
+    for (std::size_t i = 0; i < k; ++i) out.emplace_back(detail::optimizer_buffer_names<Optimizer>(opt_)[i]);
     return out;
   }
   // detail::state_host: what trainer_core's checkpoint code needs, for this trainer's types.
   const state_host::facts& state_facts() const override {
     state_facts_ = {.network = &network_description(), .tensors = &tensors(), .parameter_count = Network::parameter_count,
-                    .loss = Loss::name, .optimizer = Optimizer::name, .policy = facts_.name, .seed = options_.seed,
-                    .math = options_.math, .base_lr = opt_.lr, .per_epoch_sums = per_epoch_sums};
+                    .loss = Loss::name, .optimizer = detail::optimizer_name<Optimizer>(opt_), .policy = facts_.name, .seed = options_.seed,
+                    .math = options_.math, .base_lr = detail::base_lr<Optimizer>(opt_), .per_epoch_sums = per_epoch_sums};
     return state_facts_;
   }
   shard_map parameter_shard() const override { return engine_.shard(); }
@@ -886,7 +936,7 @@ class trainer_body : private trainer_core, private state_host {
 
   /// The job every rank must share; the engine adds its policy's own fields.
   std::string job_description() const {
-    return detail::describe_job(type_name<Network>(), Network::parameter_count, Loss::name, Optimizer::name, options_.seed,
+    return detail::describe_job(type_name<Network>(), Network::parameter_count, Loss::name, detail::optimizer_name<Optimizer>(opt_), options_.seed,
                                 options_.math, facts_.name);
   }
 
@@ -1173,8 +1223,10 @@ class trainer : public detail::trainer_body<Network, Loss, Optimizer, detail::co
                     Backend::memory_space::host_accessible,
                 "loom::compress<>: compressed gradients are converted in host memory; this backend's gradients are "
                 "not (loom::cuda): drop compress<> for now");
-  static detail::trainer_facts<typename Optimizer::options> facts() {
-    return detail::trainer_facts_of<Network, Optimizer, Policy, Backend>();
+  static constexpr bool chooses_ = detail::chooses_at_run_time_v<Policy>;
+  static detail::trainer_facts<typename Optimizer::options> facts(const data_parallel_choice& choice = {}) {
+    if constexpr (chooses_) return detail::trainer_facts_of_choice<Network, Optimizer, Policy, Backend>(choice);
+    else return detail::trainer_facts_of<Network, Optimizer, Policy, Backend>();
   }
 
  public:
@@ -1185,6 +1237,21 @@ class trainer : public detail::trainer_body<Network, Loss, Optimizer, detail::co
   explicit trainer(optimizer_options opt = {}, trainer_options options = {})
     requires(std::is_void_v<comm_> || requires { comm_::world(); })
       : body(facts(), opt, options) {}
+
+  /// Under loom::data_parallel<Comm, ..., loom::choose_at_run_time>: trains on Comm::world()
+  /// with the wire format and ZeRO that `choice` names (without it: float gradients, no ZeRO),
+  /// bitwise as the policy that names them would. Every rank must choose alike: the job check
+  /// names the policy field that differs. Throws loom::invalid_argument for a choice the
+  /// communicator (ZeRO needs ireduce_scatter_v) or the backend (compression: host memory)
+  /// cannot run. Collective.
+  trainer(optimizer_options opt, trainer_options options, const data_parallel_choice& choice)
+    requires(chooses_ && requires { comm_::world(); })
+      : body(facts(choice), opt, options) {}
+  /// The same on `comm`. Collective over comm.
+  template <class Comm>
+    requires(chooses_ && std::is_same_v<Comm, comm_>)
+  trainer(Comm comm, optimizer_options opt, trainer_options options, const data_parallel_choice& choice)
+      : body(facts(choice), std::move(comm), opt, options) {}
 
   /// Trains on `comm` (e.g. a loom::local_comm of a local_world). Collective over comm.
   /// Throws loom::invalid_argument when comm's size does not fit the policy (a pipeline: S
@@ -1207,6 +1274,7 @@ LOOM_INSTANTIATE(class chunk_exchange<float, cpu>)
 LOOM_INSTANTIATE(class sgd::state<float, cpu>)
 LOOM_INSTANTIATE(class detail::adam_state<adam, float, cpu>)
 LOOM_INSTANTIATE(class detail::adam_state<adamw, float, cpu>)
+LOOM_INSTANTIATE(class any_optimizer::state<float, cpu>)
 LOOM_INSTANTIATE(double monitor::measure_peak_gflops<cpu>(std::size_t, double))
 #if defined(LOOM_SEPARATE_COMPILATION_MPI)
 class mpi_comm;

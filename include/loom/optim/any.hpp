@@ -1,0 +1,156 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// loom::any_optimizer: the optimizer chosen at run time among loom's own (sgd, adam, adamw),
+// for a program that takes it from a flag or a configuration file. One trainer type then
+// serves every choice, so the program compiles the trainer once instead of once per optimizer.
+// The arithmetic, the checks and the messages are the chosen optimizer's own; a run with
+// any_optimizer holding sgd's options is bitwise a run of loom::sgd, and its checkpoints name
+// "sgd" (either trainer resumes the other's).
+
+#include <cstddef>
+#include <span>
+#include <type_traits>
+#include <utility>
+#include <variant>
+
+#include "loom/optim/adam.hpp"
+#include "loom/optim/sgd.hpp"
+
+namespace loom {
+
+namespace detail {
+/// The optimizer whose options are O (loom::sgd, adam or adamw).
+template <class O>
+struct optimizer_of;
+template <>
+struct optimizer_of<sgd::options> {
+  using type = sgd;
+};
+template <>
+struct optimizer_of<adam::options> {
+  using type = adam;
+};
+template <>
+struct optimizer_of<adamw::options> {
+  using type = adamw;
+};
+template <class O>
+using optimizer_of_t = typename optimizer_of<std::remove_cvref_t<O>>::type;
+}  // namespace detail
+
+/// One of loom::sgd, loom::adam and loom::adamw, chosen by the options it is given:
+///   loom::trainer<Net, Loss, loom::any_optimizer> t{loom::adam::options{.lr = 1e-3f}};
+/// options() without an argument is loom::sgd's defaults.
+struct any_optimizer {
+  /// The chosen optimizer's options (implicitly from each of them).
+  class options {
+   public:
+    constexpr options() = default;
+    // Implicit, so that `trainer t{loom::adam::options{...}}` reads as it means.
+    constexpr options(const sgd::options& o) : chosen_(o) {}
+    constexpr options(const adam::options& o) : chosen_(o) {}
+    constexpr options(const adamw::options& o) : chosen_(o) {}
+
+    /// The chosen optimizer's name ("sgd", "adam", "adamw"), as checkpoints record it.
+    constexpr const char* name() const noexcept {
+      return std::visit([](const auto& o) { return detail::optimizer_of_t<decltype(o)>::name; }, chosen_);
+    }
+    /// Its base learning rate.
+    constexpr float lr() const noexcept {
+      return std::visit([](const auto& o) { return o.lr; }, chosen_);
+    }
+    /// Its options, when Optimizer (sgd, adam or adamw) is the one chosen; null otherwise.
+    template <class Optimizer>
+    const typename Optimizer::options* get_if() const noexcept {
+      return std::get_if<typename Optimizer::options>(&chosen_);
+    }
+    /// f(o) with the chosen optimizer's options o.
+    template <class F>
+    constexpr decltype(auto) visit(F&& f) const {
+      return std::visit(std::forward<F>(f), chosen_);
+    }
+
+   private:
+    std::variant<sgd::options, adam::options, adamw::options> chosen_;
+  };
+
+  /// Names of the chosen optimizer's state buffers (Optimizer::buffer_names), as many as
+  /// buffer_count(o).
+  static constexpr std::span<const char* const> buffer_names(const options& o) noexcept {
+    return o.visit([](const auto& x) -> std::span<const char* const> {
+      return detail::optimizer_of_t<decltype(x)>::buffer_names;
+    });
+  }
+  /// Values of state per parameter the chosen optimizer keeps (loom::memory_plan counts by it).
+  static constexpr std::size_t state_values_per_parameter(const options& o) noexcept {
+    return o.visit([](const auto& x) {
+      return detail::optimizer_of_t<decltype(x)>::state_values_per_parameter(x);
+    });
+  }
+
+  /// The chosen optimizer's state (sgd::state, adam::state or adamw::state) behind the same
+  /// interface; each call goes to it.
+  template <class T, class Backend>
+  class state {
+   public:
+    /// Checks o and allocates as the chosen optimizer's state does (the same messages).
+    state(const options& o, std::size_t n) : opts_(o), state_(make(o, n)) {}
+
+    void step(T* params, const T* grads, std::size_t n, float lr) {
+      std::visit([&](auto& s) { s.step(params, grads, n, lr); }, state_);
+    }
+    void step_part(T* params, const T* grads, std::size_t offset, std::size_t n, float lr) {
+      std::visit([&](auto& s) { s.step_part(params, grads, offset, n, lr); }, state_);
+    }
+    void end_step() noexcept {
+      std::visit([](auto& s) { s.end_step(); }, state_);
+    }
+    const options& opts() const noexcept { return opts_; }
+    std::span<T> buffers() noexcept {
+      return std::visit([](auto& s) { return s.buffers(); }, state_);
+    }
+    std::span<const T> buffers() const noexcept {
+      return std::visit([](const auto& s) { return s.buffers(); }, state_);
+    }
+    std::size_t steps() const noexcept {
+      return std::visit([](const auto& s) { return s.steps(); }, state_);
+    }
+    void set_steps(std::size_t s) noexcept {
+      std::visit([&](auto& x) { x.set_steps(s); }, state_);
+    }
+
+   private:
+    using held = std::variant<sgd::state<T, Backend>, adam::state<T, Backend>, adamw::state<T, Backend>>;
+    static held make(const options& o, std::size_t n) {
+      return o.visit([&](const auto& x) -> held {
+        using chosen = detail::optimizer_of_t<decltype(x)>;
+        return held(std::in_place_type<typename chosen::template state<T, Backend>>, x, n);
+      });
+    }
+    options opts_;
+    held state_;
+  };
+};
+
+namespace detail {
+/// What the trainer asks of an optimizer whatever it is: its name, its base learning rate and
+/// its buffers' names, from Optimizer's static members or, for loom::any_optimizer, from the
+/// options it was given.
+template <class Optimizer>
+constexpr const char* optimizer_name(const typename Optimizer::options& o) noexcept {
+  if constexpr (requires { o.name(); }) return o.name();
+  else return Optimizer::name;
+}
+template <class Optimizer>
+constexpr float base_lr(const typename Optimizer::options& o) noexcept {
+  if constexpr (requires { o.lr(); }) return o.lr();
+  else return o.lr;
+}
+template <class Optimizer>
+constexpr std::span<const char* const> optimizer_buffer_names(const typename Optimizer::options& o) noexcept {
+  if constexpr (requires { Optimizer::buffer_names(o); }) return Optimizer::buffer_names(o);
+  else return Optimizer::buffer_names;
+}
+}  // namespace detail
+
+}  // namespace loom
