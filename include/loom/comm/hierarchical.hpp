@@ -6,7 +6,6 @@
 // operation is the flat loom::mpi_comm's. Not a new transport: every call is an MPI collective
 // on a sub-communicator. Needs the loom::mpi component.
 
-#include <mpi.h>
 
 #include <algorithm>
 #include <climits>
@@ -137,7 +136,7 @@ struct hier_state {
   explicit hier_state(mpi_comm c) : flat(std::move(c)) {}
 
   bool leader() const noexcept { return local_rank == 0; }
-  static MPI_Comm raw(const std::unique_ptr<mpi_comm>& c) noexcept { return c->boost_communicator(); }
+  static MPI_Comm raw(const std::unique_ptr<mpi_comm>& c) noexcept { return c->native(); }
   bool hierarchical() const noexcept {
     return mode == hierarchical_mode::slice || mode == hierarchical_mode::leader;
   }
@@ -354,7 +353,7 @@ class hierarchical_comm {
       host = s.flat.rank() / options.ranks_per_host;
     } else {
       MPI_Comm shared = MPI_COMM_NULL;
-      s.check(MPI_Comm_split_type(s.flat.boost_communicator(), MPI_COMM_TYPE_SHARED, s.flat.rank(), MPI_INFO_NULL, &shared),
+      s.check(MPI_Comm_split_type(s.flat.native(), MPI_COMM_TYPE_SHARED, s.flat.rank(), MPI_INFO_NULL, &shared),
               "hierarchical_comm", "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)");
       // The host's id: its lowest rank in flat.
       int lowest = s.flat.rank();

@@ -2,13 +2,22 @@
 #pragma once
 // loom::mpi::environment and loom::mpi_comm: the communicator between processes started by
 // mpirun (Open MPI); a program started without mpirun runs as one rank. Boost.MPI provides the
-// environment, the communicator handles and the datatypes; the calls themselves are raw MPI,
-// because Boost.MPI 1.74 asserts (aborts) on an MPI error in builds without NDEBUG instead of
-// throwing. Needs the loom::mpi component.
+// environment and owns the communicator handles; the calls themselves are raw MPI, because
+// Boost.MPI 1.74 asserts (aborts) on an MPI error in builds without NDEBUG instead of throwing.
+// This header names Boost.MPI's types only as declarations: its headers (16,000 lines) are
+// included where the definitions are (impl/mpi.ipp: header-only, or src/loom_mpi.cpp under
+// separate compilation), so that a program compiled against loom::compiled_mpi does not parse
+// them. Needs the loom::mpi component.
 
-#include <boost/mpi/communicator.hpp>
-#include <boost/mpi/datatype.hpp>
-#include <boost/mpi/environment.hpp>
+// MPI's C API only: Open MPI's deprecated C++ bindings (mpicxx.h, removed in MPI 3) would
+// otherwise come with <mpi.h> and add thousands of lines and out-of-line functions to every
+// program. (Boost.MPI's headers skip them the same way.)
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
 #include <mpi.h>
 
 #include <sched.h>
@@ -22,6 +31,7 @@
 #include <functional>
 #include <memory>
 #include <thread>
+#include <type_traits>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
@@ -34,6 +44,11 @@
 #include "loom/core/error.hpp"
 #include "loom/core/fault.hpp"
 #include "loom/core/half.hpp"
+
+namespace boost::mpi {
+class communicator;
+class environment;
+}  // namespace boost::mpi
 
 namespace loom {
 
@@ -50,10 +65,30 @@ inline void check_mpi(int code, const char* op, int rank) {
   if (code != MPI_SUCCESS) throw_mpi(op, rank, mpi_error_string(code));
 }
 
+/// The MPI datatype of a communicator element (detail::comm_value): MPI's own for each
+/// arithmetic type, MPI_UINT16_T for loom::bf16 and loom::fp16 (reduced by the ops below).
 template <class T>
 MPI_Datatype mpi_datatype() {
-  if constexpr (is_half_v<T>) return MPI_UINT16_T;  // loom::bf16, loom::fp16: 16 bits, reduced by the ops below
-  else return boost::mpi::get_mpi_datatype<T>(T{});
+  using U = std::remove_cv_t<T>;
+  if constexpr (is_half_v<U>) return MPI_UINT16_T;
+  else if constexpr (std::is_same_v<U, float>) return MPI_FLOAT;
+  else if constexpr (std::is_same_v<U, double>) return MPI_DOUBLE;
+  else if constexpr (std::is_same_v<U, long double>) return MPI_LONG_DOUBLE;
+  else if constexpr (std::is_same_v<U, char>) return MPI_CHAR;
+  else if constexpr (std::is_same_v<U, signed char>) return MPI_SIGNED_CHAR;
+  else if constexpr (std::is_same_v<U, unsigned char>) return MPI_UNSIGNED_CHAR;
+  else if constexpr (std::is_same_v<U, wchar_t>) return MPI_WCHAR;
+  else if constexpr (std::is_same_v<U, short>) return MPI_SHORT;
+  else if constexpr (std::is_same_v<U, unsigned short>) return MPI_UNSIGNED_SHORT;
+  else if constexpr (std::is_same_v<U, int>) return MPI_INT;
+  else if constexpr (std::is_same_v<U, unsigned>) return MPI_UNSIGNED;
+  else if constexpr (std::is_same_v<U, long>) return MPI_LONG;
+  else if constexpr (std::is_same_v<U, unsigned long>) return MPI_UNSIGNED_LONG;
+  else if constexpr (std::is_same_v<U, long long>) return MPI_LONG_LONG;
+  else if constexpr (std::is_same_v<U, unsigned long long>) return MPI_UNSIGNED_LONG_LONG;
+  else if constexpr (sizeof(U) == 1) return MPI_UINT8_T;  // char8_t
+  else if constexpr (sizeof(U) == 2) return MPI_UINT16_T;  // char16_t
+  else return MPI_UINT32_T;                                // char32_t
 }
 
 /// MPI's reduction of 16-bit floats (loom::bf16, loom::fp16): each pair converted to float,
@@ -165,8 +200,8 @@ namespace mpi {
 /// provide MPI_THREAD_FUNNELED.
 class environment {
  public:
-  environment(int& argc, char**& argv) : env_(argc, argv, boost::mpi::threading::funneled, true) { set_up(); }
-  environment() : env_(boost::mpi::threading::funneled, true) { set_up(); }
+  environment(int& argc, char**& argv);
+  environment();
   environment(const environment&) = delete;
   environment& operator=(const environment&) = delete;
   /// Records "finished" for a launcher (detail::write_exit_status) unless the process already
@@ -184,10 +219,14 @@ class environment {
     }
   }
 
-  /// The thread support MPI provides: funneled or more.
-  boost::mpi::threading::level thread_level() const { return boost::mpi::environment::thread_level(); }
-  /// The underlying Boost.MPI environment.
-  const boost::mpi::environment& boost_environment() const noexcept { return env_; }
+  /// The thread support MPI provides (MPI_Query_thread): MPI_THREAD_FUNNELED or more.
+  int thread_level() const {
+    int level = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&level);
+    return level;
+  }
+  /// The underlying Boost.MPI environment (include <boost/mpi/environment.hpp> to use it).
+  const boost::mpi::environment& boost_environment() const noexcept;
 
  private:
   void set_up();
@@ -208,7 +247,7 @@ class environment {
   struct mca_defaults {
     mca_defaults() { ::setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "ring", 0); }
   } mca_defaults_;
-  boost::mpi::environment env_;
+  std::shared_ptr<boost::mpi::environment> env_;  // made, and finally destroyed, where Boost.MPI is included
 };
 
 /// Prints "loom: rank R: message" to stderr and ends the whole job with exit code `code`
@@ -231,7 +270,7 @@ class environment {
 
 }  // namespace mpi
 
-/// A communicator over MPI (a Boost.MPI communicator holds the MPI_Comm; the operations are
+/// A communicator over MPI (a Boost.MPI communicator owns the MPI_Comm; the operations are
 /// raw MPI calls, as fast as Boost.MPI's for built-in types). See loom::communicator for the
 /// operations. Collectives match by order, as MPI's do: every rank calls the same ones in
 /// the same order with the same count, root and operator (MPI does not check this).
@@ -249,9 +288,14 @@ class mpi_comm {
  public:
   class request;
 
-  /// Wraps a Boost.MPI communicator and sets MPI_ERRORS_RETURN on it. Throws
+  /// Wraps a Boost.MPI communicator (shares it) and sets MPI_ERRORS_RETURN on it. Throws
   /// communication_error for a null communicator or when MPI is not running.
-  explicit mpi_comm(boost::mpi::communicator comm);
+  explicit mpi_comm(const boost::mpi::communicator& comm);
+  /// Wraps an MPI communicator: attached (the caller keeps it alive and frees it) or, with
+  /// take_ownership, freed (MPI_Comm_free) when the last copy of this mpi_comm goes, as
+  /// Boost.MPI's comm_attach and comm_take_ownership. Sets MPI_ERRORS_RETURN on it. Throws as
+  /// the constructor.
+  static mpi_comm attach(MPI_Comm comm, bool take_ownership = false);
 
   /// Every process of the job (MPI_COMM_WORLD; in a replacement of a lost rank, the world it
   /// joined: fault_options::replace). Throws communication_error when MPI is not
@@ -264,8 +308,8 @@ class mpi_comm {
     if (!detail::mpi_running())
       throw communication_error("loom::mpi_comm::world: MPI is not running: construct a loom::mpi::environment first");
     if (detail::joined_world != MPI_COMM_NULL)  // a replacement of a lost rank: the survivors' world
-      return mpi_comm(boost::mpi::communicator(detail::joined_world, boost::mpi::comm_attach));
-    return mpi_comm(boost::mpi::communicator());
+      return attach(detail::joined_world);
+    return attach(MPI_COMM_WORLD);
   }
 
   /// This process's index in the communicator, in [0, size()).
@@ -274,8 +318,10 @@ class mpi_comm {
   int size() const noexcept { return size_; }
   /// "mpi".
   std::string name() const { return "mpi"; }
-  /// The Boost.MPI communicator; converts to MPI_Comm.
-  const boost::mpi::communicator& boost_communicator() const noexcept { return comm_; }
+  /// The MPI communicator, for raw MPI calls.
+  MPI_Comm native() const noexcept { return comm_; }
+  /// The Boost.MPI communicator that owns it (include <boost/mpi/communicator.hpp> to use it).
+  const boost::mpi::communicator& boost_communicator() const noexcept;
 
   /// The most elements one MPI call carries (INT_MAX unless set with with_max_count).
   std::size_t max_count() const noexcept { return max_count_; }
@@ -299,7 +345,7 @@ class mpi_comm {
       detail::throw_mpi("split", rank_, "colour " + std::to_string(colour) + " is negative; colours must be >= 0");
     MPI_Comm part = MPI_COMM_NULL;
     detail::check_mpi(MPI_Comm_split(comm_, colour, key, &part), "split", rank_);
-    mpi_comm c(boost::mpi::communicator(part, boost::mpi::comm_take_ownership));
+    mpi_comm c = attach(part, true);
     c.max_count_ = max_count_;
     return c;
   }
@@ -596,7 +642,8 @@ class mpi_comm {
 
   static std::string count_mismatch(int want, int got, int peer, int tag);
 
-  boost::mpi::communicator comm_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  std::shared_ptr<const boost::mpi::communicator> owner_;  // owns comm_ (Boost.MPI's handle)
   int rank_ = 0;
   int size_ = 1;
   std::size_t max_count_ = static_cast<std::size_t>(INT_MAX);
@@ -853,6 +900,7 @@ mpi_comm::request mpi_comm::iallgather_v(T* data, const std::size_t* counts) {
 LOOM_INSTANTIATE_MPI(void mpi_comm::broadcast<float>(float*, std::size_t, int))
 LOOM_INSTANTIATE_MPI(void mpi_comm::broadcast<char>(char*, std::size_t, int))
 LOOM_INSTANTIATE_MPI(void mpi_comm::broadcast<std::uint64_t>(std::uint64_t*, std::size_t, int))
+LOOM_INSTANTIATE_MPI(void mpi_comm::broadcast<double>(double*, std::size_t, int))
 LOOM_INSTANTIATE_MPI(void mpi_comm::allreduce<float>(float*, std::size_t, reduce_op))
 LOOM_INSTANTIATE_MPI(void mpi_comm::allreduce<double>(double*, std::size_t, reduce_op))
 LOOM_INSTANTIATE_MPI(void mpi_comm::allreduce<std::uint64_t>(std::uint64_t*, std::size_t, reduce_op))

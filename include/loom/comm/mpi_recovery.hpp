@@ -33,7 +33,6 @@
 // loom::trainer's recovery.
 
 #include <fcntl.h>
-#include <mpi.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>

@@ -9,7 +9,6 @@
 // loom::nccl component.
 
 #include <cuda_runtime_api.h>
-#include <mpi.h>
 #include <nccl.h>
 
 #include <chrono>
@@ -114,7 +113,7 @@ inline int local_rank_of(const mpi_comm& comm) {
         if (end && *end == '\0' && r >= 0 && r < 1 << 20) return static_cast<int>(r);
       }
   MPI_Comm node = MPI_COMM_NULL;
-  check_mpi(MPI_Comm_split_type(comm.boost_communicator(), MPI_COMM_TYPE_SHARED, comm.rank(), MPI_INFO_NULL, &node),
+  check_mpi(MPI_Comm_split_type(comm.native(), MPI_COMM_TYPE_SHARED, comm.rank(), MPI_INFO_NULL, &node),
             "nccl_comm (finding the local rank)", comm.rank());
   int r = 0;
   MPI_Comm_rank(node, &r);

@@ -5,6 +5,9 @@
 // header (header-only), or compiled once in src/loom_mpi.cpp (loom::compiled_mpi,
 // LOOM_SEPARATE_COMPILATION_MPI; see loom/core/config.hpp).
 
+#include <boost/mpi/communicator.hpp>
+#include <boost/mpi/environment.hpp>
+
 #include "loom/comm/mpi.hpp"
 
 namespace loom {
@@ -110,6 +113,16 @@ LOOM_MPI_DECL void detail::mpi_watch::fail(rank_failure::kind k, const char* op,
                          " s; last completed here: " + last_op + " at " + to_string(last_done) + ")");
 }
 
+LOOM_MPI_DECL mpi::environment::environment(int& argc, char**& argv)
+    : env_(std::make_shared<boost::mpi::environment>(argc, argv, boost::mpi::threading::funneled, true)) {
+  set_up();
+}
+LOOM_MPI_DECL mpi::environment::environment()
+    : env_(std::make_shared<boost::mpi::environment>(boost::mpi::threading::funneled, true)) {
+  set_up();
+}
+LOOM_MPI_DECL const boost::mpi::environment& mpi::environment::boost_environment() const noexcept { return *env_; }
+
 LOOM_MPI_DECL void mpi::environment::set_up() {
   if (boost::mpi::environment::thread_level() < boost::mpi::threading::funneled)
     throw communication_error("loom::mpi::environment: MPI does not provide MPI_THREAD_FUNNELED");
@@ -139,10 +152,12 @@ LOOM_MPI_DECL void mpi::environment::join_survivors(MPI_Comm parent) {
   detail::recovered = true;
 }
 
-LOOM_MPI_DECL mpi_comm::mpi_comm(boost::mpi::communicator comm) : comm_(std::move(comm)) {
+LOOM_MPI_DECL mpi_comm::mpi_comm(const boost::mpi::communicator& comm) {
   if (!detail::mpi_running())
     throw communication_error("loom::mpi_comm: MPI is not running: construct a loom::mpi::environment first");
-  if (!comm_) throw communication_error("loom::mpi_comm: the communicator is null (MPI_COMM_NULL)");
+  if (!comm) throw communication_error("loom::mpi_comm: the communicator is null (MPI_COMM_NULL)");
+  owner_ = std::make_shared<const boost::mpi::communicator>(comm);
+  comm_ = *owner_;
   detail::check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "mpi_comm", 0);
   detail::check_mpi(MPI_Comm_rank(comm_, &rank_), "mpi_comm", 0);
   detail::check_mpi(MPI_Comm_size(comm_, &size_), "mpi_comm", rank_);
@@ -152,6 +167,15 @@ LOOM_MPI_DECL mpi_comm::mpi_comm(boost::mpi::communicator comm) : comm_(std::mov
     watch_->deadline_s = 0;
   }
 }
+
+LOOM_MPI_DECL mpi_comm mpi_comm::attach(MPI_Comm comm, bool take_ownership) {
+  if (!detail::mpi_running())
+    throw communication_error("loom::mpi_comm: MPI is not running: construct a loom::mpi::environment first");
+  if (comm == MPI_COMM_NULL) throw communication_error("loom::mpi_comm: the communicator is null (MPI_COMM_NULL)");
+  return mpi_comm(boost::mpi::communicator(comm, take_ownership ? boost::mpi::comm_take_ownership : boost::mpi::comm_attach));
+}
+
+LOOM_MPI_DECL const boost::mpi::communicator& mpi_comm::boost_communicator() const noexcept { return *owner_; }
 
 LOOM_MPI_DECL void mpi_comm::watch_for_failures(double deadline_s) {
   if (watch_ && watch_->ctl != MPI_COMM_NULL) return set_deadline(deadline_s);
@@ -182,9 +206,10 @@ LOOM_MPI_DECL void mpi_comm::watch_for_failures(double deadline_s) {
 
 LOOM_MPI_DECL void mpi_comm::replace_after_recovery(mpi_comm&& other) {
   // Kept for the program's life (never destroyed, so never MPI_Comm_free'd).
-  static auto* abandoned = new std::vector<boost::mpi::communicator>();
-  abandoned->push_back(comm_);
-  comm_ = std::move(other.comm_);
+  static auto* abandoned = new std::vector<std::shared_ptr<const boost::mpi::communicator>>();
+  abandoned->push_back(std::move(owner_));
+  owner_ = std::move(other.owner_);
+  comm_ = other.comm_;
   rank_ = other.rank_;
   size_ = other.size_;
   watch_ = std::move(other.watch_);

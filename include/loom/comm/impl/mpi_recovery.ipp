@@ -298,14 +298,14 @@ LOOM_MPI_DECL recovery_result recover_world(mpi_comm& c, const recovery_request&
     detail::deadline_watchdog watchdog(
         q.rebuild_timeout_s, "recovery: rank " + std::to_string(me) + ": the survivors' communicator (a survivor died while it was built)");
     MPI_Group old_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
-    MPI_Comm_group(c.boost_communicator(), &old_group);
+    MPI_Comm_group(c.native(), &old_group);
     MPI_Group_incl(old_group, static_cast<int>(members.size()), members.data(), &group);
     MPI_Comm nc = MPI_COMM_NULL;
     const int tag = static_cast<int>(1000 + res.epoch % 30000);
-    detail::check_mpi(MPI_Comm_create_group(c.boost_communicator(), group, tag, &nc), "recover_world", me);
+    detail::check_mpi(MPI_Comm_create_group(c.native(), group, tag, &nc), "recover_world", me);
     MPI_Group_free(&group);
     MPI_Group_free(&old_group);
-    mpi_comm fresh(boost::mpi::communicator(nc, boost::mpi::comm_take_ownership));
+    mpi_comm fresh = mpi_comm::attach(nc, true);
     auto nw = std::make_shared<detail::mpi_watch>();
     detail::check_mpi(MPI_Comm_dup(nc, &nw->ctl), "recover_world", me);
     MPI_Comm_set_errhandler(nw->ctl, MPI_ERRORS_RETURN);
@@ -421,12 +421,12 @@ LOOM_MPI_DECL replacement_spawn spawn_replacements(mpi_comm& c, const std::vecto
   {
     detail::deadline_watchdog watchdog(timeout_s, "replacement: the survivors' merge with the replacement processes");
     MPI_Comm inter = MPI_COMM_NULL;
-    detail::check_mpi(MPI_Intercomm_create(c.boost_communicator(), 0, me == 0 ? bridge : MPI_COMM_NULL, 1,
+    detail::check_mpi(MPI_Intercomm_create(c.native(), 0, me == 0 ? bridge : MPI_COMM_NULL, 1,
                                            detail::replacement_tag, &inter),
                       "spawn_replacements (MPI_Intercomm_create)", me);
     MPI_Comm world = MPI_COMM_NULL;
     detail::check_mpi(MPI_Intercomm_merge(inter, 0, &world), "spawn_replacements (MPI_Intercomm_merge)", me);
-    out.world.emplace(boost::mpi::communicator(world, boost::mpi::comm_attach));
+    out.world.emplace(mpi_comm::attach(world));
   }
   out.merge_s = std::chrono::duration<double>(clock::now() - t1).count();
   if (me != 0) out.spawn_s = std::chrono::duration<double>(t1 - t0).count();
