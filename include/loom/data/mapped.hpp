@@ -29,6 +29,7 @@
 #include "loom/core/error.hpp"
 #include "loom/core/shape.hpp"
 #include "loom/data/dataset.hpp"
+#include "loom/data/distributed.hpp"
 #include "loom/data/idx.hpp"
 
 namespace loom::data {
@@ -371,6 +372,12 @@ LOOM_DECL mapped_fashion_mnist_set mapped_fashion_mnist(split s);
 /// MNIST (handwritten digits) from dir, memory-mapped; as mapped_fashion_mnist.
 LOOM_DECL mapped_fashion_mnist_set mapped_mnist(const std::filesystem::path& dir, split s,
                                                 const std::filesystem::path& cache_dir = {});
+
+// The memory-mapped Fashion-MNIST set and the loader over it, which every data-parallel
+// program over it uses: compiled once in loom::compiled (LOOM_INSTANTIATE, loom/core/config.hpp).
+LOOM_INSTANTIATE(class mapped_images<shape<1, 28, 28>, 10>)
+LOOM_INSTANTIATE(class distributed_loader<mapped_fashion_mnist_set>)
+LOOM_INSTANTIATE(batch_share distributed_loader<mapped_fashion_mnist_set>::next<float>(float*, std::int32_t*))
 
 }  // namespace loom::data
 

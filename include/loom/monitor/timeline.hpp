@@ -89,16 +89,9 @@ class timeline {
   void set_zero(clock::time_point zero) noexcept { zero_ = zero; }
   void set_step(std::uint32_t step) noexcept { step_ = step; }
 
-  // Out of line: every timed scope of every engine calls it, and a vector's growth inlined
-  // into each would cost compile time and code size for nothing.
+  // Out of line (impl/timeline.ipp): every timed scope of every engine calls it.
   [[gnu::noinline]] void add(std::uint32_t kind, clock::time_point a, clock::time_point b, std::int32_t index = -1,
-                             std::int32_t peer = -1, double value = 0) {
-    if (events_.size() >= capacity_) {
-      ++dropped_;
-      return;
-    }
-    events_.push_back({ns(a), ns(b) - ns(a), kind, step_, index, peer, value});
-  }
+                             std::int32_t peer = -1, double value = 0);
   void add(span_kind kind, clock::time_point a, clock::time_point b, std::int32_t index = -1, std::int32_t peer = -1,
            double value = 0) {
     add(static_cast<std::uint32_t>(kind), a, b, index, peer, value);

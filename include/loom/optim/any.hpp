@@ -96,12 +96,10 @@ struct any_optimizer {
     /// Checks o and allocates as the chosen optimizer's state does (the same messages).
     state(const options& o, std::size_t n) : opts_(o), state_(make(o, n)) {}
 
-    void step(T* params, const T* grads, std::size_t n, float lr) {
-      std::visit([&](auto& s) { s.step(params, grads, n, lr); }, state_);
-    }
-    void step_part(T* params, const T* grads, std::size_t offset, std::size_t n, float lr) {
-      std::visit([&](auto& s) { s.step_part(params, grads, offset, n, lr); }, state_);
-    }
+    // (Defined below the class, not inline: where loom::compiled holds this state's
+    // instantiation, a program compiles none of the three optimizers' steps.)
+    void step(T* params, const T* grads, std::size_t n, float lr);
+    void step_part(T* params, const T* grads, std::size_t offset, std::size_t n, float lr);
     void end_step() noexcept {
       std::visit([](auto& s) { s.end_step(); }, state_);
     }
@@ -131,6 +129,16 @@ struct any_optimizer {
     held state_;
   };
 };
+
+template <class T, class Backend>
+void any_optimizer::state<T, Backend>::step(T* params, const T* grads, std::size_t n, float lr) {
+  std::visit([&](auto& s) { s.step(params, grads, n, lr); }, state_);
+}
+template <class T, class Backend>
+void any_optimizer::state<T, Backend>::step_part(T* params, const T* grads, std::size_t offset, std::size_t n,
+                                                 float lr) {
+  std::visit([&](auto& s) { s.step_part(params, grads, offset, n, lr); }, state_);
+}
 
 namespace detail {
 /// What the trainer asks of an optimizer whatever it is: its name, its base learning rate and

@@ -6,25 +6,19 @@
 
 #include <cmath>
 #include <cstddef>
-#include <sstream>
 #include <string>
 
+#include "loom/core/config.hpp"
 #include "loom/core/error.hpp"
 
 namespace loom::detail {
 
 /// "1.5", "1e-08", "nan": a number as a message shows it.
-inline std::string format_number(double v) {
-  std::ostringstream out;
-  out << v;
-  return out.str();
-}
+LOOM_DECL std::string format_number(double v);
 
 /// Throws "<who>: <what> must be <expected>, but is <found>".
-[[noreturn]] inline void throw_out_of_range(const char* who, const char* what, const char* expected,
-                                            const std::string& found) {
-  throw invalid_argument(std::string(who) + ": " + what + " must be " + expected + ", but is " + found);
-}
+[[noreturn]] LOOM_DECL void throw_out_of_range(const char* who, const char* what, const char* expected,
+                                               const std::string& found);
 
 /// Requires ok; otherwise throws naming `what`, the expected range and the value.
 inline void require_in_range(bool ok, const char* who, const char* what, const char* expected, double found) {
@@ -40,20 +34,14 @@ inline bool unit_interval_open_right(double v) { return v >= 0 && v < 1; }
 
 /// The step() precondition every optimizer state shares: the learning rate is finite and >= 0
 /// (a schedule may reach 0) and the parameter count is the one the state was built for.
-inline void check_step_arguments(const char* who, std::size_t n, std::size_t expected_n, float lr) {
-  if (n != expected_n)
-    throw invalid_argument(std::string(who) + ": step() was given " + std::to_string(n) +
-                           " parameters, but the state was built for " + std::to_string(expected_n));
-  require_in_range(non_negative_finite(lr), who, "the learning rate passed to step()", "finite and >= 0", lr);
-}
+LOOM_DECL void check_step_arguments(const char* who, std::size_t n, std::size_t expected_n, float lr);
 
 /// step_part's arguments: [offset, offset + n) within the state's expected_n values, lr finite
 /// and >= 0.
-inline void check_step_part(const char* who, std::size_t offset, std::size_t n, std::size_t expected_n, float lr) {
-  if (offset > expected_n || n > expected_n - offset)
-    throw invalid_argument(std::string(who) + ": step_part() was given values [" + std::to_string(offset) + ", " +
-                           std::to_string(offset + n) + "), but the state holds " + std::to_string(expected_n));
-  require_in_range(non_negative_finite(lr), who, "the learning rate passed to step_part()", "finite and >= 0", lr);
-}
+LOOM_DECL void check_step_part(const char* who, std::size_t offset, std::size_t n, std::size_t expected_n, float lr);
 
 }  // namespace loom::detail
+
+#if defined(LOOM_DEFINITIONS_VISIBLE)
+#include "loom/optim/impl/validate.ipp"
+#endif

@@ -1275,6 +1275,7 @@ LOOM_INSTANTIATE(class sgd::state<float, cpu>)
 LOOM_INSTANTIATE(class detail::adam_state<adam, float, cpu>)
 LOOM_INSTANTIATE(class detail::adam_state<adamw, float, cpu>)
 LOOM_INSTANTIATE(class any_optimizer::state<float, cpu>)
+LOOM_INSTANTIATE(math_mode detail::checked_math<cpu>(math_mode))
 LOOM_INSTANTIATE(double monitor::measure_peak_gflops<cpu>(std::size_t, double))
 #if defined(LOOM_SEPARATE_COMPILATION_MPI)
 class mpi_comm;

@@ -14,6 +14,7 @@
 #endif
 
 #include "loom/backend/cpu/signals.hpp"
+#include "loom/core/config.hpp"
 #include "loom/core/error.hpp"
 
 namespace loom {
@@ -71,20 +72,7 @@ inline int default_threads() {
 /// must not be interrupted by one); signals sent to the process go to the other threads.
 /// n == 0 picks default_threads(). Call it before training; loom::trainer calls it for you.
 /// Throws loom::invalid_argument when n is negative.
-inline void set_threads(int n = 0) {
-  if (n < 0) throw invalid_argument("loom::set_threads: thread count must be >= 0 (0 = automatic), got " + std::to_string(n));
-  if (n == 0) n = default_threads();
-  omp_set_dynamic(0);
-  omp_set_num_threads(n);
-  detail::set_flush_denormals_this_thread();
-#pragma omp parallel num_threads(n)
-  {
-    detail::set_flush_denormals_this_thread();
-    // The pool's other threads run oneDNN's kernels, which must not take a signal (signals.hpp).
-    if (omp_get_thread_num() != 0) detail::shield_this_thread_for_good();
-  }
-  detail::configured_threads() = n;
-}
+LOOM_DECL void set_threads(int n = 0);
 
 /// The pool size set by set_threads(), or the OpenMP default before any call.
 inline int threads() {
@@ -93,3 +81,7 @@ inline int threads() {
 }
 
 }  // namespace loom
+
+#if defined(LOOM_DEFINITIONS_VISIBLE)
+#include "loom/backend/cpu/impl/runtime.ipp"
+#endif

@@ -7,6 +7,17 @@
 
 namespace loom::monitor {
 
+// Out of line: every timed scope of every engine calls it, and a vector's growth inlined into
+// each would cost compile time and code size for nothing.
+LOOM_DECL void timeline::add(std::uint32_t kind, clock::time_point a, clock::time_point b, std::int32_t index,
+                             std::int32_t peer, double value) {
+  if (events_.size() >= capacity_) {
+    ++dropped_;
+    return;
+  }
+  events_.push_back({ns(a), ns(b) - ns(a), kind, step_, index, peer, value});
+}
+
 LOOM_DECL std::string span_name(std::uint32_t kind) {
   if (kind < figure_fields.size()) {
     std::string n(figure_fields[kind].name);
