@@ -2,7 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # CPU seconds (user + sys) to compile each translation unit of the examples, one g++ process
 # at a time: once with the build's own flags (CMAKE_BUILD_TYPE Release: -O3) and once at -O2,
-# and each example's sum. Not a timed test: run it by hand (see benchmarks/README.md).
+# and each example's sum; examples/common/example.cpp (the flags and the result line, shared by
+# the three examples and compiled once for all) is reported on its own, as example=common.
+# Not a timed test: run it by hand (see benchmarks/README.md).
 #
 #   run.sh                 every TU under examples/, both flag sets
 #   run.sh pipeline        only the TUs whose path contains "pipeline" (any substring)
@@ -103,5 +105,9 @@ done
 for example in $(printf '%s\n' "${entries[@]}" | cut -f2 | sed "s|^$repo/||" | cut -d/ -f2 | sort -u); do
   line="compile-time: example=$example"
   for set in "${flag_sets[@]}"; do line+=" ${set}_cpu_s=${total[$example,$set]}"; done
-  echo "$line (sum over its TUs; the build runs them in parallel)"
+  if [ "$example" = common ]; then
+    echo "$line (examples/common: the three examples' shared code, compiled once for all of them)"
+  else
+    echo "$line (sum over its TUs; the build runs them in parallel)"
+  fi
 done
