@@ -162,6 +162,10 @@ LOOM_DECL std::filesystem::path external_data_path(const std::filesystem::path& 
 LOOM_DECL std::string onnx_model(const network_description& d, std::span<const float> params, const onnx_options& o,
                                  bool external, std::string* data, const std::string& data_name);
 
+/// export_onnx<Network> for the network d of `parameters` values (compiled once: loom::compiled).
+LOOM_DECL void export_onnx_described(const network_description& d, std::size_t parameters, std::span<const float> params,
+                                     const std::filesystem::path& path, const onnx_options& options);
+
 }  // namespace detail
 
 /// Writes Network with parameters `params` (Network::parameter_count values, host memory, the
@@ -173,29 +177,7 @@ LOOM_DECL std::string onnx_model(const network_description& d, std::span<const f
 /// the wrong size, or external_data = never for weights over 2 GiB.
 template <class Network>
 void export_onnx(std::span<const float> params, const std::filesystem::path& path, const onnx_options& options = {}) {
-  if (params.size() != Network::parameter_count)
-    throw invalid_argument("loom::export_onnx(" + path.string() + "): the network has " +
-                           std::to_string(Network::parameter_count) + " parameters but " +
-                           std::to_string(params.size()) + " values were given");
-  const network_description d = describe<Network>();
-  const bool external = detail::onnx_external(
-      std::uint64_t{Network::parameter_count} * detail::onnx_type_bytes(options.precision), options.external_data, path);
-  const auto data_path = detail::external_data_path(path);
-  std::string data;
-  const std::string model = detail::onnx_model(d, params, options, external, &data, data_path.filename().string());
-  if (external) {
-    atomic_file out(data_path);
-    out.write(data);
-    out.commit();
-  }
-  atomic_file out(path);
-  out.write(model);
-  out.commit();
-  // The model is whole; a data file left by an earlier external export of it is now stale.
-  if (!external) {
-    std::error_code ec;
-    std::filesystem::remove(data_path, ec);
-  }
+  detail::export_onnx_described(describe<Network>(), Network::parameter_count, params, path, options);
 }
 
 /// Writes a loom::model (any backend) as the ONNX model `path`; see export_onnx above.

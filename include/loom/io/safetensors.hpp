@@ -139,28 +139,23 @@ class safetensors_file {
 /// "format": "pt" (what Hugging Face's loaders look for).
 LOOM_DECL std::map<std::string, std::string> weights_metadata(const network_description& d);
 
-/// Writes the whole flat parameter buffer of Network (Network::parameter_count values in
-/// Network's layout, host memory) as the safetensors file `path`, crash-safe.
-/// Throws: loom::invalid_argument when params has the wrong size; loom::io_error.
-template <class Network, class T>
-void save_weights(std::span<const T> params, const std::filesystem::path& path) {
-  if (params.size() != Network::parameter_count)
+namespace detail {
+/// save_weights and load_weights for the network d of `parameters` values: the work of both,
+/// whatever the network (loom::compiled holds them for float).
+template <class T>
+void save_weights_described(const network_description& d, std::size_t parameters, std::span<const T> params,
+                            const std::filesystem::path& path) {
+  if (params.size() != parameters)
     throw invalid_argument("loom::save_weights(" + path.string() + "): the network has " +
-                           std::to_string(Network::parameter_count) + " parameters but " +
+                           std::to_string(parameters) + " parameters but " +
                            std::to_string(params.size()) + " values were given");
-  const network_description d = describe<Network>();
   std::vector<named_tensor<T>> tensors;
   for (const auto& t : d.tensors()) tensors.push_back({t.name, t.shape, params.subspan(t.offset, t.count)});
-  write_safetensors<T>(path, tensors, weights_metadata(d));
+  io::write_safetensors<T>(path, tensors, weights_metadata(d));
 }
-
-/// Reads the safetensors file `path` as Network's flat parameter buffer (host memory). The file
-/// must hold exactly Network's tensors, with their names, shapes and dtype (F32 for float); a
-/// file that says it was saved from another loom network is refused.
-/// Throws: loom::io_error naming the file, the tensor, what was expected and what was found.
-template <class Network, class T = float>
-std::vector<T> load_weights(const std::filesystem::path& path) {
-  const network_description d = describe<Network>();
+template <class T>
+std::vector<T> load_weights_described(const network_description& d, std::size_t parameters,
+                                      const std::filesystem::path& path) {
   const safetensors_file file(path);
   const std::string f = path.string();
   if (auto it = file.metadata().find("loom.network"); it != file.metadata().end() && it->second != d.text())
@@ -168,12 +163,12 @@ std::vector<T> load_weights(const std::filesystem::path& path) {
   const auto expected = d.tensors();
   std::vector<std::string> missing, unexpected, prefixed;
   for (const auto& t : expected)
-    if (!file.find(t.name)) missing.push_back(t.name + " " + detail::shape_text(t.shape));
+    if (!file.find(t.name)) missing.push_back(t.name + " " + shape_text(t.shape));
   for (const auto& e : file.tensors()) {
     bool known = false;
     for (const auto& t : expected) known = known || t.name == e.name;
     if (known) continue;
-    unexpected.push_back(e.name + " " + detail::shape_text(e.shape));
+    unexpected.push_back(e.name + " " + shape_text(e.shape));
     if (e.name.starts_with("module.")) prefixed.push_back(e.name);
   }
   if (!missing.empty() || !unexpected.empty()) {
@@ -191,18 +186,40 @@ std::vector<T> load_weights(const std::filesystem::path& path) {
     msg += " expected " + std::to_string(expected.size()) + " tensors of " + d.text();
     throw io_error(msg);
   }
-  std::vector<T> params(Network::parameter_count);
+  std::vector<T> params(parameters);
   for (const auto& t : expected) {
     const auto& e = *file.find(t.name);
-    if (e.dtype != detail::safetensors_dtype<T>())
+    if (e.dtype != safetensors_dtype<T>())
       throw io_error(f + ": tensor " + t.name + " is " + e.dtype + " but this model reads " +
-                     detail::safetensors_dtype<T>() + " (convert it, e.g. tensor.float(), before saving)");
+                     safetensors_dtype<T>() + " (convert it, e.g. tensor.float(), before saving)");
     if (e.shape != t.shape)
-      throw io_error(f + ": tensor " + t.name + " has shape " + detail::shape_text(e.shape) + " but this model expects " +
-                     detail::shape_text(t.shape));
+      throw io_error(f + ": tensor " + t.name + " has shape " + shape_text(e.shape) + " but this model expects " +
+                     shape_text(t.shape));
     file.read(e, params.data() + t.offset);
   }
   return params;
+}
+LOOM_INSTANTIATE(void save_weights_described<float>(const network_description&, std::size_t, std::span<const float>,
+                                                    const std::filesystem::path&))
+LOOM_INSTANTIATE(std::vector<float> load_weights_described<float>(const network_description&, std::size_t,
+                                                                  const std::filesystem::path&))
+}  // namespace detail
+
+/// Writes the whole flat parameter buffer of Network (Network::parameter_count values in
+/// Network's layout, host memory) as the safetensors file `path`, crash-safe.
+/// Throws: loom::invalid_argument when params has the wrong size; loom::io_error.
+template <class Network, class T>
+void save_weights(std::span<const T> params, const std::filesystem::path& path) {
+  detail::save_weights_described<T>(describe<Network>(), Network::parameter_count, params, path);
+}
+
+/// Reads the safetensors file `path` as Network's flat parameter buffer (host memory). The file
+/// must hold exactly Network's tensors, with their names, shapes and dtype (F32 for float); a
+/// file that says it was saved from another loom network is refused.
+/// Throws: loom::io_error naming the file, the tensor, what was expected and what was found.
+template <class Network, class T = float>
+std::vector<T> load_weights(const std::filesystem::path& path) {
+  return detail::load_weights_described<T>(describe<Network>(), Network::parameter_count, path);
 }
 
 /// Writes model's parameters (a loom::model, any backend) as the safetensors file `path`.

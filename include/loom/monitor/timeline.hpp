@@ -89,9 +89,10 @@ class timeline {
   void set_zero(clock::time_point zero) noexcept { zero_ = zero; }
   void set_step(std::uint32_t step) noexcept { step_ = step; }
 
-  // Out of line (impl/timeline.ipp): every timed scope of every engine calls it.
-  [[gnu::noinline]] void add(std::uint32_t kind, clock::time_point a, clock::time_point b, std::int32_t index = -1,
-                             std::int32_t peer = -1, double value = 0);
+  // Out of line (impl/timeline.ipp; compiled once with loom::compiled): every timed scope of
+  // every engine calls it.
+  void add(std::uint32_t kind, clock::time_point a, clock::time_point b, std::int32_t index = -1,
+           std::int32_t peer = -1, double value = 0);
   void add(span_kind kind, clock::time_point a, clock::time_point b, std::int32_t index = -1, std::int32_t peer = -1,
            double value = 0) {
     add(static_cast<std::uint32_t>(kind), a, b, index, peer, value);

@@ -247,4 +247,31 @@ LOOM_DECL std::string onnx_model(const network_description& d, std::span<const f
   return model.encoded();
 }
 }  // namespace detail
+LOOM_DECL void detail::export_onnx_described(const network_description& d, std::size_t parameters,
+                                             std::span<const float> params, const std::filesystem::path& path,
+                                             const onnx_options& options) {
+  if (params.size() != parameters)
+    throw invalid_argument("loom::export_onnx(" + path.string() + "): the network has " +
+                           std::to_string(parameters) + " parameters but " +
+                           std::to_string(params.size()) + " values were given");
+  const bool external = onnx_external(
+      std::uint64_t{parameters} * onnx_type_bytes(options.precision), options.external_data, path);
+  const auto data_path = external_data_path(path);
+  std::string data;
+  const std::string model = onnx_model(d, params, options, external, &data, data_path.filename().string());
+  if (external) {
+    atomic_file out(data_path);
+    out.write(data);
+    out.commit();
+  }
+  atomic_file out(path);
+  out.write(model);
+  out.commit();
+  // The model is whole; a data file left by an earlier external export of it is now stale.
+  if (!external) {
+    std::error_code ec;
+    std::filesystem::remove(data_path, ec);
+  }
+}
+
 }  // namespace loom::io
