@@ -19,6 +19,7 @@
 #include "loom/backend/cpu/pool2d.hpp"
 #include "loom/backend/cpu/runtime.hpp"
 #include "loom/core/half.hpp"
+#include "loom/core/type_name.hpp"
 #include "loom/data/dataset.hpp"
 #include "loom/data/idx.hpp"
 #include "loom/data/mapped.hpp"

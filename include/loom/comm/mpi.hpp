@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
+#define LOOM_COMM_MPI_HPP 1
 // loom::mpi::environment and loom::mpi_comm: the communicator between processes started by
 // mpirun (Open MPI); a program started without mpirun runs as one rank. Boost.MPI provides the
 // environment and owns the communicator handles; the calls themselves are raw MPI, because
@@ -931,3 +932,4 @@ static_assert(communicator<mpi_comm>);
 #endif
 
 #include "loom/comm/mpi_recovery.hpp"
+#include "loom/parallel/impl/data_parallel_mpi.hpp"

@@ -8,6 +8,8 @@
 #include <string>
 #include <string_view>
 
+#include "loom/core/config.hpp"
+
 namespace loom {
 
 namespace detail {
@@ -17,23 +19,21 @@ constexpr std::string_view pretty_function_of() {
 }
 }  // namespace detail
 
+namespace detail {
+/// The type name inside a __PRETTY_FUNCTION__ of pretty_function_of<T>: from "T = " to the
+/// first ';' or ']' outside brackets (all of it when there is no "T = "). Compiled once (the
+/// templates below only hand over their string), so naming a type costs no code per type.
+LOOM_DECL std::string type_name_in(std::string_view pretty);
+}  // namespace detail
+
 /// T's name in source form, without cv or reference changes. Requires: a GCC-compatible compiler.
 template <class T>
 std::string type_name() {
-  const std::string_view p = detail::pretty_function_of<T>();
-  constexpr std::string_view key = "T = ";
-  const std::size_t begin = p.find(key);
-  if (begin == std::string_view::npos) return std::string(p);
-  std::size_t end = begin + key.size();
-  // The name ends at the first ';' or ']' outside template brackets.
-  for (int depth = 0; end < p.size(); ++end) {
-    const char c = p[end];
-    if (c == '<' || c == '(' || c == '[') ++depth;
-    else if ((c == '>' || c == ')') && depth > 0) --depth;
-    else if ((c == ';' || c == ']') && depth == 0) break;
-    else if (c == ']') --depth;
-  }
-  return std::string(p.substr(begin + key.size(), end - begin - key.size()));
+  return detail::type_name_in(detail::pretty_function_of<T>());
 }
 
 }  // namespace loom
+
+#if defined(LOOM_DEFINITIONS_VISIBLE)
+#include "loom/core/impl/type_name.ipp"
+#endif

@@ -196,17 +196,22 @@ LOOM_DECL void shift(std::vector<layer_description>& layers, std::size_t by);
 LOOM_DECL void add_described(layer_description&& d, std::size_t parameters, std::size_t at,
                              std::vector<layer_description>& out);
 
+/// Describes one layer in compiled code: its path (prefix + index), one sample's shapes in and
+/// out, then `describe` (its layer_traits' describe) fills the rest, and add_described appends
+/// it (its parameters at `at`). The templates below only hand over their compile-time facts.
+LOOM_DECL void describe_into(const std::string& prefix, std::size_t index, const std::size_t* in, std::size_t in_rank,
+                             const std::size_t* out_dims, std::size_t out_rank, void (*describe)(layer_description&),
+                             std::size_t parameters, std::size_t at, std::vector<layer_description>& out);
+
 /// Layer I of Chain (L), described, its offsets made absolute (base: where Chain's parameters
 /// start), appended to out.
 template <class Chain, std::size_t I, class L>
 void describe_at(const std::string& prefix, std::size_t base, std::vector<layer_description>& out) {
   using In = typename Chain::template input_of<I>;
-  layer_description d;
-  d.path = prefix + std::to_string(I);
-  d.input_shape = dims_of<In>();
-  d.output_shape = dims_of<typename Chain::template output_of<I>>();
-  layer_traits<L>::template describe<In>(d);
-  add_described(std::move(d), Chain::parameter_counts[I], base + Chain::parameter_offsets[I], out);
+  using Out = typename Chain::template output_of<I>;
+  describe_into(prefix, I, In::dims.data(), In::dims.size(), Out::dims.data(), Out::dims.size(),
+                &layer_traits<L>::template describe<In>, Chain::parameter_counts[I], base + Chain::parameter_offsets[I],
+                out);
 }
 
 template <class Chain, class... Layers, std::size_t... I>

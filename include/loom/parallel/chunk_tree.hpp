@@ -54,6 +54,19 @@ struct chunk_plan {
   /// chunk, batch or ranks is 0, or a full batch leaves a rank without a chunk.
   LOOM_DECL static chunk_plan make(std::size_t batch, std::size_t chunk, std::size_t ranks);
 
+  /// Throws loom::invalid_argument when replica r's samples of a global batch of global_n
+  /// (n of them, from `offset` of it) do not start where this plan deals r's first chunk: the
+  /// loader does not deal as the plan says.
+  void check_offset(std::size_t r, std::size_t global_n, std::size_t n, std::size_t offset) const {
+    if (n > 0 && offset != chunks_of(r, global_n).first * chunk) offset_mismatch(r, global_n, offset);
+  }
+  /// check_offset's message (compiled once).
+  [[noreturn]] LOOM_DECL void offset_mismatch(std::size_t r, std::size_t global_n, std::size_t offset) const;
+  /// Throws loom::invalid_argument for deterministic_chunk `chunk` asked where the mode does not
+  /// apply: with compressed gradients (`compressed`), or under a policy other than
+  /// single_process and data_parallel.
+  [[noreturn]] LOOM_DECL static void refuse(std::size_t chunk, bool compressed);
+
   /// The unit data::distributed_loader::set_rank_block deals the global batches in: the chunk.
   std::size_t rank_block() const noexcept { return chunk; }
 

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
+#define LOOM_PARALLEL_DATA_PARALLEL_HPP 1
 // loom::data_parallel<Comm, Options...>: every rank holds the whole model and trains on its
 // share of every global batch; gradients are averaged by allreduce in buckets that start while
 // backward still runs. This file holds the policy type and its gradient communication
@@ -249,25 +250,18 @@ struct zero_layout {
   std::size_t mine(std::size_t b) const noexcept { return counts[b * ranks + rank]; }
 };
 
-/// The gradient communication of data parallelism: checks that every rank runs the same job,
-/// broadcasts rank 0's parameters, starts each bucket's allreduce as backward finishes its
-/// layers, and waits for all of them before the optimizer steps. loom::replica_engine drives it
-/// under data_parallel; the tensor-parallel grid and the pipeline engine use it for the
-/// gradient average over replicas under loom::hybrid.
-///
-/// The wire format (compress<>) and ZeRO (shard_optimizer_state) are Policy's; under the
-/// trainer's shared code (detail::choice_at_run_time) they are the constructor's
-/// data_parallel_choice instead, and the code of every choice is compiled in.
-template <class Network, class T, class Policy>
-class gradient_allreduce {
-  using comm_t = typename Policy::comm_type;
-  using plan = bucket_plan<Network, T, Policy::bucket_cap_bytes>;
+namespace detail {
+/// The work of gradient_allreduce (below) over a run-time view of its bucket plan: one class per
+/// scalar, communicator and choice of wire format and ZeRO, whatever the network, so that a
+/// program's networks share its code (and loom::compiled_mpi holds it for loom::mpi_comm).
+template <class T, class Comm, class Wire, bool AtRunTime, bool Sharded>
+class bucket_allreduce {
+  using comm_t = Comm;
   using clock = monitor::clock;
-  using wire_type = typename Policy::wire_type;
-  static constexpr bool at_run_time = Policy::choice_at_run_time;
+  using wire_type = Wire;
+  static constexpr bool at_run_time = AtRunTime;
 
  public:
-  using rank_network = Network;
   /// Whether gradients travel compressed (loom::compress<bf16 or fp16>), as Policy says:
   /// converted into a 16-bit copy in host memory as each bucket starts, reduced there,
   /// converted back as it completes. (Under a run-time choice: false here, compressing() says.)
@@ -276,25 +270,18 @@ class gradient_allreduce {
   /// Policy says: each bucket is reduce-scattered into this rank's slice of it (zero()), in the
   /// shard buffer the engine binds (bind_shard), and gather_parameters all-gathers the stepped
   /// slices. (Under a run-time choice: false here, sharding() says.)
-  static constexpr bool sharded = detail::shards_state_of_v<Policy>;
+  static constexpr bool sharded = Sharded;
   /// Whether this class may compress or shard: Policy does, or the choice is made at run time
   /// (the code of both is compiled then; ZeRO's only over a communicator that offers it).
   static constexpr bool may_compress = compressed || at_run_time;
   static constexpr bool may_shard = sharded || (at_run_time && detail::sharding_communicator<comm_t>);
 
-  explicit gradient_allreduce(comm_t comm, data_parallel_choice choice = {}) : comm_(std::move(comm)) {
-    if constexpr (at_run_time) {
-      if (choice.shard_state && !may_shard)
-        throw invalid_argument("loom::shard_optimizer_state: this communicator has no ireduce_scatter_v / iallgather_v");
-      wire_ = choice.wire;
-      sharded_ = choice.shard_state;
-    } else {
-      (void)choice;
-      wire_ = detail::data_parallel_choice_of<Policy>().wire;
-      sharded_ = sharded;
-    }
-    if (sharding()) make_layout();
-  }
+  /// Over comm, with the bucket plan `buckets` (in the order they become ready) of a layout of
+  /// `parameter_count` values, `starts_after_layer[l]` the bucket that layer l's backward
+  /// completes (buckets.size(): none); the wire format and ZeRO of `choice` (under a fixed
+  /// policy, the policy's own: Wire and Sharded).
+  bucket_allreduce(comm_t comm, data_parallel_choice choice, std::span<const gradient_bucket> buckets,
+                   std::span<const std::size_t> starts_after_layer, std::size_t parameter_count);
 
   /// Whether gradients travel in 16 bits, and whether the optimizer state is sharded, in this run.
   bool compressing() const noexcept { return may_compress && wire_ != gradient_wire::native; }
@@ -317,13 +304,6 @@ class gradient_allreduce {
   comm_t& comm() { return comm_; }
   /// The communicator over every rank (loom::comm_collectives wraps it).
   comm_t& world_comm() { return comm_; }
-  /// Every rank holds the whole model, as replica rank(); its blocks at compile time.
-  template <std::size_t = 0>
-  static constexpr auto pieces_of = shards::whole<Network>;
-  shard_map shard() const {
-    return {.replica = rank(), .replicas = world(), .whole_count = Network::parameter_count,
-            .local_count = Network::parameter_count, .pieces = shards::whole<Network>};
-  }
 
   /// Every rank describes its job as `key=value` fields; all ranks gather all descriptions,
   /// and if any differs from rank 0's, every rank throws the same message naming the ranks and
@@ -335,105 +315,24 @@ class gradient_allreduce {
 
   /// Called after backward finished layer `layer` on the last micro-step: starts the bucket
   /// that became complete, and lets MPI progress the ones in flight.
-  void layer_done(std::size_t layer, T* grads) {
-    const std::size_t b = plan::starts_after_layer[layer];
-    // The last bucket becomes ready when backward is (nearly) over: nothing is left to overlap
-    // it with, and a blocking allreduce is faster than a non-blocking one (measured with Open
-    // MPI 4.1, 2 ranks: MPI_Iallreduce + wait reaches 0.4-0.5x MPI_Allreduce's bandwidth from
-    // 1 MiB up; benchmarks/allreduce). finish() runs it.
-    if (b + 1 < plan::count) start(b, grads);
-    for (std::size_t i = 0; i < requests_.size(); ++i)
-      if (!flights_[i].done && requests_[i].test()) completed(i, grads);
-  }
+  void layer_done(std::size_t layer, T* grads);
 
   /// Starts the buckets not yet started (all of them when this rank had no samples), runs the
   /// last one as a blocking allreduce, waits for every bucket, and accounts the time. After it,
   /// grads holds the sum over ranks. Every rank issues the same collectives in the same order.
-  void finish(T* grads) {
-    monitor::timed exposed(figures_, &rank_figures::comm_exposed_s);
-    detail::set_phase(fault_phase::gradient_allreduce, static_cast<std::int32_t>(plan::count) - 1);
-    if (plan::count > 0 && started_ + 1 < plan::count) start(plan::count - 2, grads);  // a rank without samples ran no backward
-    if (started_ < plan::count) {
-      const std::size_t b = plan::count - 1;
-      const auto& last = plan::buckets[b];
-      if (started_ == 0) first_start_ = exposed.start();
-      account(last);
-      const auto posted = clock::now();
-      if (sharding() && compressing()) {
-        post(b, grads).wait();
-        unwire(b, grads);
-      } else if (sharding()) {
-        if constexpr (may_shard)
-          comm_.reduce_scatter_v(grads + last.offset, shard_ + zero_.shard_at[b], zero_.counts_of(b), reduce_op::sum);
-      } else if (compressing()) {
-        if constexpr (may_compress) {
-          on_wire([&]<class H>(H*) {
-            H* w = wire<H>(grads, last);
-            comm_.allreduce(w, last.count, reduce_op::sum);
-            from_half(w, grads + last.offset, last.count);
-          });
-        }
-      } else {
-        comm_.allreduce(grads + last.offset, last.count, reduce_op::sum);
-      }
-      monitor::record_collective(static_cast<std::int32_t>(b), world(), double(last.count * wire_bytes()), posted,
-                                 clock::now());
-      ++started_;
-    }
-    for (std::size_t i = 0; i < requests_.size(); ++i)
-      if (!flights_[i].done) {
-        requests_[i].wait();
-        completed(i, grads);
-      }
-    exposed.stop();
-    if (started_ > 0) figures_.comm_s += monitor::seconds_between(first_start_, clock::now());
-    requests_.clear();
-    flights_.clear();
-    started_ = 0;
-  }
+  void finish(T* grads);
 
   /// After a recovery replaced the communicator: forgets the buckets in flight on the old one
   /// (abandoned: never waited for).
-  void after_recovery() {
-    requests_.clear();
-    flights_.clear();
-    started_ = 0;
-    if (sharding()) make_layout();
-    if constexpr (may_compress) {  // abandoned requests may still write them: fresh ones next time
-      wire_bf16_.abandon();
-      wire_fp16_.abandon();
-    }
-  }
+  void after_recovery();
 
   /// Sums values over ranks (losses, counts for reporting). Collective.
-  void sum(double* values, std::size_t n) {
-    monitor::timed t(figures_, &rank_figures::wait_s);
-    comm_.allreduce(values, n, reduce_op::sum);
-  }
+  void sum(double* values, std::size_t n);
 
   /// ZeRO: every rank's stepped slices into every rank's params (the whole layout), one
   /// allgather per bucket. Collective; accounted as exposed communication.
   void gather_parameters(T* params)
-    requires may_shard
-  {
-    monitor::timed exposed(figures_, &rank_figures::comm_exposed_s);
-    detail::set_phase(fault_phase::gradient_allreduce, -1);
-    const std::size_t n = static_cast<std::size_t>(world());
-    // Blocking, one bucket after another: nothing is left to overlap them with here (the next
-    // forward needs the first layers' bucket first), and Open MPI's blocking allgather is
-    // faster than its non-blocking one.
-    for (std::size_t b = 0; b < plan::count; ++b) {
-      const auto& bk = plan::buckets[b];
-      const auto posted = clock::now();
-      comm_.allgather_v(params + bk.offset, zero_.counts_of(b));
-      monitor::record_collective(static_cast<std::int32_t>(b), world(), double(bk.count * sizeof(T)), posted, clock::now());
-      const double bus = n > 1 ? double(n - 1) / double(n) * double(bk.count * sizeof(T)) : 0.0;
-      figures_.bytes_sent += bus;
-      figures_.bus_bytes += bus;
-      figures_.comm_bytes += n > 1 ? double(bk.count * sizeof(T)) : 0.0;
-    }
-    figures_.comm_s += exposed.stop();
-  }
+    requires may_shard;
 
   rank_figures& figures() { return figures_; }
 
@@ -444,22 +343,8 @@ class gradient_allreduce {
     return monitor::gather_timelines(comm_, t, dropped);
   }
 
-  static constexpr const auto& buckets() { return plan::buckets; }
-
  private:
-  void start(std::size_t b, T* grads) {
-    // Buckets start strictly in plan order on every rank, so collectives match across ranks.
-    while (started_ <= b) {
-      const auto& bk = plan::buckets[started_];
-      if (started_ == 0) first_start_ = clock::now();
-      detail::fault_here.bucket = static_cast<std::int32_t>(started_);
-      const auto posted = clock::now();
-      requests_.push_back(post(started_, grads));
-      flights_.push_back({static_cast<std::int32_t>(started_), posted});
-      account(bk);
-      ++started_;
-    }
-  }
+  void start(std::size_t b, T* grads);
   /// Calls f with a null pointer of the wire type of this run (loom::bf16 or loom::fp16).
   template <class F>
   decltype(auto) on_wire(F&& f) {
@@ -472,66 +357,14 @@ class gradient_allreduce {
   }
   /// Posts bucket b's reduction: an allreduce of it in place, or under ZeRO a reduce-scatter
   /// into this rank's slice of the shard (16-bit copies of both when compressed).
-  typename comm_t::request post(std::size_t b, T* grads) {
-    const auto& bk = plan::buckets[b];
-    if constexpr (may_shard) {
-      if (sharding()) {
-        if (compressing()) {
-          if constexpr (may_compress) {
-            return on_wire([&]<class H>(H*) {
-              buffer<H, host_space>& ws = wire_buffer<H>(/*shard=*/true);
-              if (ws.size() != std::max<std::size_t>(1, zero_.shard_count))
-                ws = buffer<H, host_space>(std::max<std::size_t>(1, zero_.shard_count));
-              return comm_.ireduce_scatter_v(wire<H>(grads, bk), ws.data() + zero_.shard_at[b], zero_.counts_of(b),
-                                             reduce_op::sum);
-            });
-          }
-        }
-        return comm_.ireduce_scatter_v(grads + bk.offset, shard_ + zero_.shard_at[b], zero_.counts_of(b), reduce_op::sum);
-      }
-    }
-    if constexpr (may_compress) {
-      if (compressing())
-        return on_wire([&]<class H>(H*) { return comm_.iallreduce(wire<H>(grads, bk), bk.count, reduce_op::sum); });
-    }
-    return comm_.iallreduce(grads + bk.offset, bk.count, reduce_op::sum);
-  }
+  typename comm_t::request post(std::size_t b, T* grads);
   /// Compressed: bucket b's reduced values back into float (its slice of the shard under ZeRO).
-  void unwire(std::size_t b, T* grads) {
-    if constexpr (may_compress) {
-      if (!compressing()) return;
-      const auto& bk = plan::buckets[b];
-      on_wire([&]<class H>(H*) {
-        if constexpr (may_shard) {
-          if (sharding()) {
-            from_half(wire_buffer<H>(true).data() + zero_.shard_at[b], shard_ + zero_.shard_at[b], zero_.mine(b));
-            return;
-          }
-        }
-        from_half(wire_buffer<H>(false).data() + bk.offset, grads + bk.offset, bk.count);
-      });
-    }
-  }
-  void make_layout() {
-    if constexpr (may_shard)
-      zero_ = zero_layout::make(plan::buckets, static_cast<std::size_t>(comm_.rank()), static_cast<std::size_t>(comm_.size()));
-  }
-  void account(const gradient_bucket& bk) {
-    const std::size_t n = static_cast<std::size_t>(world());
-    // An allreduce moves 2 (n - 1) / n of the bucket per rank; a reduce-scatter half of that.
-    const double bus = n > 1 ? (sharding() ? 1.0 : 2.0) * double(n - 1) / double(n) * double(bk.count * wire_bytes()) : 0.0;
-    figures_.bytes_sent += bus;
-    figures_.bus_bytes += bus;
-    figures_.comm_bytes += n > 1 ? double(bk.count * wire_bytes()) : 0.0;
-  }
+  void unwire(std::size_t b, T* grads);
+  void make_layout();
+  void account(const gradient_bucket& bk);
   /// Request i was seen complete now: its values back into the gradients when compressed, and
   /// onto the timeline (when one is attached).
-  void completed(std::size_t i, T* grads) {
-    flights_[i].done = true;
-    const auto& bk = plan::buckets[static_cast<std::size_t>(flights_[i].bucket)];
-    unwire(static_cast<std::size_t>(flights_[i].bucket), grads);
-    monitor::record_collective(flights_[i].bucket, world(), double(bk.count * wire_bytes()), flights_[i].posted, clock::now());
-  }
+  void completed(std::size_t i, T* grads);
   /// The 16-bit copy of the gradients in H (the whole layout), or under ZeRO of this rank's
   /// reduced slices (shard).
   template <class H>
@@ -544,7 +377,7 @@ class gradient_allreduce {
   template <class H>
   H* wire(const T* grads, const gradient_bucket& bk) {
     buffer<H, host_space>& w = wire_buffer<H>(false);
-    if (w.size() != Network::parameter_count) w = buffer<H, host_space>(Network::parameter_count);
+    if (w.size() != parameter_count_) w = buffer<H, host_space>(parameter_count_);
     to_half(grads + bk.offset, w.data() + bk.offset, bk.count);
     return w.data() + bk.offset;
   }
@@ -560,6 +393,9 @@ class gradient_allreduce {
   };
 
   comm_t comm_;
+  std::span<const gradient_bucket> buckets_;         // the plan (the network's static arrays)
+  std::span<const std::size_t> starts_after_layer_;  // per layer: the bucket it completes
+  std::size_t parameter_count_;
   std::vector<typename comm_t::request> requests_;
   std::vector<flight> flights_;  // one per request
   gradient_wire wire_ = gradient_wire::native;
@@ -575,8 +411,247 @@ class gradient_allreduce {
   rank_figures figures_;
 };
 
+template <class T, class Comm, class Wire, bool AtRunTime, bool Sharded>
+bucket_allreduce<T, Comm, Wire, AtRunTime, Sharded>::bucket_allreduce(comm_t comm, data_parallel_choice choice,
+                                                                     std::span<const gradient_bucket> buckets,
+                                                                     std::span<const std::size_t> starts_after_layer,
+                                                                     std::size_t parameter_count)
+    : comm_(std::move(comm)), buckets_(buckets), starts_after_layer_(starts_after_layer),
+      parameter_count_(parameter_count) {
+  if constexpr (at_run_time) {
+    if (choice.shard_state && !may_shard)
+      throw invalid_argument("loom::shard_optimizer_state: this communicator has no ireduce_scatter_v / iallgather_v");
+    wire_ = choice.wire;
+    sharded_ = choice.shard_state;
+  } else {
+    wire_ = choice.wire;
+    sharded_ = sharded;
+  }
+  if (sharding()) make_layout();
+}
+
+template <class T, class Comm, class Wire, bool AtRunTime, bool Sharded>
+void bucket_allreduce<T, Comm, Wire, AtRunTime, Sharded>::layer_done(std::size_t layer, T* grads) {
+  const std::size_t b = starts_after_layer_[layer];
+  // The last bucket becomes ready when backward is (nearly) over: nothing is left to overlap
+  // it with, and a blocking allreduce is faster than a non-blocking one (measured with Open
+  // MPI 4.1, 2 ranks: MPI_Iallreduce + wait reaches 0.4-0.5x MPI_Allreduce's bandwidth from
+  // 1 MiB up; benchmarks/allreduce). finish() runs it.
+  if (b + 1 < buckets_.size()) start(b, grads);
+  for (std::size_t i = 0; i < requests_.size(); ++i)
+    if (!flights_[i].done && requests_[i].test()) completed(i, grads);
+}
+
+template <class T, class Comm, class Wire, bool AtRunTime, bool Sharded>
+void bucket_allreduce<T, Comm, Wire, AtRunTime, Sharded>::finish(T* grads) {
+  monitor::timed exposed(figures_, &rank_figures::comm_exposed_s);
+  detail::set_phase(fault_phase::gradient_allreduce, static_cast<std::int32_t>(buckets_.size()) - 1);
+  // A rank without samples ran no backward: start every bucket but the last.
+  if (buckets_.size() > 0 && started_ + 1 < buckets_.size()) start(buckets_.size() - 2, grads);
+  if (started_ < buckets_.size()) {
+    const std::size_t b = buckets_.size() - 1;
+    const auto& last = buckets_[b];
+    if (started_ == 0) first_start_ = exposed.start();
+    account(last);
+    const auto posted = clock::now();
+    if (sharding() && compressing()) {
+      post(b, grads).wait();
+      unwire(b, grads);
+    } else if (sharding()) {
+      if constexpr (may_shard)
+        comm_.reduce_scatter_v(grads + last.offset, shard_ + zero_.shard_at[b], zero_.counts_of(b), reduce_op::sum);
+    } else if (compressing()) {
+      if constexpr (may_compress) {
+        on_wire([&]<class H>(H*) {
+          H* w = wire<H>(grads, last);
+          comm_.allreduce(w, last.count, reduce_op::sum);
+          from_half(w, grads + last.offset, last.count);
+        });
+      }
+    } else {
+      comm_.allreduce(grads + last.offset, last.count, reduce_op::sum);
+    }
+    monitor::record_collective(static_cast<std::int32_t>(b), world(), double(last.count * wire_bytes()), posted,
+                               clock::now());
+    ++started_;
+  }
+  for (std::size_t i = 0; i < requests_.size(); ++i)
+    if (!flights_[i].done) {
+      requests_[i].wait();
+      completed(i, grads);
+    }
+  exposed.stop();
+  if (started_ > 0) figures_.comm_s += monitor::seconds_between(first_start_, clock::now());
+  requests_.clear();
+  flights_.clear();
+  started_ = 0;
+}
+
+template <class T, class Comm, class Wire, bool AtRunTime, bool Sharded>
+void bucket_allreduce<T, Comm, Wire, AtRunTime, Sharded>::after_recovery() {
+  requests_.clear();
+  flights_.clear();
+  started_ = 0;
+  if (sharding()) make_layout();
+  if constexpr (may_compress) {  // abandoned requests may still write them: fresh ones next time
+    wire_bf16_.abandon();
+    wire_fp16_.abandon();
+  }
+}
+
+template <class T, class Comm, class Wire, bool AtRunTime, bool Sharded>
+void bucket_allreduce<T, Comm, Wire, AtRunTime, Sharded>::sum(double* values, std::size_t n) {
+  monitor::timed t(figures_, &rank_figures::wait_s);
+  comm_.allreduce(values, n, reduce_op::sum);
+}
+
+template <class T, class Comm, class Wire, bool AtRunTime, bool Sharded>
+void bucket_allreduce<T, Comm, Wire, AtRunTime, Sharded>::gather_parameters(T* params)
+  requires may_shard
+{
+  monitor::timed exposed(figures_, &rank_figures::comm_exposed_s);
+  detail::set_phase(fault_phase::gradient_allreduce, -1);
+  const std::size_t n = static_cast<std::size_t>(world());
+  // Blocking, one bucket after another: nothing is left to overlap them with here (the next
+  // forward needs the first layers' bucket first), and Open MPI's blocking allgather is
+  // faster than its non-blocking one.
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    const auto& bk = buckets_[b];
+    const auto posted = clock::now();
+    comm_.allgather_v(params + bk.offset, zero_.counts_of(b));
+    monitor::record_collective(static_cast<std::int32_t>(b), world(), double(bk.count * sizeof(T)), posted, clock::now());
+    const double bus = n > 1 ? double(n - 1) / double(n) * double(bk.count * sizeof(T)) : 0.0;
+    figures_.bytes_sent += bus;
+    figures_.bus_bytes += bus;
+    figures_.comm_bytes += n > 1 ? double(bk.count * sizeof(T)) : 0.0;
+  }
+  figures_.comm_s += exposed.stop();
+}
+
+template <class T, class Comm, class Wire, bool AtRunTime, bool Sharded>
+void bucket_allreduce<T, Comm, Wire, AtRunTime, Sharded>::start(std::size_t b, T* grads) {
+  // Buckets start strictly in plan order on every rank, so collectives match across ranks.
+  while (started_ <= b) {
+    const auto& bk = buckets_[started_];
+    if (started_ == 0) first_start_ = clock::now();
+    detail::fault_here.bucket = static_cast<std::int32_t>(started_);
+    const auto posted = clock::now();
+    requests_.push_back(post(started_, grads));
+    flights_.push_back({static_cast<std::int32_t>(started_), posted});
+    account(bk);
+    ++started_;
+  }
+}
+
+template <class T, class Comm, class Wire, bool AtRunTime, bool Sharded>
+typename Comm::request bucket_allreduce<T, Comm, Wire, AtRunTime, Sharded>::post(std::size_t b, T* grads) {
+  const auto& bk = buckets_[b];
+  if constexpr (may_shard) {
+    if (sharding()) {
+      if (compressing()) {
+        if constexpr (may_compress) {
+          return on_wire([&]<class H>(H*) {
+            buffer<H, host_space>& ws = wire_buffer<H>(/*shard=*/true);
+            if (ws.size() != std::max<std::size_t>(1, zero_.shard_count))
+              ws = buffer<H, host_space>(std::max<std::size_t>(1, zero_.shard_count));
+            return comm_.ireduce_scatter_v(wire<H>(grads, bk), ws.data() + zero_.shard_at[b], zero_.counts_of(b),
+                                           reduce_op::sum);
+          });
+        }
+      }
+      return comm_.ireduce_scatter_v(grads + bk.offset, shard_ + zero_.shard_at[b], zero_.counts_of(b), reduce_op::sum);
+    }
+  }
+  if constexpr (may_compress) {
+    if (compressing())
+      return on_wire([&]<class H>(H*) { return comm_.iallreduce(wire<H>(grads, bk), bk.count, reduce_op::sum); });
+  }
+  return comm_.iallreduce(grads + bk.offset, bk.count, reduce_op::sum);
+}
+
+template <class T, class Comm, class Wire, bool AtRunTime, bool Sharded>
+void bucket_allreduce<T, Comm, Wire, AtRunTime, Sharded>::unwire(std::size_t b, T* grads) {
+  if constexpr (may_compress) {
+    if (!compressing()) return;
+    const auto& bk = buckets_[b];
+    on_wire([&]<class H>(H*) {
+      if constexpr (may_shard) {
+        if (sharding()) {
+          from_half(wire_buffer<H>(true).data() + zero_.shard_at[b], shard_ + zero_.shard_at[b], zero_.mine(b));
+          return;
+        }
+      }
+      from_half(wire_buffer<H>(false).data() + bk.offset, grads + bk.offset, bk.count);
+    });
+  }
+}
+
+template <class T, class Comm, class Wire, bool AtRunTime, bool Sharded>
+void bucket_allreduce<T, Comm, Wire, AtRunTime, Sharded>::make_layout() {
+  if constexpr (may_shard)
+    zero_ = zero_layout::make(buckets_, static_cast<std::size_t>(comm_.rank()), static_cast<std::size_t>(comm_.size()));
+}
+
+template <class T, class Comm, class Wire, bool AtRunTime, bool Sharded>
+void bucket_allreduce<T, Comm, Wire, AtRunTime, Sharded>::account(const gradient_bucket& bk) {
+  const std::size_t n = static_cast<std::size_t>(world());
+  // An allreduce moves 2 (n - 1) / n of the bucket per rank; a reduce-scatter half of that.
+  const double bus = n > 1 ? (sharding() ? 1.0 : 2.0) * double(n - 1) / double(n) * double(bk.count * wire_bytes()) : 0.0;
+  figures_.bytes_sent += bus;
+  figures_.bus_bytes += bus;
+  figures_.comm_bytes += n > 1 ? double(bk.count * wire_bytes()) : 0.0;
+}
+
+template <class T, class Comm, class Wire, bool AtRunTime, bool Sharded>
+void bucket_allreduce<T, Comm, Wire, AtRunTime, Sharded>::completed(std::size_t i, T* grads) {
+  flights_[i].done = true;
+  const auto& bk = buckets_[static_cast<std::size_t>(flights_[i].bucket)];
+  unwire(static_cast<std::size_t>(flights_[i].bucket), grads);
+  monitor::record_collective(flights_[i].bucket, world(), double(bk.count * wire_bytes()), flights_[i].posted, clock::now());
+}
+
+
+}  // namespace detail
+
+/// The gradient communication of data parallelism: checks that every rank runs the same job,
+/// broadcasts rank 0's parameters, starts each bucket's allreduce as backward finishes its
+/// layers, and waits for all of them before the optimizer steps. loom::replica_engine drives it
+/// under data_parallel; the tensor-parallel grid and the pipeline engine use it for the
+/// gradient average over replicas under loom::hybrid.
+///
+/// The wire format (compress<>) and ZeRO (shard_optimizer_state) are Policy's; under the
+/// trainer's shared code (detail::choice_at_run_time) they are the constructor's
+/// data_parallel_choice instead, and the code of every choice is compiled in.
+template <class Network, class T, class Policy>
+class gradient_allreduce
+    : public detail::bucket_allreduce<T, typename Policy::comm_type, typename Policy::wire_type,
+                                      Policy::choice_at_run_time, detail::shards_state_of_v<Policy>> {
+  using base = detail::bucket_allreduce<T, typename Policy::comm_type, typename Policy::wire_type,
+                                        Policy::choice_at_run_time, detail::shards_state_of_v<Policy>>;
+  using plan = bucket_plan<Network, T, Policy::bucket_cap_bytes>;
+
+ public:
+  using rank_network = Network;
+
+  /// Over comm; the wire format and ZeRO are Policy's, or under a run-time choice `choice`'s.
+  explicit gradient_allreduce(typename Policy::comm_type comm, data_parallel_choice choice = {})
+      : base(std::move(comm), Policy::choice_at_run_time ? choice : detail::data_parallel_choice_of<Policy>(),
+             plan::buckets, plan::starts_after_layer, Network::parameter_count) {}
+
+  /// Every rank holds the whole model, as replica rank(); its blocks at compile time.
+  template <std::size_t = 0>
+  static constexpr auto pieces_of = shards::whole<Network>;
+  shard_map shard() const {
+    return {.replica = this->rank(), .replicas = this->world(), .whole_count = Network::parameter_count,
+            .local_count = Network::parameter_count, .pieces = shards::whole<Network>};
+  }
+
+  static constexpr const auto& buckets() { return plan::buckets; }
+};
+
 }  // namespace loom
 
 #if defined(LOOM_DEFINITIONS_VISIBLE)
 #include "loom/parallel/impl/data_parallel.ipp"
 #endif
+#include "loom/parallel/impl/data_parallel_mpi.hpp"

@@ -166,16 +166,9 @@ class replica_passes {
   std::size_t prepare_fit(std::size_t batch, std::size_t deterministic_chunk) {
     chunks_.reset();
     if (deterministic_chunk == 0) return 0;
-    if (compresses()) {
-      throw invalid_argument("loom::trainer::fit: deterministic_chunk=" + std::to_string(deterministic_chunk) +
-                             " sums each gradient in one fixed order of float additions, and loom::compress<> "
-                             "rounds sums to 16 bits: they do not go together; set deterministic_chunk = 0 or drop "
-                             "compress<> from data_parallel");
-    }
+    if (compresses()) chunk_plan::refuse(deterministic_chunk, true);
     if constexpr (!deterministic_capable) {
-      throw invalid_argument("loom::trainer::fit: deterministic_chunk=" + std::to_string(deterministic_chunk) +
-                             " needs loom::single_process or loom::data_parallel<Comm, ...>, not this policy "
-                             "(tensor or pipeline parallelism): set deterministic_chunk = 0");
+      chunk_plan::refuse(deterministic_chunk, false);
     } else {
       chunks_ = chunk_plan::make(batch, deterministic_chunk, static_cast<std::size_t>(replicas()));
       return chunks_->rank_block();
@@ -371,13 +364,8 @@ class replica_passes {
     dy_.reserve_discard(c * out_width);
     if (m == 0) step_tree_.reset(count);
     const std::size_t rank = static_cast<std::size_t>(replica());
-    const std::size_t first = chunks_->chunks_of(rank, b.global_n).first;
-    if (b.n > 0 && b.offset != first * c)
-      throw invalid_argument("loom::trainer::fit: deterministic mode: replica " + std::to_string(rank) + " of " +
-                             std::to_string(replicas()) + " expected the samples from " + std::to_string(first * c) +
-                             " of the global batch, found them from " + std::to_string(b.offset) +
-                             " (the loader does not deal as the chunk plan says)");
-    chunk_tree_.reset(count, first);
+    chunks_->check_offset(rank, b.global_n, b.n, b.offset);
+    chunk_tree_.reset(count, chunks_->chunks_of(rank, b.global_n).first);
     loss_value v;
     for (std::size_t at = 0; at < b.n; at += c) {
       // (k, input) from one buffer for every chunk, so each chunk is computed alike on any rank.

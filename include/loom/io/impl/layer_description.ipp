@@ -109,5 +109,17 @@ LOOM_DECL void add_described(layer_description&& d, std::size_t parameters, std:
   shift(d.inner, at);
   out.push_back(std::move(d));
 }
+
+LOOM_DECL void describe_into(const std::string& prefix, std::size_t index, const std::size_t* in, std::size_t in_rank,
+                             const std::size_t* out_dims, std::size_t out_rank, void (*describe)(layer_description&),
+                             std::size_t parameters, std::size_t at, std::vector<layer_description>& out) {
+  layer_description d;
+  d.path = prefix + std::to_string(index);
+  d.input_shape.assign(in, in + in_rank);
+  d.output_shape.assign(out_dims, out_dims + out_rank);
+  describe(d);
+  add_described(std::move(d), parameters, at, out);
+}
+
 }  // namespace detail
 }  // namespace loom::io

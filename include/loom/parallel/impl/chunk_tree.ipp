@@ -8,6 +8,24 @@
 
 namespace loom {
 
+LOOM_DECL void chunk_plan::offset_mismatch(std::size_t r, std::size_t global_n, std::size_t offset) const {
+  throw invalid_argument("loom::trainer::fit: deterministic mode: replica " + std::to_string(r) + " of " +
+                         std::to_string(ranks) + " expected the samples from " +
+                         std::to_string(chunks_of(r, global_n).first * chunk) + " of the global batch, found them from " +
+                         std::to_string(offset) + " (the loader does not deal as the chunk plan says)");
+}
+
+LOOM_DECL void chunk_plan::refuse(std::size_t chunk, bool compressed) {
+  if (compressed)
+    throw invalid_argument("loom::trainer::fit: deterministic_chunk=" + std::to_string(chunk) +
+                           " sums each gradient in one fixed order of float additions, and loom::compress<> "
+                           "rounds sums to 16 bits: they do not go together; set deterministic_chunk = 0 or drop "
+                           "compress<> from data_parallel");
+  throw invalid_argument("loom::trainer::fit: deterministic_chunk=" + std::to_string(chunk) +
+                         " needs loom::single_process or loom::data_parallel<Comm, ...>, not this policy "
+                         "(tensor or pipeline parallelism): set deterministic_chunk = 0");
+}
+
 LOOM_DECL chunk_plan chunk_plan::make(std::size_t batch, std::size_t chunk, std::size_t ranks) {
   const std::string where = "loom::trainer::fit: deterministic_chunk=" + std::to_string(chunk) + " with batch=" +
                             std::to_string(batch) + " on " + std::to_string(ranks) + " rank" +
