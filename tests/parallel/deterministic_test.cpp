@@ -97,6 +97,27 @@ TEST_CASE("The chunk plan deals whole aligned chunks and rejects what it cannot 
   CHECK_THAT(message(64, 0, 1), Catch::Contains("expected a chunk and a batch of at least 1 sample"));
 }
 
+TEST_CASE("The chunk plan refuses a rank's samples that do not start at its first chunk, naming both offsets",
+          "[parallel][deterministic]") {
+  const auto three = loom::chunk_plan::make(64, 16, 3);  // chunks 0-1, 2, 3
+  CHECK_NOTHROW(three.check_offset(0, 64, 32, 0));
+  CHECK_NOTHROW(three.check_offset(1, 64, 16, 32));
+  CHECK_NOTHROW(three.check_offset(2, 40, 0, 7));  // no samples: nothing to place
+  auto message = [&](std::size_t r, std::size_t global_n, std::size_t n, std::size_t offset) {
+    try {
+      three.check_offset(r, global_n, n, offset);
+    } catch (const loom::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  CHECK(message(1, 64, 16, 16) ==
+        "loom::trainer::fit: deterministic mode: replica 1 of 3 expected the samples from 32 of the global batch, "
+        "found them from 16 (the loader does not deal as the chunk plan says)");
+  CHECK_THAT(message(2, 64, 16, 32), Catch::Contains("replica 2 of 3 expected the samples from 48") &&
+                                          Catch::Contains("found them from 32"));
+}
+
 TEST_CASE("The chunk tree adds in the padded binary tree over the chunk index", "[parallel][deterministic]") {
   // Values whose sum depends on the order of additions in float: 1e8 + 1 rounds the 1 away.
   const std::vector<std::vector<float>> leaves = {{1e8f, 1}, {1, 3}, {-1e8f, 5}, {1, 7}, {1, 11}};
