@@ -932,4 +932,4 @@ static_assert(communicator<mpi_comm>);
 #endif
 
 #include "loom/comm/mpi_recovery.hpp"
-#include "loom/parallel/impl/data_parallel_mpi.hpp"
+#include "loom/comm/impl/data_parallel_mpi.hpp"

@@ -654,4 +654,4 @@ class gradient_allreduce
 #if defined(LOOM_DEFINITIONS_VISIBLE)
 #include "loom/parallel/impl/data_parallel.ipp"
 #endif
-#include "loom/parallel/impl/data_parallel_mpi.hpp"
+#include "loom/comm/impl/data_parallel_mpi.hpp"

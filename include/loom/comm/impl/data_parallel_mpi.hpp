@@ -4,7 +4,9 @@
 // data_parallel's gradient communication over loom::mpi_comm that loom::compiled_mpi holds
 // (LOOM_INSTANTIATE_MPI, loom/core/config.hpp): those of data_parallel<mpi_comm> (native wire, no
 // ZeRO) and data_parallel<mpi_comm, choose_at_run_time>, for every network. It needs both
-// headers' classes complete, hence the order-independent pair of guards.
+// headers' classes complete, hence the order-independent pair of guards. It lies in comm/ with
+// mpi.hpp's own instantiation list: comm/ includes nothing of parallel/ (it only names
+// parallel/'s class where data_parallel.hpp is already included).
 #if defined(LOOM_PARALLEL_DATA_PARALLEL_HPP) && defined(LOOM_COMM_MPI_HPP) && !defined(LOOM_DATA_PARALLEL_MPI_NAMED)
 #define LOOM_DATA_PARALLEL_MPI_NAMED 1
 namespace loom {
