@@ -17,9 +17,7 @@ template <class T>
 constexpr std::string_view pretty_function_of() {
   return __PRETTY_FUNCTION__;  // "... pretty_function_of() [with T = X; ...]" or "[with T = X]"
 }
-}  // namespace detail
 
-namespace detail {
 /// The type name inside a __PRETTY_FUNCTION__ of pretty_function_of<T>: from "T = " to the
 /// first ';' or ']' outside brackets (all of it when there is no "T = "). Compiled once (the
 /// templates below only hand over their string), so naming a type costs no code per type.

@@ -198,6 +198,14 @@ constexpr data_parallel_choice data_parallel_choice_of() {
   }
   return c;
 }
+
+/// Whether Policy takes data parallelism's wire format and ZeRO at run time
+/// (data_parallel<Comm, ..., choose_at_run_time>); false for any other policy.
+template <class Policy>
+inline constexpr bool chooses_at_run_time_v = [] {
+  if constexpr (is_data_parallel_v<Policy>) return Policy::choice_at_run_time;
+  else return false;
+}();
 }  // namespace detail
 
 namespace detail {
@@ -262,16 +270,16 @@ class bucket_allreduce {
   static constexpr bool at_run_time = AtRunTime;
 
  public:
-  /// Whether gradients travel compressed (loom::compress<bf16 or fp16>), as Policy says:
+  /// Whether gradients travel compressed (Wire: loom::bf16 or loom::fp16, from compress<>):
   /// converted into a 16-bit copy in host memory as each bucket starts, reduced there,
   /// converted back as it completes. (Under a run-time choice: false here, compressing() says.)
   static constexpr bool compressed = !std::is_void_v<wire_type>;
-  /// Whether the optimizer state is sharded (loom::shard_optimizer_state, ZeRO stage 1), as
-  /// Policy says: each bucket is reduce-scattered into this rank's slice of it (zero()), in the
+  /// Whether the optimizer state is sharded (Sharded: loom::shard_optimizer_state, ZeRO stage
+  /// 1): each bucket is reduce-scattered into this rank's slice of it (zero()), in the
   /// shard buffer the engine binds (bind_shard), and gather_parameters all-gathers the stepped
   /// slices. (Under a run-time choice: false here, sharding() says.)
   static constexpr bool sharded = Sharded;
-  /// Whether this class may compress or shard: Policy does, or the choice is made at run time
+  /// Whether this class may compress or shard: its policy does, or the choice is made at run time
   /// (the code of both is compiled then; ZeRO's only over a communicator that offers it).
   static constexpr bool may_compress = compressed || at_run_time;
   static constexpr bool may_shard = sharded || (at_run_time && detail::sharding_communicator<comm_t>);

@@ -40,10 +40,7 @@ struct hybrid {
                 "loom::hybrid<loom::data_parallel<Comm, loom::shard_optimizer_state>, ...>: sharding the optimizer "
                 "state over the replicas of a hybrid is not built yet; drop shard_optimizer_state (it works under "
                 "plain loom::data_parallel)");
-  static_assert(![] {
-    if constexpr (requires { DataParallel::choice_at_run_time; }) return DataParallel::choice_at_run_time;
-    else return false;  // (not a data_parallel: said above)
-  }(),
+  static_assert(!detail::chooses_at_run_time_v<DataParallel>,
                 "loom::hybrid<loom::data_parallel<Comm, loom::choose_at_run_time>, ...>: the run-time choice of the "
                 "wire format and ZeRO is built for plain loom::data_parallel only; name the options (compress<H>) "
                 "in the hybrid's data_parallel");

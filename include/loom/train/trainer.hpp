@@ -203,14 +203,6 @@ using chosen_data_parallel =
                        data_parallel<typename Policy::comm_type, Chosen...>,
                        data_parallel<typename Policy::comm_type, bucket_bytes<Policy::bucket_cap_bytes>, Chosen...>>;
 
-/// Whether Policy takes data parallelism's wire format and ZeRO at run time
-/// (data_parallel<Comm, ..., choose_at_run_time>).
-template <class Policy>
-inline constexpr bool chooses_at_run_time_v = [] {
-  if constexpr (is_data_parallel_v<Policy>) return Policy::choice_at_run_time;
-  else return false;
-}();
-
 /// The facts of a trainer of Policy (data_parallel<Comm, ..., choose_at_run_time>) built with
 /// `choice`: those of the policy that names the same options (chosen_data_parallel), so that
 /// the run describes itself as that policy's would (job checks, checkpoint records, the memory

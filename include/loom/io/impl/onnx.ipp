@@ -246,10 +246,10 @@ LOOM_DECL std::string onnx_model(const network_description& d, std::span<const f
   prop("loom.fingerprint", d.fingerprint());
   return model.encoded();
 }
-}  // namespace detail
-LOOM_DECL void detail::export_onnx_described(const network_description& d, std::size_t parameters,
-                                             std::span<const float> params, const std::filesystem::path& path,
-                                             const onnx_options& options) {
+
+LOOM_DECL void export_onnx_described(const network_description& d, std::size_t parameters,
+                                     std::span<const float> params, const std::filesystem::path& path,
+                                     const onnx_options& options) {
   if (params.size() != parameters)
     throw invalid_argument("loom::export_onnx(" + path.string() + "): the network has " +
                            std::to_string(parameters) + " parameters but " +
@@ -273,5 +273,6 @@ LOOM_DECL void detail::export_onnx_described(const network_description& d, std::
     std::filesystem::remove(data_path, ec);
   }
 }
+}  // namespace detail
 
 }  // namespace loom::io
