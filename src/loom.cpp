@@ -15,6 +15,7 @@
 // them; listed all the same).
 #include "loom/backend/cpu/conv2d.hpp"
 #include "loom/backend/cpu/dnnl_support.hpp"
+#include "loom/backend/cpu/features.hpp"
 #include "loom/backend/cpu/gemm.hpp"
 #include "loom/backend/cpu/pool2d.hpp"
 #include "loom/backend/cpu/runtime.hpp"

@@ -11,7 +11,7 @@
 // line first; notes go to stderr. benchmarks/train_throughput/torch_peer.py is the PyTorch
 // side with the same rows and method; run.sh runs both and prints the table.
 
-#include <dnnl.h>
+#include <dnnl.hpp>  // the ceilings run oneDNN directly (loom's headers do not bring it)
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -248,8 +248,8 @@ ceiling_rate conv_ceiling(std::size_t batch) {
   using tag = dnnl::memory::format_tag;
   const auto f32 = dnnl::memory::data_type::f32;
   const auto direct = dnnl::algorithm::convolution_direct;
-  auto& eng = loom::detail::dnnl_engine();
-  auto& stream = loom::detail::dnnl_stream();
+  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(eng);
   const auto n = static_cast<dnnl::memory::dim>(batch);
   const dims strides{1, 1}, pad{1, 1};
   // A memory of desc d, filled with small values (no denormals, no zeros).

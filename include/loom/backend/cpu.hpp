@@ -61,7 +61,7 @@ struct cpu {
   }
 
   /// Converts between the layout of a (batch, Shape) activation and plain row-major. Reorders
-  /// are cached in `cache`; a plain activation is passed through without a copy.
+  /// are cached; a plain activation is passed through without a copy.
   class layout_converter {
    public:
     template <class T, class Shape>
@@ -69,7 +69,7 @@ struct cpu {
       if (f.plain()) return x;
       if constexpr (std::is_same_v<T, float> && Shape::rank == 3) {
         float* out = plain_.get(batch * Shape::size);
-        cache_.run(f.desc, x, detail::plain_nchw(batch, Shape::dims[0], Shape::dims[1], Shape::dims[2]), out);
+        reorders_.run(f, x, format{}, out, batch, Shape::dims[0], Shape::dims[1], Shape::dims[2]);
         return out;
       } else {
         throw backend_error("loom: internal error: a non-plain layout on a tensor that cannot have one");
@@ -80,7 +80,7 @@ struct cpu {
     void from_plain(const T* src, const format& f, T* dst, std::size_t batch) {
       if (f.plain()) return copy(dst, src, batch * Shape::size);
       if constexpr (std::is_same_v<T, float> && Shape::rank == 3) {
-        cache_.run(detail::plain_nchw(batch, Shape::dims[0], Shape::dims[1], Shape::dims[2]), src, f.desc, dst);
+        reorders_.run(format{}, src, f, dst, batch, Shape::dims[0], Shape::dims[1], Shape::dims[2]);
       } else {
         throw backend_error("loom: internal error: a non-plain layout on a tensor that cannot have one");
       }
@@ -90,15 +90,14 @@ struct cpu {
     void convert(const T* src, const format& from, T* dst, const format& to, std::size_t batch) {
       if (from == to) return copy(dst, src, batch * Shape::size);
       if constexpr (std::is_same_v<T, float> && Shape::rank == 3) {
-        cache_.run(detail::desc_of(from, batch, Shape::dims[0], Shape::dims[1], Shape::dims[2]), src,
-                   detail::desc_of(to, batch, Shape::dims[0], Shape::dims[1], Shape::dims[2]), dst);
+        reorders_.run(from, src, to, dst, batch, Shape::dims[0], Shape::dims[1], Shape::dims[2]);
       } else {
         throw backend_error("loom: internal error: a non-plain layout on a tensor that cannot have one");
       }
     }
 
    private:
-    detail::reorder_cache cache_;
+    detail::layout_reorders reorders_;
     detail::scratch plain_;
   };
 };

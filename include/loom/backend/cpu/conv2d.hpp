@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "loom/backend/cpu/dnnl_support.hpp"
-#include "loom/backend/cpu/gemm.hpp"
 #include "loom/core/config.hpp"
 #include "loom/core/geometry.hpp"
 #include "loom/core/math_mode.hpp"
@@ -75,58 +74,74 @@ struct conv2d_reference {
   }
 };
 
+
+/// float convolutions through oneDNN primitives, created once per batch size, input layout and
+/// math mode, then reused (impl/conv2d.ipp). cpu_conv2d_plan<float> runs on it.
+class dnnl_conv2d {
+ public:
+  LOOM_DECL explicit dnnl_conv2d(conv2d_geometry g);
+  LOOM_DECL dnnl_conv2d(dnnl_conv2d&&) noexcept;
+  LOOM_DECL dnnl_conv2d& operator=(dnnl_conv2d&&) noexcept;
+  LOOM_DECL ~dnnl_conv2d();
+
+  LOOM_DECL void fuse_relu();
+  LOOM_DECL cpu_format forward(const float* x, const cpu_format& xf, const float* w, const float* b, float* y,
+                               std::size_t batch, math_mode math);
+  LOOM_DECL void backward(const float* x, const cpu_format& xf, const float* w, const float* dy, float* dx, float* dw,
+                          float* db, std::size_t batch, bool accumulate, math_mode math);
+
+ private:
+  struct entry;  // the primitives of one (batch, layout, math mode), and their scratch
+
+  entry& get(std::size_t batch, const cpu_format& xf, math_mode math);
+
+  conv2d_geometry g_;
+  bool relu_ = false;
+  std::vector<std::unique_ptr<entry>> entries_;
+};
+
+/// The reference loops as a plan, for T other than float (gradient checks in double).
+template <class T>
+class reference_conv2d {
+ public:
+  explicit reference_conv2d(conv2d_geometry g) : g_(g) {}
+  void fuse_relu() { relu_ = true; }
+  cpu_format forward(const T* x, const cpu_format&, const T* w, const T* b, T* y, std::size_t batch, math_mode) {
+    conv2d_reference<T>::forward(g_, batch, x, w, b, y);
+    if (relu_)
+      for (std::size_t i = 0; i < batch * g_.oc * g_.oh() * g_.ow(); ++i) y[i] = y[i] > T(0) ? y[i] : T(0);
+    return {};
+  }
+  void backward(const T* x, const cpu_format&, const T* w, const T* dy, T* dx, T* dw, T* db, std::size_t batch,
+                bool accumulate, math_mode) {
+    conv2d_reference<T>::backward(g_, batch, x, w, dy, dx, dw, db, accumulate);
+  }
+
+ private:
+  conv2d_geometry g_;
+  bool relu_ = false;
+};
+
 }  // namespace detail
 
-/// A convolution of fixed geometry, ready to run on batches. One per conv2d layer.
+/// A convolution of fixed geometry, ready to run on batches. One per conv2d layer. float runs
+/// oneDNN's primitives (detail::dnnl_conv2d, compiled once with loom::compiled), any other T
+/// the reference loops.
 template <class T>
 class cpu_conv2d_plan {
  public:
-  explicit cpu_conv2d_plan(conv2d_geometry g) : g_(g) {}
+  explicit cpu_conv2d_plan(conv2d_geometry g) : g_(g), run_(g) {}
 
   /// Makes forward write relu(conv(x) + b): the ReLU of the next layer, fused so the output
   /// is written once. Call before the first forward.
-  void fuse_relu() {
-    relu_ = true;
-    entries_.clear();
-  }
+  void fuse_relu() { run_.fuse_relu(); }
 
   /// y = conv(x, w) + b. x is in layout xf; returns the layout y was written in. In
   /// math_mode::bf16 (float only) x and w enter the convolution rounded to bf16.
   /// Throws loom::invalid_argument for bf16 on a CPU without oneDNN bf16 convolutions.
   cpu_format forward(const T* x, const cpu_format& xf, const T* w, const T* b, T* y, std::size_t batch,
                      math_mode math = math_mode::fp32) {
-    if constexpr (!std::is_same_v<T, float>) {
-      (void)xf;
-      (void)math;
-      detail::conv2d_reference<T>::forward(g_, batch, x, w, b, y);
-      if (relu_)
-        for (std::size_t i = 0; i < batch * g_.oc * g_.oh() * g_.ow(); ++i) y[i] = y[i] > T(0) ? y[i] : T(0);
-      return {};
-    } else {
-      entry& e = get(batch, xf, math);
-      const void* src = x;
-      if (!(e.src_given == e.fwd_pd.src_desc())) {
-        void* p = e.src_scratch.get(e.fwd_pd.src_desc());
-        e.reorders.run(e.src_given, x, e.fwd_pd.src_desc(), p);
-        src = p;
-      }
-      const void* wts = weights_in(e, w, e.fwd_pd.weights_desc(), e.w_fwd_scratch);
-      auto& eng = detail::dnnl_engine();
-      dnnl::memory ms(e.fwd_pd.src_desc(), eng, const_cast<void*>(src));
-      dnnl::memory mw(e.fwd_pd.weights_desc(), eng, const_cast<void*>(wts));
-      dnnl::memory mb(e.fwd_pd.bias_desc(), eng, const_cast<float*>(b));
-      // The primitive writes y directly, or (bf16: its channels-last output) a scratch that a
-      // reorder then brings into the layout loom's other layers read.
-      const bool direct = e.y_desc == e.fwd_pd.dst_desc();
-      float* dst = direct ? y : static_cast<float*>(e.dst_scratch.get(e.fwd_pd.dst_desc()));
-      dnnl::memory md(e.fwd_pd.dst_desc(), eng, dst);
-      detail::dnnl_checked("running a convolution forward", [&] {
-        e.fwd.execute(detail::dnnl_stream(), {{DNNL_ARG_SRC, ms}, {DNNL_ARG_WEIGHTS, mw}, {DNNL_ARG_BIAS, mb}, {DNNL_ARG_DST, md}});
-        detail::dnnl_stream().wait();
-      });
-      if (!direct) e.reorders.run(e.fwd_pd.dst_desc(), dst, e.y_desc, y);
-      return e.dst_format;
-    }
+    return run_.forward(x, xf, w, b, y, batch, math);
   }
 
   /// Given dy (in the layout forward returned), writes dx (in layout xf) when dx is non-null,
@@ -134,203 +149,18 @@ class cpu_conv2d_plan {
   /// math_mode::bf16 x, w and dy enter the products rounded to bf16; dx, dw, db are float.
   void backward(const T* x, const cpu_format& xf, const T* w, const T* dy, T* dx, T* dw, T* db, std::size_t batch,
                 bool accumulate, math_mode math = math_mode::fp32) {
-    if constexpr (!std::is_same_v<T, float>) {
-      (void)xf;
-      (void)math;
-      detail::conv2d_reference<T>::backward(g_, batch, x, w, dy, dx, dw, db, accumulate);
-    } else {
-      entry& e = get(batch, xf, math);
-      auto& eng = detail::dnnl_engine();
-      // diff_dst arrives in the forward dst layout (float); the backward primitives may want
-      // another layout, or bf16. Backward-data and backward-weights usually want the same.
-      const void* ddst_converted = nullptr;
-      dnnl::memory::desc ddst_converted_desc;
-      auto diff_dst_for = [&](const dnnl::memory::desc& want, detail::scratch& s) -> const void* {
-        if (want == e.y_desc) return dy;
-        if (ddst_converted && want == ddst_converted_desc) return ddst_converted;
-        void* p = s.get(want);
-        e.reorders.run(e.y_desc, dy, want, p);
-        ddst_converted = p;
-        ddst_converted_desc = want;
-        return p;
-      };
-      if (dx) {
-        const void* wts = weights_in(e, w, e.bwd_data_pd.weights_desc(), e.w_bwd_scratch);
-        const void* ddst = diff_dst_for(e.bwd_data_pd.diff_dst_desc(), e.ddst_scratch);
-        const bool direct = e.bwd_data_pd.diff_src_desc() == e.src_given;
-        float* dsrc = direct ? dx : static_cast<float*>(e.dsrc_scratch.get(e.bwd_data_pd.diff_src_desc()));
-        dnnl::memory mdd(e.bwd_data_pd.diff_dst_desc(), eng, const_cast<void*>(ddst));
-        dnnl::memory mw(e.bwd_data_pd.weights_desc(), eng, const_cast<void*>(wts));
-        dnnl::memory mds(e.bwd_data_pd.diff_src_desc(), eng, dsrc);
-        detail::dnnl_checked("running a convolution backward-data", [&] {
-          e.bwd_data.execute(detail::dnnl_stream(), {{DNNL_ARG_DIFF_DST, mdd}, {DNNL_ARG_WEIGHTS, mw}, {DNNL_ARG_DIFF_SRC, mds}});
-          detail::dnnl_stream().wait();
-        });
-        if (!direct) e.reorders.run(e.bwd_data_pd.diff_src_desc(), dsrc, e.src_given, dx);
-      }
-      // backward-weights
-      const void* src = x;
-      if (!(e.bwd_w_pd.src_desc() == e.src_given)) {
-        void* p = e.src_scratch.get(e.bwd_w_pd.src_desc());
-        e.reorders.run(e.src_given, x, e.bwd_w_pd.src_desc(), p);
-        src = p;
-      }
-      // A second scratch when backward-weights wants dy differently from backward-data.
-      const void* ddst = diff_dst_for(e.bwd_w_pd.diff_dst_desc(),
-                                      ddst_converted && !(e.bwd_w_pd.diff_dst_desc() == ddst_converted_desc)
-                                          ? e.ddst_w_scratch
-                                          : e.ddst_scratch);
-      const auto plain_w = plain_weights();
-      const bool w_direct = !accumulate && e.bwd_w_pd.diff_weights_desc() == plain_w;
-      float* dwts = w_direct ? dw : static_cast<float*>(e.dw_scratch.get(e.bwd_w_pd.diff_weights_desc()));
-      float* dbias = accumulate ? e.db_scratch.get(g_.oc) : db;
-      dnnl::memory ms(e.bwd_w_pd.src_desc(), eng, const_cast<void*>(src));
-      dnnl::memory mdd(e.bwd_w_pd.diff_dst_desc(), eng, const_cast<void*>(ddst));
-      dnnl::memory mdw(e.bwd_w_pd.diff_weights_desc(), eng, dwts);
-      dnnl::memory mdb(e.bwd_w_pd.diff_bias_desc(), eng, dbias);
-      detail::dnnl_checked("running a convolution backward-weights", [&] {
-        e.bwd_w.execute(detail::dnnl_stream(), {{DNNL_ARG_SRC, ms}, {DNNL_ARG_DIFF_DST, mdd}, {DNNL_ARG_DIFF_WEIGHTS, mdw},
-                                                {DNNL_ARG_DIFF_BIAS, mdb}});
-        detail::dnnl_stream().wait();
-      });
-      if (!w_direct) {
-        if (accumulate) {
-          float* tmp = e.dw_plain_scratch.get(g_.weight_count());
-          if (e.bwd_w_pd.diff_weights_desc() == plain_w)
-            std::memcpy(tmp, dwts, g_.weight_count() * sizeof(float));
-          else
-            e.reorders.run(e.bwd_w_pd.diff_weights_desc(), dwts, plain_w, tmp);
-          for (std::size_t i = 0; i < g_.weight_count(); ++i) dw[i] += tmp[i];
-        } else {
-          e.reorders.run(e.bwd_w_pd.diff_weights_desc(), dwts, plain_w, dw);
-        }
-      }
-      if (accumulate && db)
-        for (std::size_t i = 0; i < g_.oc; ++i) db[i] += dbias[i];
-    }
+    run_.backward(x, xf, w, dy, dx, dw, db, batch, accumulate, math);
   }
 
   const conv2d_geometry& geometry() const { return g_; }
 
  private:
-  struct entry {
-    std::size_t batch;
-    math_mode math;
-    dnnl::memory::desc src_given;  // the layout x arrives in (float)
-    cpu_format dst_format;  // the layout y is handed on in
-    dnnl::memory::desc y_desc;  // the same, as a desc (also when plain)
-    dnnl::convolution_forward::primitive_desc fwd_pd;
-    dnnl::convolution_forward fwd;
-    dnnl::convolution_backward_data::primitive_desc bwd_data_pd;
-    dnnl::convolution_backward_data bwd_data;
-    dnnl::convolution_backward_weights::primitive_desc bwd_w_pd;
-    dnnl::convolution_backward_weights bwd_w;
-    detail::reorder_cache reorders;
-    detail::scratch src_scratch, w_fwd_scratch, w_bwd_scratch, dst_scratch, ddst_scratch, ddst_w_scratch, dsrc_scratch,
-        dw_scratch, dw_plain_scratch, db_scratch;
-  };
-
-  dnnl::memory::desc plain_weights() const {
-    using dt = dnnl::memory::dim;
-    return {{static_cast<dt>(g_.oc), static_cast<dt>(g_.c), static_cast<dt>(g_.k), static_cast<dt>(g_.k)},
-            dnnl::memory::data_type::f32,
-            dnnl::memory::format_tag::oihw};
-  }
-
-  const void* weights_in(entry& e, const float* w, const dnnl::memory::desc& want, detail::scratch& s) {
-    const auto plain = plain_weights();
-    if (want == plain) return w;
-    void* p = s.get(want);
-    e.reorders.run(plain, w, want, p);
-    return p;
-  }
-
-  entry& get(std::size_t batch, const cpu_format& xf, math_mode math) {
-    const auto given = detail::desc_of(xf, batch, g_.c, g_.h, g_.w);
-    for (auto& e : entries_)
-      if (e->batch == batch && e->math == math && e->src_given == given) return *e;
-    try {
-      return make(batch, given, math);
-    } catch (const dnnl::error& err) {
-      if (math == math_mode::bf16 && err.status == dnnl_unimplemented)
-        throw invalid_argument(detail::cpu_bf16_unsupported("convolution"));
-      throw backend_error(std::string("loom: oneDNN failed while creating convolution primitives: ") + err.what() +
-                          " (status " + std::to_string(static_cast<int>(err.status)) + ")");
-    }
-  }
-
-  entry& make(std::size_t batch, const dnnl::memory::desc& given, math_mode math) {
-    using dt = dnnl::memory::dim;
-    using tag = dnnl::memory::format_tag;
-    using f32 = dnnl::memory::data_type;
-    // What enters the products: bf16 in math_mode::bf16. Outputs and gradients stay f32.
-    const f32 in_type = math == math_mode::bf16 ? f32::bf16 : f32::f32;
-    const dt n = static_cast<dt>(batch), oh = static_cast<dt>(g_.oh()), ow = static_cast<dt>(g_.ow());
-    dnnl::memory::desc src_any({n, static_cast<dt>(g_.c), static_cast<dt>(g_.h), static_cast<dt>(g_.w)}, in_type, tag::any);
-    dnnl::memory::desc diff_src_any({n, static_cast<dt>(g_.c), static_cast<dt>(g_.h), static_cast<dt>(g_.w)}, f32::f32,
-                                    tag::any);
-    dnnl::memory::desc w_any({static_cast<dt>(g_.oc), static_cast<dt>(g_.c), static_cast<dt>(g_.k), static_cast<dt>(g_.k)},
-                             in_type, tag::any);
-    dnnl::memory::desc diff_w_any(
-        {static_cast<dt>(g_.oc), static_cast<dt>(g_.c), static_cast<dt>(g_.k), static_cast<dt>(g_.k)}, f32::f32, tag::any);
-    dnnl::memory::desc b_md({static_cast<dt>(g_.oc)}, f32::f32, tag::x);
-    dnnl::memory::desc dst_any({n, static_cast<dt>(g_.oc), oh, ow}, f32::f32, tag::any);
-    const dnnl::memory::dims strides{static_cast<dt>(g_.stride), static_cast<dt>(g_.stride)};
-    const dnnl::memory::dims pad{static_cast<dt>(g_.pad), static_cast<dt>(g_.pad)};
-    auto& eng = detail::dnnl_engine();
-    dnnl::primitive_attr attr;
-    if (relu_) {
-      dnnl::post_ops ops;
-      ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
-      attr.set_post_ops(ops);
-    }
-    auto make_fwd = [&](const dnnl::memory::desc& dst) {
-      return dnnl::convolution_forward::primitive_desc(
-          dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, src_any,
-                                          w_any, b_md, dst, strides, pad, pad),
-          attr, eng);
-    };
-    auto fwd_pd = make_fwd(dst_any);
-    const std::size_t out_elems = batch * g_.oc * g_.oh() * g_.ow();
-    if (!detail::unpadded(fwd_pd.dst_desc(), out_elems)) fwd_pd = make_fwd(detail::plain_nchw(batch, g_.oc, g_.oh(), g_.ow()));
-    const auto plain = detail::plain_nchw(batch, g_.oc, g_.oh(), g_.ow());
-    dnnl::memory::desc y_desc = fwd_pd.dst_desc();
-    if (math == math_mode::bf16) {
-      // bf16 (AMX) primitives write channels-last, which loom's pooling does not read: y is
-      // handed on in the blocked layout fp32 primitives choose (nChw16c / nChw8c), or plain,
-      // through one reorder after the convolution. Asking the primitive for that layout
-      // instead picks a kernel without AMX, measured 4x slower here.
-      auto blocked = [&](tag t) { return dnnl::memory::desc({n, static_cast<dt>(g_.oc), oh, ow}, f32::f32, t); };
-      if (!(y_desc == plain || y_desc == blocked(tag::nChw16c) || y_desc == blocked(tag::nChw8c)))
-        y_desc = g_.oc % 16 == 0 ? blocked(tag::nChw16c) : g_.oc % 8 == 0 ? blocked(tag::nChw8c) : plain;
-    }
-    cpu_format dst_format;
-    if (!(y_desc == plain)) dst_format.desc = y_desc;
-    // dy: in the forward output's layout for fp32 (no reorder); any layout of bf16 otherwise.
-    const dnnl::memory::desc diff_dst =
-        math == math_mode::bf16 ? dnnl::memory::desc({n, static_cast<dt>(g_.oc), oh, ow}, f32::bf16, tag::any)
-                                : fwd_pd.dst_desc();
-    auto bwd_data_pd = dnnl::convolution_backward_data::primitive_desc(
-        dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, diff_src_any, w_any, diff_dst,
-                                              strides, pad, pad),
-        eng, fwd_pd);
-    auto bwd_w_pd = dnnl::convolution_backward_weights::primitive_desc(
-        dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src_any, diff_w_any, b_md,
-                                                 diff_dst, strides, pad, pad),
-        eng, fwd_pd);
-    entries_.push_back(std::make_unique<entry>(entry{batch, math, given, dst_format, y_desc, fwd_pd,
-                                                     dnnl::convolution_forward(fwd_pd), bwd_data_pd,
-                                                     dnnl::convolution_backward_data(bwd_data_pd), bwd_w_pd,
-                                                     dnnl::convolution_backward_weights(bwd_w_pd), {}, {}, {}, {}, {},
-                                                     {}, {}, {}, {}, {}, {}}));
-    return *entries_.back();
-  }
-
   conv2d_geometry g_;
-  bool relu_ = false;
-  std::vector<std::unique_ptr<entry>> entries_;
+  std::conditional_t<std::is_same_v<T, float>, detail::dnnl_conv2d, detail::reference_conv2d<T>> run_;
 };
 
-LOOM_INSTANTIATE(class cpu_conv2d_plan<float>)
-
 }  // namespace loom
+
+#if defined(LOOM_DEFINITIONS_VISIBLE)
+#include "loom/backend/cpu/impl/conv2d.ipp"
+#endif

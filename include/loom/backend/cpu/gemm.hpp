@@ -5,15 +5,13 @@
 // bf16 matmul (AMX / AVX512-BF16) on operands rounded to bf16 by a reorder, accumulating and
 // writing float. double, used by gradient checks only, runs a plain reference loop.
 
-#include <dnnl.hpp>
-
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
-#include "loom/backend/cpu/dnnl_support.hpp"
 #include "loom/core/config.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/math_mode.hpp"
@@ -30,16 +28,18 @@ LOOM_DECL std::string cpu_bf16_unsupported(const char* what);
 /// becomes a strided matmul argument, not a transposing reorder).
 class bf16_gemm {
  public:
-  static bf16_gemm& this_thread() {
-    thread_local bf16_gemm g;
-    return g;
-  }
+  LOOM_DECL static bf16_gemm& this_thread();
 
   LOOM_DECL void run(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
                      std::size_t lda, const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc);
 
   /// Whether oneDNN offers a bf16 matmul on this CPU.
   LOOM_DECL static bool available();
+
+  LOOM_DECL bf16_gemm();
+  bf16_gemm(const bf16_gemm&) = delete;
+  bf16_gemm& operator=(const bf16_gemm&) = delete;
+  LOOM_DECL ~bf16_gemm();
 
  private:
   struct key {
@@ -48,12 +48,7 @@ class bf16_gemm {
     float alpha, beta;
     bool operator==(const key&) const = default;
   };
-  struct entry {
-    key k;
-    dnnl::memory::desc a32, a16, b32, b16, c;
-    dnnl::reorder ra, rb;
-    dnnl::matmul mm;
-  };
+  struct entry;  // the primitives (impl/gemm.ipp)
 
   LOOM_DECL entry& make(const key& kk);
 
@@ -61,24 +56,19 @@ class bf16_gemm {
   buffer<std::uint16_t> a16_, b16_;
 };
 
+/// Row-major float C = alpha op(A) op(B) + beta C through oneDNN: its sgemm, or in
+/// math_mode::bf16 (k > 0) bf16_gemm. m and n are not 0.
+LOOM_DECL void cpu_sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
+                         const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,
+                         std::size_t ldc, math_mode math);
+
 template <class T>
 void cpu_gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, T alpha, const T* a,
               std::size_t lda, const T* b, std::size_t ldb, T beta, T* c, std::size_t ldc,
               math_mode math = math_mode::fp32) {
   if (m == 0 || n == 0) return;
   if constexpr (std::is_same_v<T, float>) {
-    if (math == math_mode::bf16 && k > 0) {
-      bf16_gemm::this_thread().run(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-      return;
-    }
-    signal_shield shield;  // oneDNN's sgemm kernels point the stack pointer into the heap (signals.hpp)
-    auto st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', static_cast<dnnl_dim_t>(m),
-                         static_cast<dnnl_dim_t>(n), static_cast<dnnl_dim_t>(k), alpha, a,
-                         static_cast<dnnl_dim_t>(lda), b, static_cast<dnnl_dim_t>(ldb), beta, c,
-                         static_cast<dnnl_dim_t>(ldc));
-    if (st != dnnl_success)
-      throw backend_error("loom: oneDNN sgemm failed (status " + std::to_string(static_cast<int>(st)) + ") for m=" +
-                          std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k));
+    cpu_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, math);
   } else {
     (void)math;  // double (gradient checks) always computes in double
     for (std::size_t i = 0; i < m; ++i)
@@ -93,9 +83,6 @@ void cpu_gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::siz
       }
   }
 }
-
-LOOM_INSTANTIATE(void cpu_gemm<float>(bool, bool, std::size_t, std::size_t, std::size_t, float, const float*, std::size_t,
-                                      const float*, std::size_t, float, float*, std::size_t, math_mode))
 
 }  // namespace loom::detail
 

@@ -7,12 +7,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 
 #include "loom/backend/cpu/dnnl_support.hpp"
 #include "loom/backend/cpu/launch.hpp"
 #include "loom/backend/kernels/pool.hpp"
 #include "loom/core/config.hpp"
+#include "loom/core/error.hpp"
 #include "loom/core/geometry.hpp"
 #include "loom/core/memory.hpp"
 
@@ -24,50 +26,20 @@ class cpu_pool2d_plan {
   cpu_pool2d_plan(pool2d_geometry g, pool_kind kind) : g_(g), kind_(kind) {}
 
   /// y = pool(x); x in layout xf. Returns y's layout.
-  cpu_format forward(const T* x, const cpu_format& xf, T* y, std::size_t batch) {
-    const std::size_t block = block_of(xf, batch);
-    const kernels::pool_planes p = planes(batch, block);
-    const std::size_t pixels = p.planes * p.oh * p.ow;
-    dispatch(block, [&]<std::size_t B>() {
-      if (kind_ == pool_kind::max)
-        detail::cpu_for_each(pixels, kernels::max_pool_forward<T, B>{x, y, p});
-      else
-        detail::cpu_for_each(pixels, kernels::avg_pool_forward<T, B>{x, y, p});
-    });
-    cpu_format out;
-    if (block > 1) out.desc = blocked(batch, g_.oh(), g_.ow(), block);
-    return out;
-  }
+  cpu_format forward(const T* x, const cpu_format& xf, T* y, std::size_t batch);
 
   /// dx (layout xf) from dy (the layout forward returned); x is forward's input.
-  void backward(const T* x, const cpu_format& xf, const T* dy, T* dx, std::size_t batch) {
-    const std::size_t block = block_of(xf, batch);
-    const kernels::pool_planes p = planes(batch, block);
-    dispatch(block, [&]<std::size_t B>() {
-      if (kind_ == pool_kind::max)
-        detail::cpu_for_each(p.planes, kernels::max_pool_backward<T, B>{x, dy, dx, p});
-      else
-        detail::cpu_for_each(p.planes, kernels::avg_pool_backward<T, B>{dy, dx, p});
-    });
-  }
+  void backward(const T* x, const cpu_format& xf, const T* dy, T* dx, std::size_t batch);
 
  private:
   kernels::pool_planes planes(std::size_t batch, std::size_t block) const {
     return {batch * g_.c / block, g_.h, g_.w, g_.oh(), g_.ow(), g_.k, g_.stride};
   }
 
-  dnnl::memory::desc blocked(std::size_t batch, std::size_t h, std::size_t w, std::size_t block) const {
-    using dt = dnnl::memory::dim;
-    return {{static_cast<dt>(batch), static_cast<dt>(g_.c), static_cast<dt>(h), static_cast<dt>(w)},
-            dnnl::memory::data_type::f32,
-            block == 16 ? dnnl::memory::format_tag::nChw16c : dnnl::memory::format_tag::nChw8c};
-  }
-
   /// Channels per block of layout f: 1 for plain NCHW, 8 or 16 for oneDNN's blocked layouts.
   std::size_t block_of(const cpu_format& f, std::size_t batch) const {
     if (f.plain()) return 1;
-    for (std::size_t b : {16, 8})
-      if (g_.c % b == 0 && f.desc == blocked(batch, g_.h, g_.w, b)) return b;
+    if (const std::size_t b = detail::channel_block(f, batch, g_.c, g_.h, g_.w)) return b;
     throw backend_error("loom: pooling got an activation in a oneDNN layout it does not handle (only plain NCHW, "
                         "nChw8c and nChw16c are); channels " + std::to_string(g_.c));
   }
@@ -84,7 +56,43 @@ class cpu_pool2d_plan {
 
   pool2d_geometry g_;
   pool_kind kind_;
+  cpu_format out_;  // the blocked layout forward last returned, for batch out_batch_
+  std::size_t out_batch_ = 0, out_block_ = 0;
 };
+
+// Out of the class, so not inline: with loom::compiled a program calls the library's
+// cpu_pool2d_plan<float> rather than inlining the kernels into every model's passes.
+template <class T>
+cpu_format cpu_pool2d_plan<T>::forward(const T* x, const cpu_format& xf, T* y, std::size_t batch) {
+  const std::size_t block = block_of(xf, batch);
+  const kernels::pool_planes p = planes(batch, block);
+  const std::size_t pixels = p.planes * p.oh * p.ow;
+  dispatch(block, [&]<std::size_t B>() {
+    if (kind_ == pool_kind::max)
+      detail::cpu_for_each(pixels, kernels::max_pool_forward<T, B>{x, y, p});
+    else
+      detail::cpu_for_each(pixels, kernels::avg_pool_forward<T, B>{x, y, p});
+  });
+  if (block == 1) return {};
+  if (out_batch_ != batch || out_block_ != block) {  // made once per batch size, not per call
+    out_ = detail::blocked_nchw(batch, g_.c, g_.oh(), g_.ow(), block);
+    out_batch_ = batch;
+    out_block_ = block;
+  }
+  return out_;
+}
+
+template <class T>
+void cpu_pool2d_plan<T>::backward(const T* x, const cpu_format& xf, const T* dy, T* dx, std::size_t batch) {
+  const std::size_t block = block_of(xf, batch);
+  const kernels::pool_planes p = planes(batch, block);
+  dispatch(block, [&]<std::size_t B>() {
+    if (kind_ == pool_kind::max)
+      detail::cpu_for_each(p.planes, kernels::max_pool_backward<T, B>{x, dy, dx, p});
+    else
+      detail::cpu_for_each(p.planes, kernels::avg_pool_backward<T, B>{dy, dx, p});
+  });
+}
 
 LOOM_INSTANTIATE(class cpu_pool2d_plan<float>)
 

@@ -5,25 +5,64 @@
 // loom/core/config.hpp).
 
 #include "loom/backend/cpu/dnnl_support.hpp"
+#include "loom/backend/cpu/impl/onednn.hpp"
+
+#include <deque>
+#include <mutex>
 
 namespace loom::detail {
 
-LOOM_DECL void reorder_cache::run(const dnnl::memory::desc& from, const void* src, const dnnl::memory::desc& to, void* dst) {
-  for (auto& e : entries_)
-    if (e.from == from && e.to == to) return exec(e, src, dst);
-  entries_.push_back(dnnl_checked("creating a reorder", [&] {
-    return entry{from, to, dnnl::reorder(dnnl::reorder::primitive_desc(dnnl_engine(), from, dnnl_engine(), to))};
-  }));
-  exec(entries_.back(), src, dst);
+/// The desc of a (n, c, h, w) activation in format f.
+inline dnnl::memory::desc desc_of(const cpu_format& f, std::size_t n, std::size_t c, std::size_t h, std::size_t w) {
+  return f.plain() ? plain_nchw(n, c, h, w) : f.layout->desc;
 }
 
-LOOM_DECL void reorder_cache::exec(entry& e, const void* src, void* dst) {
-  dnnl::memory s(e.from, dnnl_engine(), const_cast<void*>(src));
-  dnnl::memory d(e.to, dnnl_engine(), dst);
-  dnnl_checked("running a reorder", [&] {
-    e.prim.execute(dnnl_stream(), s, d);
-    dnnl_stream().wait();
-  });
+/// Room in s for a tensor of desc d, whatever its element type.
+inline void* room_for(scratch& s, const dnnl::memory::desc& d) {
+  return s.get((d.get_size() + sizeof(float) - 1) / sizeof(float));
+}
+
+LOOM_DECL const dnnl_layout* interned_layout(const dnnl::memory::desc& d) {
+  // Few distinct layouts exist in a program (a convolution's output per batch size and math
+  // mode): a list searched under a lock, on the creation of primitives only.
+  static std::mutex m;
+  static std::deque<dnnl_layout> all;  // stable addresses
+  std::lock_guard<std::mutex> hold(m);
+  for (const dnnl_layout& l : all)
+    if (l.desc == d) return &l;
+  return &all.emplace_back(dnnl_layout{d});
+}
+
+inline dnnl::memory::desc blocked_nchw_desc(std::size_t n, std::size_t c, std::size_t h, std::size_t w, std::size_t block) {
+  using dt = dnnl::memory::dim;
+  using tag = dnnl::memory::format_tag;
+  return {{static_cast<dt>(n), static_cast<dt>(c), static_cast<dt>(h), static_cast<dt>(w)},
+          dnnl::memory::data_type::f32,
+          block == 16 ? tag::nChw16c : tag::nChw8c};
+}
+
+LOOM_DECL cpu_format blocked_nchw(std::size_t n, std::size_t c, std::size_t h, std::size_t w, std::size_t block) {
+  return {interned_layout(blocked_nchw_desc(n, c, h, w, block))};
+}
+
+LOOM_DECL std::size_t channel_block(const cpu_format& f, std::size_t n, std::size_t c, std::size_t h, std::size_t w) {
+  if (f.plain()) return 1;
+  for (std::size_t b : {16, 8})
+    if (c % b == 0 && f.layout->desc == blocked_nchw_desc(n, c, h, w, b)) return b;
+  return 0;
+}
+
+LOOM_DECL layout_reorders::layout_reorders() : cache_(std::make_unique<reorder_cache>()) {}
+LOOM_DECL layout_reorders::layout_reorders(const layout_reorders&) : layout_reorders() {}
+LOOM_DECL layout_reorders::layout_reorders(layout_reorders&&) noexcept = default;
+LOOM_DECL layout_reorders& layout_reorders::operator=(const layout_reorders&) { return *this; }
+LOOM_DECL layout_reorders& layout_reorders::operator=(layout_reorders&&) noexcept = default;
+LOOM_DECL layout_reorders::~layout_reorders() = default;
+
+LOOM_DECL void layout_reorders::run(const cpu_format& from, const float* src, const cpu_format& to, float* dst,
+                                    std::size_t n, std::size_t c, std::size_t h, std::size_t w) {
+  if (!cache_) cache_ = std::make_unique<reorder_cache>();  // moved from
+  cache_->run(desc_of(from, n, c, h, w), src, desc_of(to, n, c, h, w), dst);
 }
 
 }  // namespace loom::detail

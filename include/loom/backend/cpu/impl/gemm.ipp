@@ -5,6 +5,7 @@
 // loom/core/config.hpp).
 
 #include "loom/backend/cpu/gemm.hpp"
+#include "loom/backend/cpu/impl/onednn.hpp"
 
 namespace loom::detail {
 
@@ -12,6 +13,38 @@ LOOM_DECL std::string cpu_bf16_unsupported(const char* what) {
   return std::string("loom: math_mode::bf16 needs a CPU with bf16 support in oneDNN (AVX-512: avx512_core, fast with "
                      "avx512_bf16 or amx_bf16; see /proc/cpuinfo), but oneDNN has no bf16 ") +
          what + " on this CPU: use math_mode::fp32 (trainer_options::math), or check loom::cpu::supports(math_mode::bf16) first";
+}
+
+struct bf16_gemm::entry {
+  key k;
+  dnnl::memory::desc a32, a16, b32, b16, c;
+  dnnl::reorder ra, rb;
+  dnnl::matmul mm;
+};
+
+LOOM_DECL bf16_gemm::bf16_gemm() = default;
+LOOM_DECL bf16_gemm::~bf16_gemm() = default;
+
+LOOM_DECL bf16_gemm& bf16_gemm::this_thread() {
+  thread_local bf16_gemm g;
+  return g;
+}
+
+LOOM_DECL void cpu_sgemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
+                         const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,
+                         std::size_t ldc, math_mode math) {
+  if (math == math_mode::bf16 && k > 0) {
+    bf16_gemm::this_thread().run(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  signal_shield shield;  // oneDNN's sgemm kernels point the stack pointer into the heap (signals.hpp)
+  const auto st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', static_cast<dnnl_dim_t>(m),
+                             static_cast<dnnl_dim_t>(n), static_cast<dnnl_dim_t>(k), alpha, a,
+                             static_cast<dnnl_dim_t>(lda), b, static_cast<dnnl_dim_t>(ldb), beta, c,
+                             static_cast<dnnl_dim_t>(ldc));
+  if (st != dnnl_success)
+    throw backend_error("loom: oneDNN sgemm failed (status " + std::to_string(static_cast<int>(st)) + ") for m=" +
+                        std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k));
 }
 
 LOOM_DECL void bf16_gemm::run(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,

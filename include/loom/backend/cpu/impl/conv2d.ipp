@@ -1,0 +1,240 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// The definitions of conv2d.hpp's oneDNN convolution (detail::dnnl_conv2d): included at the end
+// of the header (header-only), or compiled once in src/loom.cpp (LOOM_SEPARATE_COMPILATION; see
+// loom/core/config.hpp).
+
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "loom/backend/cpu/conv2d.hpp"
+#include "loom/backend/cpu/gemm.hpp"
+#include "loom/backend/cpu/impl/dnnl_support.ipp"
+#include "loom/backend/cpu/impl/onednn.hpp"
+
+namespace loom::detail {
+
+struct dnnl_conv2d::entry {
+  std::size_t batch;
+  math_mode math;
+  dnnl::memory::desc src_given;  // the layout x arrives in (float)
+  cpu_format dst_format;  // the layout y is handed on in
+  dnnl::memory::desc y_desc;  // the same, as a desc (also when plain)
+  dnnl::convolution_forward::primitive_desc fwd_pd;
+  dnnl::convolution_forward fwd;
+  dnnl::convolution_backward_data::primitive_desc bwd_data_pd;
+  dnnl::convolution_backward_data bwd_data;
+  dnnl::convolution_backward_weights::primitive_desc bwd_w_pd;
+  dnnl::convolution_backward_weights bwd_w;
+  reorder_cache reorders;
+  scratch src_scratch, w_fwd_scratch, w_bwd_scratch, dst_scratch, ddst_scratch, ddst_w_scratch, dsrc_scratch,
+      dw_scratch, dw_plain_scratch, db_scratch;
+};
+
+/// The plain (oihw) layout of a convolution's weights, as loom stores them.
+inline dnnl::memory::desc conv2d_plain_weights(const conv2d_geometry& g) {
+  using dt = dnnl::memory::dim;
+  return {{static_cast<dt>(g.oc), static_cast<dt>(g.c), static_cast<dt>(g.k), static_cast<dt>(g.k)},
+          dnnl::memory::data_type::f32,
+          dnnl::memory::format_tag::oihw};
+}
+
+/// The weights w (plain) in the layout `want`: w itself, or a reordered copy in s.
+inline const void* conv2d_weights_in(const conv2d_geometry& g, reorder_cache& reorders, const float* w,
+                                     const dnnl::memory::desc& want, scratch& s) {
+  const auto plain = conv2d_plain_weights(g);
+  if (want == plain) return w;
+  void* p = room_for(s, want);
+  reorders.run(plain, w, want, p);
+  return p;
+}
+
+LOOM_DECL dnnl_conv2d::dnnl_conv2d(conv2d_geometry g) : g_(g) {}
+LOOM_DECL dnnl_conv2d::dnnl_conv2d(dnnl_conv2d&&) noexcept = default;
+LOOM_DECL dnnl_conv2d& dnnl_conv2d::operator=(dnnl_conv2d&&) noexcept = default;
+LOOM_DECL dnnl_conv2d::~dnnl_conv2d() = default;
+
+LOOM_DECL void dnnl_conv2d::fuse_relu() {
+  relu_ = true;
+  entries_.clear();
+}
+
+LOOM_DECL cpu_format dnnl_conv2d::forward(const float* x, const cpu_format& xf, const float* w, const float* b, float* y,
+                                          std::size_t batch, math_mode math) {
+  entry& e = get(batch, xf, math);
+  const void* src = x;
+  if (!(e.src_given == e.fwd_pd.src_desc())) {
+    void* p = room_for(e.src_scratch, e.fwd_pd.src_desc());
+    e.reorders.run(e.src_given, x, e.fwd_pd.src_desc(), p);
+    src = p;
+  }
+  const void* wts = conv2d_weights_in(g_, e.reorders, w, e.fwd_pd.weights_desc(), e.w_fwd_scratch);
+  auto& eng = dnnl_engine();
+  dnnl::memory ms(e.fwd_pd.src_desc(), eng, const_cast<void*>(src));
+  dnnl::memory mw(e.fwd_pd.weights_desc(), eng, const_cast<void*>(wts));
+  dnnl::memory mb(e.fwd_pd.bias_desc(), eng, const_cast<float*>(b));
+  // The primitive writes y directly, or (bf16: its channels-last output) a scratch that a
+  // reorder then brings into the layout loom's other layers read.
+  const bool direct = e.y_desc == e.fwd_pd.dst_desc();
+  float* dst = direct ? y : static_cast<float*>(room_for(e.dst_scratch, e.fwd_pd.dst_desc()));
+  dnnl::memory md(e.fwd_pd.dst_desc(), eng, dst);
+  dnnl_checked("running a convolution forward", [&] {
+    e.fwd.execute(dnnl_stream(), {{DNNL_ARG_SRC, ms}, {DNNL_ARG_WEIGHTS, mw}, {DNNL_ARG_BIAS, mb}, {DNNL_ARG_DST, md}});
+    dnnl_stream().wait();
+  });
+  if (!direct) e.reorders.run(e.fwd_pd.dst_desc(), dst, e.y_desc, y);
+  return e.dst_format;
+}
+
+LOOM_DECL void dnnl_conv2d::backward(const float* x, const cpu_format& xf, const float* w, const float* dy, float* dx,
+                                     float* dw, float* db, std::size_t batch, bool accumulate, math_mode math) {
+  entry& e = get(batch, xf, math);
+  auto& eng = dnnl_engine();
+  // diff_dst arrives in the forward dst layout (float); the backward primitives may want
+  // another layout, or bf16. Backward-data and backward-weights usually want the same.
+  const void* ddst_converted = nullptr;
+  dnnl::memory::desc ddst_converted_desc;
+  auto diff_dst_for = [&](const dnnl::memory::desc& want, scratch& s) -> const void* {
+    if (want == e.y_desc) return dy;
+    if (ddst_converted && want == ddst_converted_desc) return ddst_converted;
+    void* p = room_for(s, want);
+    e.reorders.run(e.y_desc, dy, want, p);
+    ddst_converted = p;
+    ddst_converted_desc = want;
+    return p;
+  };
+  if (dx) {
+    const void* wts = conv2d_weights_in(g_, e.reorders, w, e.bwd_data_pd.weights_desc(), e.w_bwd_scratch);
+    const void* ddst = diff_dst_for(e.bwd_data_pd.diff_dst_desc(), e.ddst_scratch);
+    const bool direct = e.bwd_data_pd.diff_src_desc() == e.src_given;
+    float* dsrc = direct ? dx : static_cast<float*>(room_for(e.dsrc_scratch, e.bwd_data_pd.diff_src_desc()));
+    dnnl::memory mdd(e.bwd_data_pd.diff_dst_desc(), eng, const_cast<void*>(ddst));
+    dnnl::memory mw(e.bwd_data_pd.weights_desc(), eng, const_cast<void*>(wts));
+    dnnl::memory mds(e.bwd_data_pd.diff_src_desc(), eng, dsrc);
+    dnnl_checked("running a convolution backward-data", [&] {
+      e.bwd_data.execute(dnnl_stream(), {{DNNL_ARG_DIFF_DST, mdd}, {DNNL_ARG_WEIGHTS, mw}, {DNNL_ARG_DIFF_SRC, mds}});
+      dnnl_stream().wait();
+    });
+    if (!direct) e.reorders.run(e.bwd_data_pd.diff_src_desc(), dsrc, e.src_given, dx);
+  }
+  // backward-weights
+  const void* src = x;
+  if (!(e.bwd_w_pd.src_desc() == e.src_given)) {
+    void* p = room_for(e.src_scratch, e.bwd_w_pd.src_desc());
+    e.reorders.run(e.src_given, x, e.bwd_w_pd.src_desc(), p);
+    src = p;
+  }
+  // A second scratch when backward-weights wants dy differently from backward-data.
+  const void* ddst = diff_dst_for(e.bwd_w_pd.diff_dst_desc(),
+                                  ddst_converted && !(e.bwd_w_pd.diff_dst_desc() == ddst_converted_desc)
+                                      ? e.ddst_w_scratch
+                                      : e.ddst_scratch);
+  const auto plain_w = conv2d_plain_weights(g_);
+  const bool w_direct = !accumulate && e.bwd_w_pd.diff_weights_desc() == plain_w;
+  float* dwts = w_direct ? dw : static_cast<float*>(room_for(e.dw_scratch, e.bwd_w_pd.diff_weights_desc()));
+  float* dbias = accumulate ? e.db_scratch.get(g_.oc) : db;
+  dnnl::memory ms(e.bwd_w_pd.src_desc(), eng, const_cast<void*>(src));
+  dnnl::memory mdd(e.bwd_w_pd.diff_dst_desc(), eng, const_cast<void*>(ddst));
+  dnnl::memory mdw(e.bwd_w_pd.diff_weights_desc(), eng, dwts);
+  dnnl::memory mdb(e.bwd_w_pd.diff_bias_desc(), eng, dbias);
+  dnnl_checked("running a convolution backward-weights", [&] {
+    e.bwd_w.execute(dnnl_stream(), {{DNNL_ARG_SRC, ms}, {DNNL_ARG_DIFF_DST, mdd}, {DNNL_ARG_DIFF_WEIGHTS, mdw},
+                                            {DNNL_ARG_DIFF_BIAS, mdb}});
+    dnnl_stream().wait();
+  });
+  if (!w_direct) {
+    if (accumulate) {
+      float* tmp = e.dw_plain_scratch.get(g_.weight_count());
+      if (e.bwd_w_pd.diff_weights_desc() == plain_w)
+        std::memcpy(tmp, dwts, g_.weight_count() * sizeof(float));
+      else
+        e.reorders.run(e.bwd_w_pd.diff_weights_desc(), dwts, plain_w, tmp);
+      for (std::size_t i = 0; i < g_.weight_count(); ++i) dw[i] += tmp[i];
+    } else {
+      e.reorders.run(e.bwd_w_pd.diff_weights_desc(), dwts, plain_w, dw);
+    }
+  }
+  if (accumulate && db)
+    for (std::size_t i = 0; i < g_.oc; ++i) db[i] += dbias[i];
+}
+
+LOOM_DECL dnnl_conv2d::entry& dnnl_conv2d::get(std::size_t batch, const cpu_format& xf, math_mode math) {
+  const auto given = desc_of(xf, batch, g_.c, g_.h, g_.w);
+  for (auto& e : entries_)
+    if (e->batch == batch && e->math == math && e->src_given == given) return *e;
+  try {
+    using dt = dnnl::memory::dim;
+    using tag = dnnl::memory::format_tag;
+    using f32 = dnnl::memory::data_type;
+    // What enters the products: bf16 in math_mode::bf16. Outputs and gradients stay f32.
+    const f32 in_type = math == math_mode::bf16 ? f32::bf16 : f32::f32;
+    const dt n = static_cast<dt>(batch), oh = static_cast<dt>(g_.oh()), ow = static_cast<dt>(g_.ow());
+    dnnl::memory::desc src_any({n, static_cast<dt>(g_.c), static_cast<dt>(g_.h), static_cast<dt>(g_.w)}, in_type, tag::any);
+    dnnl::memory::desc diff_src_any({n, static_cast<dt>(g_.c), static_cast<dt>(g_.h), static_cast<dt>(g_.w)}, f32::f32,
+                                    tag::any);
+    dnnl::memory::desc w_any({static_cast<dt>(g_.oc), static_cast<dt>(g_.c), static_cast<dt>(g_.k), static_cast<dt>(g_.k)},
+                             in_type, tag::any);
+    dnnl::memory::desc diff_w_any(
+        {static_cast<dt>(g_.oc), static_cast<dt>(g_.c), static_cast<dt>(g_.k), static_cast<dt>(g_.k)}, f32::f32, tag::any);
+    dnnl::memory::desc b_md({static_cast<dt>(g_.oc)}, f32::f32, tag::x);
+    dnnl::memory::desc dst_any({n, static_cast<dt>(g_.oc), oh, ow}, f32::f32, tag::any);
+    const dnnl::memory::dims strides{static_cast<dt>(g_.stride), static_cast<dt>(g_.stride)};
+    const dnnl::memory::dims pad{static_cast<dt>(g_.pad), static_cast<dt>(g_.pad)};
+    auto& eng = dnnl_engine();
+    dnnl::primitive_attr attr;
+    if (relu_) {
+      dnnl::post_ops ops;
+      ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+      attr.set_post_ops(ops);
+    }
+    auto make_fwd = [&](const dnnl::memory::desc& dst) {
+      return dnnl::convolution_forward::primitive_desc(
+          dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, src_any,
+                                          w_any, b_md, dst, strides, pad, pad),
+          attr, eng);
+    };
+    auto fwd_pd = make_fwd(dst_any);
+    const std::size_t out_elems = batch * g_.oc * g_.oh() * g_.ow();
+    if (!unpadded(fwd_pd.dst_desc(), out_elems)) fwd_pd = make_fwd(plain_nchw(batch, g_.oc, g_.oh(), g_.ow()));
+    const auto plain = plain_nchw(batch, g_.oc, g_.oh(), g_.ow());
+    dnnl::memory::desc y_desc = fwd_pd.dst_desc();
+    if (math == math_mode::bf16) {
+      // bf16 (AMX) primitives write channels-last, which loom's pooling does not read: y is
+      // handed on in the blocked layout fp32 primitives choose (nChw16c / nChw8c), or plain,
+      // through one reorder after the convolution. Asking the primitive for that layout
+      // instead picks a kernel without AMX, measured 4x slower here.
+      auto blocked = [&](tag t) { return dnnl::memory::desc({n, static_cast<dt>(g_.oc), oh, ow}, f32::f32, t); };
+      if (!(y_desc == plain || y_desc == blocked(tag::nChw16c) || y_desc == blocked(tag::nChw8c)))
+        y_desc = g_.oc % 16 == 0 ? blocked(tag::nChw16c) : g_.oc % 8 == 0 ? blocked(tag::nChw8c) : plain;
+    }
+    cpu_format dst_format;
+    if (!(y_desc == plain)) dst_format.layout = interned_layout(y_desc);
+    // dy: in the forward output's layout for fp32 (no reorder); any layout of bf16 otherwise.
+    const dnnl::memory::desc diff_dst =
+        math == math_mode::bf16 ? dnnl::memory::desc({n, static_cast<dt>(g_.oc), oh, ow}, f32::bf16, tag::any)
+                                : fwd_pd.dst_desc();
+    auto bwd_data_pd = dnnl::convolution_backward_data::primitive_desc(
+        dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, diff_src_any, w_any, diff_dst,
+                                              strides, pad, pad),
+        eng, fwd_pd);
+    auto bwd_w_pd = dnnl::convolution_backward_weights::primitive_desc(
+        dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src_any, diff_w_any, b_md,
+                                                 diff_dst, strides, pad, pad),
+        eng, fwd_pd);
+    entries_.push_back(std::make_unique<entry>(entry{batch, math, given, dst_format, y_desc, fwd_pd,
+                                                     dnnl::convolution_forward(fwd_pd), bwd_data_pd,
+                                                     dnnl::convolution_backward_data(bwd_data_pd), bwd_w_pd,
+                                                     dnnl::convolution_backward_weights(bwd_w_pd), {}, {}, {}, {}, {},
+                                                     {}, {}, {}, {}, {}, {}}));
+
+    return *entries_.back();
+  } catch (const dnnl::error& err) {
+    if (math == math_mode::bf16 && err.status == dnnl_unimplemented)
+      throw invalid_argument(cpu_bf16_unsupported("convolution"));
+    throw backend_error(std::string("loom: oneDNN failed while creating convolution primitives: ") + err.what() +
+                        " (status " + std::to_string(static_cast<int>(err.status)) + ")");
+  }
+}
+
+}  // namespace loom::detail
