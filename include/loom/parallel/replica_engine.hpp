@@ -27,6 +27,7 @@
 #include "loom/nn/model.hpp"
 #include "loom/optim/clip.hpp"
 #include "loom/parallel/chunk_tree.hpp"
+#include "loom/parallel/chunked_steps.hpp"
 #include "loom/parallel/engine.hpp"
 #include "loom/parallel/shard_map.hpp"
 
@@ -158,8 +159,7 @@ class replica_passes {
   {
     sync_.after_recovery();
     model_.renew_gradients();
-    chunk_tree_.abandon();  // deterministic mode: subtrees in flight to their owners
-    exchange_.abandon();    // and the owners' receive buffer
+    chunked_.abandon();  // deterministic mode: subtrees in flight to their owners, their receive buffer
     had_samples_ = false;
   }
 
@@ -351,61 +351,32 @@ class replica_passes {
   /// micro_step in deterministic mode (chunks_ set): each chunk of this rank's samples runs
   /// forward and backward alone from the same buffer; their gradients go into the chunk tree
   /// (from this rank's first chunk), whose sum is finished across ranks by chunk_exchange,
-  /// then into the tree over the group's micro-steps, which gradients() gets on the last one.
+  /// then into the tree over the group's micro-steps, which gradients() gets on the last one
+  /// (detail::chunked_steps, written once; only the passes over a chunk are this network's).
   loss_value chunked_micro_step(const batch_view<T>& b, std::size_t m, std::size_t group, std::uint64_t seed,
                                 std::uint64_t step) {
-    constexpr std::size_t count = model_type::parameter_count;
-    const std::size_t c = chunks_->chunk;
-    auto& fig = sync_.figures();
-    monitor::timed compute(fig, &rank_figures::compute_s);
-    T* grads = model_.gradients().data();
-    x_chunk_.reserve_discard(c * in_width);
-    labels_chunk_.reserve_discard(c);
-    dy_.reserve_discard(c * out_width);
-    if (m == 0) step_tree_.reset(count);
-    const std::size_t rank = static_cast<std::size_t>(replica());
-    chunks_->check_offset(rank, b.global_n, b.n, b.offset);
-    chunk_tree_.reset(count, chunks_->chunks_of(rank, b.global_n).first);
-    loss_value v;
-    for (std::size_t at = 0; at < b.n; at += c) {
-      // (k, input) from one buffer for every chunk, so each chunk is computed alike on any rank.
-      const std::size_t k = std::min(c, b.n - at);
-      Backend::copy(x_chunk_.data(), b.x + at * in_width, k * in_width);
-      Backend::copy(labels_chunk_.data(), b.labels + at, k);
-      run_context ctx{.training = true, .accumulate = false, .seed = seed, .step = step, .sample_offset = b.offset + at,
-                      .math = math_};
-      monitor::span fw(monitor::span_kind::forward);
-      const T* y = model_.forward(ctx, x_chunk_.data(), k);
-      const loss_value u = Loss::template compute<Backend, out_width, T>(y, labels_chunk_.data(), dy_.data(), k,
-                                                                        T(1) / static_cast<T>(b.global_n * group), ws_);
-      fw.stop();
-      v.sum += u.sum;
-      v.correct += u.correct;
-      monitor::span bw(monitor::span_kind::backward);
-      model_.backward(ctx, dy_.data(), k);
-      bw.stop();
-      chunk_tree_.push(grads);
-    }
-    bool alone = true;
-    if constexpr (detail::replica_comm_sync<Sync>) alone = replicas() == 1;
-    if (alone) chunk_tree_.fold(grads);  // the root: this rank holds every chunk
-    compute.stop();
-    if constexpr (detail::replica_comm_sync<Sync>) {
-      if (!alone) {
-        monitor::timed comm(fig, &rank_figures::comm_s);
-        const double sent = exchange_.run(sync_.comm(), *chunks_, b.global_n, chunk_tree_, grads, count);
-        fig.bytes_sent += sent;
-        fig.bus_bytes += sent;
-        fig.comm_bytes += static_cast<double>(count * sizeof(T));
-        fig.comm_exposed_s += comm.stop();
+    struct passes final : detail::chunk_passes<T> {
+      replica_passes& e;
+      run_context ctx;
+      T scale;
+      passes(replica_passes& engine, run_context c, T s) : e(engine), ctx(c), scale(s) {}
+      loss_value forward_loss(const T* x, const std::int32_t* labels, std::size_t k, std::size_t offset) override {
+        ctx.sample_offset = offset;
+        e.dy_.reserve_discard(k * out_width);
+        const T* y = e.model_.forward(ctx, x, k);
+        return Loss::template compute<Backend, out_width, T>(y, labels, e.dy_.data(), k, scale, e.ws_);
       }
-    }
-    if (group > 1) {
-      monitor::timed fold(fig, &rank_figures::compute_s);
-      step_tree_.push(grads);
-      if (m + 1 == group) step_tree_.fold(grads);
-    }
-    return v;
+      void backward(std::size_t k) override { e.model_.backward(ctx, e.dy_.data(), k); }
+    } p(*this, run_context{.training = true, .accumulate = false, .seed = seed, .step = step, .math = math_},
+        T(1) / static_cast<T>(b.global_n * group));
+    T* grads = model_.gradients().data();
+    constexpr std::size_t count = model_type::parameter_count;
+    const auto r = static_cast<std::size_t>(replica()), n = static_cast<std::size_t>(replicas());
+    if constexpr (detail::replica_comm_sync<Sync>)
+      return chunked_.step(*chunks_, b, m, group, &sync_.comm(), r, n, grads, count, in_width, sync_.figures(), p);
+    else
+      return chunked_.template step<void>(*chunks_, b, m, group, nullptr, r, n, grads, count, in_width,
+                                          sync_.figures(), p);
   }
 
   Sync sync_;
@@ -414,13 +385,10 @@ class replica_passes {
   buffer<T, typename Backend::memory_space> dy_;  // (batch, output): the loss gradient
   loss_workspace<Backend> ws_;
   bool had_samples_ = false;  // gradients of the current optimizer step have been written
-  // Deterministic mode: the plan of the current fit, one chunk's input, the sums over chunks
+  // Deterministic mode: the plan of the current fit; one chunk's input, the sums over chunks
   // and over micro-steps, and the exchange across ranks (buffers only, nothing of the plan).
   std::optional<chunk_plan> chunks_;
-  buffer<T, typename Backend::memory_space> x_chunk_;
-  buffer<std::int32_t, typename Backend::memory_space> labels_chunk_;
-  gradient_tree<T, Backend> chunk_tree_, step_tree_;
-  chunk_exchange<T, Backend> exchange_;
+  detail::chunked_steps<T, Backend> chunked_;
   // ZeRO (shard_optimizer_state): this rank's slices of the summed gradients, and of the
   // parameters for an optimizer that cannot step them where they lie (steps_in_place).
   buffer<T, typename Backend::memory_space> gshard_, pshard_;

@@ -1263,6 +1263,10 @@ class trainer : public detail::trainer_body<Network, Loss, Optimizer, detail::co
 #if LOOM_HAS_DNNL && !defined(LOOM_WITHOUT_CPU_BACKEND) && !defined(__CUDACC__)
 LOOM_INSTANTIATE(class gradient_tree<float, cpu>)
 LOOM_INSTANTIATE(class chunk_exchange<float, cpu>)
+LOOM_INSTANTIATE(class detail::chunked_steps<float, cpu>)
+LOOM_INSTANTIATE(loss_value detail::chunked_steps<float, cpu>::step<void>(
+    const chunk_plan&, const batch_view<float>&, std::size_t, std::size_t, void*, std::size_t, std::size_t, float*,
+    std::size_t, std::size_t, rank_figures&, detail::chunk_passes<float>&))
 LOOM_INSTANTIATE(class sgd::state<float, cpu>)
 LOOM_INSTANTIATE(class detail::adam_state<adam, float, cpu>)
 LOOM_INSTANTIATE(class detail::adam_state<adamw, float, cpu>)
@@ -1273,6 +1277,9 @@ LOOM_INSTANTIATE(double monitor::measure_peak_gflops<cpu>(std::size_t, double))
 class mpi_comm;
 LOOM_INSTANTIATE_MPI(double chunk_exchange<float, cpu>::run<mpi_comm>(mpi_comm&, const chunk_plan&, std::size_t,
                                                                       const gradient_tree<float, cpu>&, float*, std::size_t))
+LOOM_INSTANTIATE_MPI(loss_value detail::chunked_steps<float, cpu>::step<mpi_comm>(
+    const chunk_plan&, const batch_view<float>&, std::size_t, std::size_t, mpi_comm*, std::size_t, std::size_t, float*,
+    std::size_t, std::size_t, rank_figures&, detail::chunk_passes<float>&))
 #endif
 #endif
 #if defined(LOOM_SEPARATE_COMPILATION_MPI)
