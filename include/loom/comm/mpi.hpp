@@ -402,21 +402,9 @@ class mpi_comm {
   }
 
   /// Copies the root's data[0, count) to every rank's data. Throws communication_error.
+  /// (Defined out of the class, so that a program calls the library's instantiations.)
   template <detail::comm_value T>
-  void broadcast(T* data, std::size_t count, int root) {
-    check_rank("broadcast", "root", root);
-    const MPI_Datatype type = detail::mpi_datatype<T>();
-    if (watch_) {
-      std::vector<MPI_Request> rs;
-      for_chunks(count, [&](std::size_t at, int n) {
-        detail::check_mpi(MPI_Ibcast(data + at, n, type, root, comm_, &rs.emplace_back()), "broadcast", rank_);
-      });
-      return complete(rs, "broadcast");
-    }
-    for_chunks(count, [&](std::size_t at, int n) {
-      detail::check_mpi(MPI_Bcast(data + at, n, type, root, comm_), "broadcast", rank_);
-    });
-  }
+  void broadcast(T* data, std::size_t count, int root);
 
   /// In place: every rank's data[i] becomes op over all ranks' data[i]. Throws
   /// communication_error.
@@ -894,6 +882,22 @@ mpi_comm::request mpi_comm::iallgather_v(T* data, const std::size_t* counts) {
     at += counts[j];
   }
   return r;
+}
+
+template <detail::comm_value T>
+void mpi_comm::broadcast(T* data, std::size_t count, int root) {
+  check_rank("broadcast", "root", root);
+  const MPI_Datatype type = detail::mpi_datatype<T>();
+  if (watch_) {
+    std::vector<MPI_Request> rs;
+    for_chunks(count, [&](std::size_t at, int n) {
+      detail::check_mpi(MPI_Ibcast(data + at, n, type, root, comm_, &rs.emplace_back()), "broadcast", rank_);
+    });
+    return complete(rs, "broadcast");
+  }
+  for_chunks(count, [&](std::size_t at, int n) {
+    detail::check_mpi(MPI_Bcast(data + at, n, type, root, comm_), "broadcast", rank_);
+  });
 }
 
 // The instantiations loom itself uses, compiled once in loom_compiled_mpi under

@@ -290,6 +290,11 @@ class bucket_allreduce {
   /// policy, the policy's own: Wire and Sharded).
   bucket_allreduce(comm_t comm, data_parallel_choice choice, std::span<const gradient_bucket> buckets,
                    std::span<const std::size_t> starts_after_layer, std::size_t parameter_count);
+  // Moved and destroyed out of line (defaulted below), so that the library's instantiation
+  // serves a program's engines too.
+  bucket_allreduce(bucket_allreduce&&) noexcept;
+  bucket_allreduce& operator=(bucket_allreduce&&) noexcept;
+  ~bucket_allreduce();
 
   /// Whether gradients travel in 16 bits, and whether the optimizer state is sharded, in this run.
   bool compressing() const noexcept { return may_compress && wire_ != gradient_wire::native; }
@@ -437,6 +442,14 @@ bucket_allreduce<T, Comm, Wire, AtRunTime, Sharded>::bucket_allreduce(comm_t com
   }
   if (sharding()) make_layout();
 }
+
+template <class T, class Comm, class Wire, bool AtRunTime, bool Sharded>
+bucket_allreduce<T, Comm, Wire, AtRunTime, Sharded>::bucket_allreduce(bucket_allreduce&&) noexcept = default;
+template <class T, class Comm, class Wire, bool AtRunTime, bool Sharded>
+bucket_allreduce<T, Comm, Wire, AtRunTime, Sharded>& bucket_allreduce<T, Comm, Wire, AtRunTime, Sharded>::operator=(
+    bucket_allreduce&&) noexcept = default;
+template <class T, class Comm, class Wire, bool AtRunTime, bool Sharded>
+bucket_allreduce<T, Comm, Wire, AtRunTime, Sharded>::~bucket_allreduce() = default;
 
 template <class T, class Comm, class Wire, bool AtRunTime, bool Sharded>
 void bucket_allreduce<T, Comm, Wire, AtRunTime, Sharded>::layer_done(std::size_t layer, T* grads) {
