@@ -6,13 +6,16 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gradient_check.hpp"
+#include "loom/backend/cpu.hpp"
 #include "loom/layers/activation.hpp"
 #include "loom/layers/conv2d.hpp"
 #include "loom/layers/flatten.hpp"
@@ -165,4 +168,48 @@ TEST_CASE("float runs repeat bit for bit with the same seed", "[layers][backend]
   const auto third = float_step(e, 3, 300);
   CHECK(bitwise_equal(third, float_step(f, 3, 300)));
   CHECK(bitwise_equal(third, float_step(e, 3, 300)));
+}
+
+TEST_CASE("CPU formats: one object per oneDNN layout, pooling reads the blocked ones, reorders round-trip",
+          "[layers][backend]") {
+  // The blocked layouts pooling hands on: the same layout twice is one object (a format is a
+  // pointer to it), another block size or shape another.
+  const cpu_format b16 = detail::blocked_nchw(4, 16, 8, 8, 16), b8 = detail::blocked_nchw(4, 16, 8, 8, 8);
+  REQUIRE_FALSE(b16.plain());
+  CHECK(b16 == detail::blocked_nchw(4, 16, 8, 8, 16));
+  CHECK(b16.layout == detail::blocked_nchw(4, 16, 8, 8, 16).layout);
+  CHECK_FALSE(b16 == b8);
+  CHECK_FALSE(b16 == detail::blocked_nchw(2, 16, 8, 8, 16));
+  CHECK_FALSE(b16 == cpu_format{});
+  CHECK(detail::channel_block(b16, 4, 16, 8, 8) == 16);
+  CHECK(detail::channel_block(b8, 4, 16, 8, 8) == 8);
+  CHECK(detail::channel_block(cpu_format{}, 4, 16, 8, 8) == 1);
+  CHECK(detail::channel_block(b16, 2, 16, 8, 8) == 0);  // another batch: not a layout pooling reads
+
+  // Two convolutions of one geometry hand on the same format object for the same batch.
+  const conv2d_geometry g{3, 8, 8, 16, 3, 1, 1};
+  cpu_conv2d_plan<float> p1(g), p2(g);
+  std::vector<float> x(4 * 3 * 8 * 8, 0.5f), w(g.weight_count(), 0.25f), b(16, 0.0f), y1(4 * 16 * 8 * 8), y2(y1.size());
+  const cpu_format f1 = p1.forward(x.data(), {}, w.data(), b.data(), y1.data(), 4);
+  const cpu_format f2 = p2.forward(x.data(), {}, w.data(), b.data(), y2.data(), 4);
+  CHECK(f1 == f2);
+  CHECK(f1.layout == f2.layout);
+  CHECK(y1 == y2);
+
+  // plain -> blocked -> plain gives the values back, through a converter and through the one
+  // it is moved into (which takes its reorder primitives along).
+  std::vector<float> plain(4 * 16 * 8 * 8), blocked(plain.size()), back(plain.size());
+  for (std::size_t i = 0; i < plain.size(); ++i) plain[i] = static_cast<float>(i % 97) - 48.0f;
+  cpu::layout_converter conv;
+  conv.from_plain<float, shape<16, 8, 8>>(plain.data(), b16, blocked.data(), 4);
+  CHECK_FALSE(blocked == plain);  // the channel blocks moved the values
+  CHECK(conv.to_plain<float, shape<16, 8, 8>>(blocked.data(), b16, 4) != blocked.data());
+  std::memcpy(back.data(), conv.to_plain<float, shape<16, 8, 8>>(blocked.data(), b16, 4), back.size() * sizeof(float));
+  CHECK(back == plain);
+  cpu::layout_converter moved(std::move(conv));
+  std::fill(back.begin(), back.end(), 0.0f);
+  moved.convert<float, shape<16, 8, 8>>(blocked.data(), b16, back.data(), b8, 4);
+  std::vector<float> again(plain.size());
+  std::memcpy(again.data(), moved.to_plain<float, shape<16, 8, 8>>(back.data(), b8, 4), again.size() * sizeof(float));
+  CHECK(again == plain);
 }

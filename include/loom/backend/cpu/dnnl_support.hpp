@@ -44,13 +44,11 @@ LOOM_DECL std::size_t channel_block(const cpu_format& f, std::size_t n, std::siz
 class reorder_cache;  // impl/onednn.hpp
 
 /// Copies (n, c, h, w) float activations between formats with reorder primitives created once
-/// per pair of layouts and reused. A copy starts with no primitives (they are a cache).
+/// per pair of layouts and reused.
 class layout_reorders {
  public:
   LOOM_DECL layout_reorders();
-  LOOM_DECL layout_reorders(const layout_reorders&);
   LOOM_DECL layout_reorders(layout_reorders&&) noexcept;
-  LOOM_DECL layout_reorders& operator=(const layout_reorders&);
   LOOM_DECL layout_reorders& operator=(layout_reorders&&) noexcept;
   LOOM_DECL ~layout_reorders();
 

@@ -53,9 +53,7 @@ LOOM_DECL std::size_t channel_block(const cpu_format& f, std::size_t n, std::siz
 }
 
 LOOM_DECL layout_reorders::layout_reorders() : cache_(std::make_unique<reorder_cache>()) {}
-LOOM_DECL layout_reorders::layout_reorders(const layout_reorders&) : layout_reorders() {}
 LOOM_DECL layout_reorders::layout_reorders(layout_reorders&&) noexcept = default;
-LOOM_DECL layout_reorders& layout_reorders::operator=(const layout_reorders&) { return *this; }
 LOOM_DECL layout_reorders& layout_reorders::operator=(layout_reorders&&) noexcept = default;
 LOOM_DECL layout_reorders::~layout_reorders() = default;
 
