@@ -36,6 +36,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -412,12 +413,12 @@ class mpi_comm {
   void allreduce(T* data, std::size_t count, reduce_op op) {
     const MPI_Datatype type = detail::mpi_datatype<T>();
     if (watch_) {
-      std::vector<MPI_Request> rs;
-      for_chunks(count, [&](std::size_t at, int n) {
-        detail::check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data + at, n, type, detail::mpi_op<T>(op), comm_, &rs.emplace_back()),
-                          "allreduce", rank_);
+      return watched("allreduce", data, count, data, count, [&](const T*, T* d, std::vector<MPI_Request>& rs) {
+        for_chunks(count, [&](std::size_t at, int n) {
+          detail::check_mpi(MPI_Iallreduce(MPI_IN_PLACE, d + at, n, type, detail::mpi_op<T>(op), comm_, &rs.emplace_back()),
+                            "allreduce", rank_);
+        });
       });
-      return complete(rs, "allreduce");
     }
     for_chunks(count, [&](std::size_t at, int n) {
       detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, data + at, n, type, detail::mpi_op<T>(op), comm_), "allreduce", rank_);
@@ -430,20 +431,21 @@ class mpi_comm {
   void reduce_scatter(const T* in, T* out, std::size_t count, reduce_op op) {
     const MPI_Datatype type = detail::mpi_datatype<T>();
     if (watch_) {
-      std::vector<MPI_Request> rs;
-      if (count <= max_count_) {
-        detail::check_mpi(MPI_Ireduce_scatter_block(in, out, static_cast<int>(count), type, detail::mpi_op<T>(op), comm_,
-                                                    &rs.emplace_back()),
-                          "reduce_scatter", rank_);
-      } else {
+      const std::size_t in_count = static_cast<std::size_t>(size_) * count;
+      return watched("reduce_scatter", in, in_count, out, count, [&](const T* i, T* o, std::vector<MPI_Request>& rs) {
+        if (count <= max_count_) {
+          detail::check_mpi(MPI_Ireduce_scatter_block(i, o, static_cast<int>(count), type, detail::mpi_op<T>(op), comm_,
+                                                      &rs.emplace_back()),
+                            "reduce_scatter", rank_);
+          return;
+        }
         for_chunks(count, [&](std::size_t at, int n) {
           for (int j = 0; j < size_; ++j)
-            detail::check_mpi(MPI_Ireduce(in + static_cast<std::size_t>(j) * count + at, j == rank_ ? out + at : nullptr,
-                                          n, type, detail::mpi_op<T>(op), j, comm_, &rs.emplace_back()),
+            detail::check_mpi(MPI_Ireduce(i + static_cast<std::size_t>(j) * count + at, j == rank_ ? o + at : nullptr, n,
+                                          type, detail::mpi_op<T>(op), j, comm_, &rs.emplace_back()),
                               "reduce_scatter", rank_);
         });
-      }
-      return complete(rs, "reduce_scatter");
+      });
     }
     if (count <= max_count_) {
       detail::check_mpi(MPI_Reduce_scatter_block(in, out, static_cast<int>(count), type, detail::mpi_op<T>(op), comm_),
@@ -465,9 +467,10 @@ class mpi_comm {
     const MPI_Datatype type = detail::mpi_datatype<T>();
     if (watch_ && count <= max_count_) {
       const int n = static_cast<int>(count);
-      std::vector<MPI_Request> rs(1);
-      detail::check_mpi(MPI_Iallgather(in, n, type, out, n, type, comm_, &rs[0]), "allgather", rank_);
-      return complete(rs, "allgather");
+      return watched("allgather", in, count, out, static_cast<std::size_t>(size_) * count,
+                     [&](const T* i, T* o, std::vector<MPI_Request>& rs) {
+                       detail::check_mpi(MPI_Iallgather(i, n, type, o, n, type, comm_, &rs.emplace_back()), "allgather", rank_);
+                     });
     }
     if (count <= max_count_) {
       const int n = static_cast<int>(count);
@@ -476,13 +479,14 @@ class mpi_comm {
     }
     std::copy(in, in + count, out + static_cast<std::size_t>(rank_) * count);
     if (watch_) {
-      std::vector<MPI_Request> rs;
-      for_chunks(count, [&](std::size_t at, int n) {
-        for (int j = 0; j < size_; ++j)
-          detail::check_mpi(MPI_Ibcast(out + static_cast<std::size_t>(j) * count + at, n, type, j, comm_, &rs.emplace_back()),
-                            "allgather", rank_);
+      const std::size_t total = static_cast<std::size_t>(size_) * count;
+      return watched("allgather", out, total, out, total, [&](const T*, T* o, std::vector<MPI_Request>& rs) {
+        for_chunks(count, [&](std::size_t at, int n) {
+          for (int j = 0; j < size_; ++j)
+            detail::check_mpi(MPI_Ibcast(o + static_cast<std::size_t>(j) * count + at, n, type, j, comm_, &rs.emplace_back()),
+                              "allgather", rank_);
+        });
       });
-      return complete(rs, "allgather");
     }
     for_chunks(count, [&](std::size_t at, int n) {
       for (int j = 0; j < size_; ++j)
@@ -498,11 +502,11 @@ class mpi_comm {
     check_rank("send", "peer", peer);
     const MPI_Datatype type = detail::mpi_datatype<T>();
     if (watch_) {
-      std::vector<MPI_Request> rs;
-      for_chunks(count, [&](std::size_t at, int n) {
-        detail::check_mpi(MPI_Isend(data + at, n, type, peer, tag, comm_, &rs.emplace_back()), "send", rank_);
+      return watched("send", data, count, static_cast<T*>(nullptr), 0, [&](const T* d, T*, std::vector<MPI_Request>& rs) {
+        for_chunks(count, [&](std::size_t at, int n) {
+          detail::check_mpi(MPI_Isend(d + at, n, type, peer, tag, comm_, &rs.emplace_back()), "send", rank_);
+        });
       });
-      return complete(rs, "send");
     }
     for_chunks(count, [&](std::size_t at, int n) {
       detail::check_mpi(MPI_Send(data + at, n, type, peer, tag, comm_), "send", rank_);
@@ -518,9 +522,12 @@ class mpi_comm {
     for_chunks(count, [&](std::size_t at, int n) {
       MPI_Status status;
       if (watch_) {
-        MPI_Request r;
-        detail::check_mpi(MPI_Irecv(data + at, n, type, peer, tag, comm_, &r), "recv", rank_);
-        watch_->wait(1, &r, &status, "recv", rank_);
+        watched(
+            "recv", static_cast<const T*>(nullptr), 0, data + at, static_cast<std::size_t>(n),
+            [&](const T*, T* d, std::vector<MPI_Request>& rs) {
+              detail::check_mpi(MPI_Irecv(d, n, type, peer, tag, comm_, &rs.emplace_back()), "recv", rank_);
+            },
+            &status);
       } else {
         detail::check_mpi(MPI_Recv(data + at, n, type, peer, tag, comm_, &status), "recv", rank_);
       }
@@ -597,8 +604,45 @@ class mpi_comm {
 
  private:
   /// Waits for rs through the failure detector (watch_ is set).
-  void complete(std::vector<MPI_Request>& rs, const char* op) {
-    watch_->wait(static_cast<int>(rs.size()), rs.data(), MPI_STATUSES_IGNORE, op, rank_);
+  void complete(std::vector<MPI_Request>& rs, const char* op, MPI_Status* st = MPI_STATUSES_IGNORE) {
+    watch_->wait(static_cast<int>(rs.size()), rs.data(), st, op, rank_);
+  }
+
+  /// Under failure detection a blocking operation runs non-blocking and waits through the
+  /// detector. When that wait fails, its MPI requests stay pending, and a peer that was only
+  /// late (not dead) completes them later: MPI then writes into the buffers they were given
+  /// (measured: rank 0 of 2 took 1.5 s over a checkpoint, the other's deadline expired, and a
+  /// late allreduce overwrote that rank's stack inside the recovery, which crashed). So an
+  /// operation of at most staged_bytes (the trainer's flags, sums and agreements, often on the
+  /// stack) runs on a heap copy, which a failure leaves to MPI for the life of the process; a
+  /// larger one works in place, and its buffers are the caller's to retire after a failure
+  /// (loom::model::renew_gradients).
+  static constexpr std::size_t staged_bytes = 64 * 1024;
+  /// start(in', out', requests) starts the operation on in' (in_count elements; in itself when
+  /// in == out, in place) and out' (out_count), then waits for the requests (statuses into st:
+  /// one request only) — on copies when they are small.
+  template <class T, class Start>
+  void watched(const char* op, const T* in, std::size_t in_count, T* out, std::size_t out_count, Start&& start,
+               MPI_Status* st = MPI_STATUSES_IGNORE) {
+    std::vector<MPI_Request> rs;
+    const bool in_place = in == out && out != nullptr;
+    const std::size_t n = out_count + (in_place ? 0 : in_count);
+    if (n * sizeof(T) > staged_bytes) {
+      start(in, out, rs);
+      return complete(rs, op, st);
+    }
+    std::unique_ptr<std::byte[]> stage(new std::byte[std::max<std::size_t>(1, n) * sizeof(T)]);
+    T* o = reinterpret_cast<T*>(stage.get());
+    T* i = in_place ? o : o + out_count;
+    if (in_count) std::memcpy(i, in, in_count * sizeof(T));
+    try {
+      start(i, o, rs);
+      complete(rs, op, st);
+    } catch (...) {
+      (void)stage.release();  // MPI may still read or write it: never freed
+      throw;
+    }
+    if (out_count) std::memcpy(out, o, out_count * sizeof(T));
   }
 
   /// An empty request of operation op on this communicator (its rank and failure detector).
@@ -889,11 +933,11 @@ void mpi_comm::broadcast(T* data, std::size_t count, int root) {
   check_rank("broadcast", "root", root);
   const MPI_Datatype type = detail::mpi_datatype<T>();
   if (watch_) {
-    std::vector<MPI_Request> rs;
-    for_chunks(count, [&](std::size_t at, int n) {
-      detail::check_mpi(MPI_Ibcast(data + at, n, type, root, comm_, &rs.emplace_back()), "broadcast", rank_);
+    return watched("broadcast", data, count, data, count, [&](const T*, T* d, std::vector<MPI_Request>& rs) {
+      for_chunks(count, [&](std::size_t at, int n) {
+        detail::check_mpi(MPI_Ibcast(d + at, n, type, root, comm_, &rs.emplace_back()), "broadcast", rank_);
+      });
     });
-    return complete(rs, "broadcast");
   }
   for_chunks(count, [&](std::size_t at, int n) {
     detail::check_mpi(MPI_Bcast(data + at, n, type, root, comm_), "broadcast", rank_);
