@@ -73,6 +73,10 @@ class step_clock {
     std::nth_element(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(k / 2), t.begin() + static_cast<std::ptrdiff_t>(k));
     return std::max(floor_s_, f_.deadline_steps * t[k / 2]);
   }
+  /// The deadline of a checkpoint's collectives and of the step after it: a checkpoint takes
+  /// longer than a step on the rank that writes the most, and its peers' next collectives wait
+  /// for that rank (startup_deadline_s, or the usual deadline when that is longer).
+  double checkpoint_deadline() const { return std::max(deadline(), f_.startup_deadline_s); }
   void restart() { n_ = 0; }
 
  private:

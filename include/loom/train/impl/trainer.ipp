@@ -4,6 +4,9 @@
 // the checks and descriptions of fit and the job): included at the end of the header (header-only),
 // or compiled once in src/loom.cpp (LOOM_SEPARATE_COMPILATION; see loom/core/config.hpp).
 
+#include <chrono>
+#include <thread>
+
 #include "loom/train/trainer.hpp"
 
 namespace loom::detail {
@@ -11,6 +14,17 @@ namespace loom::detail {
 LOOM_DECL bool restarted_by_launcher() {
   const char* v = std::getenv("LOOM_RESTART");
   return v && *v && std::strtoul(v, nullptr, 10) > 0;
+}
+
+/// For the tests of the deadlines around checkpoints (tests/fault): rank 0 takes
+/// $LOOM_TEST_SLOW_CHECKPOINT_S seconds more to write each periodic checkpoint, as a slow disk
+/// would. Unset (always, outside those tests): nothing.
+LOOM_DECL void slow_checkpoint_for_tests() {
+  static const double s = [] {
+    const char* v = std::getenv("LOOM_TEST_SLOW_CHECKPOINT_S");
+    return v && *v ? std::strtod(v, nullptr) : 0.0;
+  }();
+  if (s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(s));
 }
 
 LOOM_DECL void check_fit_options(const fit_options& opts, std::size_t samples) {
@@ -150,6 +164,11 @@ LOOM_DECL fit_result trainer_core::run_fit(fit_host& h, const fit_options& opts,
   // most the step-derived deadline too, where the runtime keeps survivors alive: a dead peer
   // then ends the job (loomrun restarts it from its checkpoint) instead of hanging it.
   const bool shared_deadlines = !h.can_watch && fo.detect && detail::shared_deadline_s > 0;
+  // Sets the deadline of the collectives from here on (failure detection's, or the shared one).
+  auto set_deadline = [&](double d) {
+    if (shared_deadlines) detail::shared_deadline_s = d;
+    if (watching_ && h.can_watch) h.set_deadline(d);
+  };
   const auto start = monitor::clock::now();
   bool stop = false;
   // The report of the last recovery, printed once the first step after it is good.
@@ -216,9 +235,8 @@ LOOM_DECL fit_result trainer_core::run_fit(fit_host& h, const fit_options& opts,
       cur_ = {.valid = true, .epoch = epoch, .batch = k, .batches = batches, .sums = {sums[0], sums[1], sums[2]}};
       const auto step_end = monitor::clock::now();
       monitor::record_span(monitor::step_span, step_start, step_end);
-      if (shared_deadlines) detail::shared_deadline_s = steps_timed.add(monitor::seconds_between(step_start, step_end));
+      if (shared_deadlines || watching_) set_deadline(steps_timed.add(monitor::seconds_between(step_start, step_end)));
       if (watching_) {
-        if (h.can_watch) h.set_deadline(steps_timed.add(monitor::seconds_between(step_start, step_end)));
         if (!recovery_report.empty()) {
           detail::report_first_good_step(h.rank(), h.world(), step_, recovery_report, failure_seen, step_end,
                                          replacement_began_);
@@ -254,7 +272,10 @@ LOOM_DECL fit_result trainer_core::run_fit(fit_host& h, const fit_options& opts,
         if (agree_each_step) coll->max(flags, 2);
         due = due || flags[1] || flags[0];
         if (due) {
+          // Until the next step ends: the peers of the rank that writes the most wait for it.
+          set_deadline(steps_timed.checkpoint_deadline());
           monitor::span writing(monitor::span_kind::checkpoint);
+          if (h.rank() == 0) slow_checkpoint_for_tests();
           h.save_current(*coll, opts, /*async=*/co.async && !flags[0]);
           saved_step = step_;
           last_checkpoint_time = monitor::clock::now();
@@ -276,6 +297,7 @@ LOOM_DECL fit_result trainer_core::run_fit(fit_host& h, const fit_options& opts,
   }
   detail::set_phase(fault_phase::end_of_fit);
   if (checkpoints) {
+    set_deadline(steps_timed.checkpoint_deadline());
     if (co.at_end && saved_step != step_) {
       // The run's end: the next epoch's start (or where max_steps stopped it, mid-epoch).
       monitor::span writing(monitor::span_kind::checkpoint);
