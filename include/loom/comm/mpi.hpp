@@ -177,6 +177,11 @@ class mpi_watch {
   /// The last operation that completed here, and where the trainer was then.
   const char* last_op = "none";
   fault_marker last_done{};
+  /// The detector of the communicator this one's was split from (mpi_comm::watch_as_part_of),
+  /// null when none: its deadline is this one's (deadline_s 0), its control communicator is
+  /// the one looked at, its roll call reports this one's last operation, and a failure here
+  /// breaks it too.
+  std::shared_ptr<mpi_watch> whole;
 
   /// Waits for the n requests r (statuses into st, or MPI_STATUSES_IGNORE), at most
   /// deadline_s. Throws rank_failure.
@@ -369,6 +374,13 @@ class mpi_comm {
   /// communicator for the survivors' messages, gathers every rank's host and process id, and
   /// agrees on a job id). Copies of this communicator share the detector.
   void watch_for_failures(double deadline_s);
+  /// Failure detection on a communicator split from `whole`, which has it (watch_for_failures):
+  /// every wait keeps whole's deadline and looks for a recovery message on whole's control
+  /// communicator, so that one loom::recover_world over whole takes the roll call of every
+  /// communicator of the job (a pipeline's stages, a tensor group, a data-parallel axis).
+  /// Local (no communication). Throws communication_error when whole has no failure detector or
+  /// this communicator has a rank outside whole.
+  void watch_as_part_of(const mpi_comm& whole);
   /// Deadlines only (no control communicator, no peers): every wait from now on at most
   /// deadline_s; watch_for_failures then turns on the whole detector. (The joining of
   /// replacements: fault_options::replace.)

@@ -122,6 +122,13 @@ class deadline_watchdog {
 /// or the verdict directory cannot be written.
 LOOM_MPI_DECL recovery_result recover_world(mpi_comm& c, const recovery_request& q);
 
+/// The fencing of a recovery: the first member (lowest rank of c left in) on the host of each
+/// rank that res left out ends that rank's process (SIGKILL, only if it still runs this
+/// program), so that a stopped process cannot come back into a job that went on without it.
+/// Returns the processes this rank ended. recover_world does it before the rebuild; with
+/// recovery_request::rebuild false the caller does it, after its report.
+LOOM_MPI_DECL std::vector<long> fence_left_out(const mpi_comm& c, const recovery_result& res);
+
 /// What loom::spawn_replacements did.
 struct replacement_spawn {
   bool ok = false;

@@ -30,7 +30,9 @@ enum class recovery_mode {
 };
 
 /// How fit detects and survives a failed or hung rank (fit_options::fault). The deadlines
-/// apply to every collective of a data-parallel fit over loom::mpi_comm.
+/// apply to every collective of a fit on several ranks over loom::mpi_comm (a pipeline's,
+/// tensor-parallel or hybrid policy's communicators too, where a failure ends the job after a
+/// roll call instead of a recovery).
 struct fault_options {
   /// Deadlines on every collective (false: none; a dead peer then blocks the others until the
   /// runtime ends the job).
@@ -47,7 +49,8 @@ struct fault_options {
   /// SIGTERM after a death, is seen at once anyway.
   double min_deadline_without_recovery_s = 30;
   /// The deadline before enough steps are measured (start, the first steps after a recovery,
-  /// whose new batch shapes compile new kernels), and of synchronous checkpoint writes.
+  /// whose new batch shapes compile new kernels), and the least one from a checkpoint to the
+  /// end of the next step (the peers of the rank that writes the most wait for it).
   double startup_deadline_s = 60;
   /// When no recovery is possible (plain mpirun, which kills the survivors a second after a
   /// rank dies; SIGTERM), a survivor that holds a whole replica writes an emergency checkpoint
@@ -188,6 +191,9 @@ struct recovery_request {
   /// A rebuild of the communicator that has not finished after this long (a survivor died
   /// during it) ends this process with status 75, so that the launcher restarts the job.
   double rebuild_timeout_s = 30;
+  /// false: the roll call and the verdict only — no fencing, no new communicator (a job that
+  /// cannot go on without the lost ranks: it reports and ends; loom::fence_left_out).
+  bool rebuild = true;
 };
 
 /// One rank of the old communicator in the roll call of a recovery.

@@ -295,6 +295,22 @@ class pipeline_stages {
   /// The world communicator, and this rank's pipeline group (ranked by stage).
   Comm& world_comm() { return world_; }
   Comm& pipeline_comm() { return pipe_; }
+  /// Failure detection over the whole job (loom::trainer, fault_options): the world
+  /// communicator's detector with deadline_s, shared by the pipeline group's and (hybrid) the
+  /// data-parallel group's communicators, so that a dead or stopped stage anywhere makes every
+  /// rank's wait end and one roll call over the world names it. Collective over the world.
+  void watch_for_failures(double deadline_s)
+    requires requires(Comm& c) { c.watch_as_part_of(c); }
+  {
+    world_.watch_for_failures(deadline_s);
+    pipe_.watch_as_part_of(world_);
+    if constexpr (hybrid) std::visit([&](auto& st) { st.dp->comm().watch_as_part_of(world_); }, states_);
+  }
+  void set_deadline(double deadline_s)
+    requires requires(Comm& c) { c.watch_as_part_of(c); }
+  {
+    world_.set_deadline(deadline_s);
+  }
 
   models_type& models() noexcept { return models_; }
   const models_type& models() const noexcept { return models_; }

@@ -131,6 +131,20 @@ class replica_passes {
   {
     return sync_.world_comm();
   }
+  /// Failure detection with deadline_s over every communicator of this engine (loom::trainer,
+  /// fault_options); set_deadline changes the deadline. Collective over the world.
+  void watch_for_failures(double deadline_s)
+    requires requires(Sync& s) { s.world_comm().watch_for_failures(deadline_s); }
+  {
+    if constexpr (requires { sync_.watch_for_failures(deadline_s); }) sync_.watch_for_failures(deadline_s);
+    else sync_.world_comm().watch_for_failures(deadline_s);
+  }
+  void set_deadline(double deadline_s)
+    requires requires(Sync& s) { s.world_comm().set_deadline(deadline_s); }
+  {
+    if constexpr (requires { sync_.set_deadline(deadline_s); }) sync_.set_deadline(deadline_s);
+    else sync_.world_comm().set_deadline(deadline_s);
+  }
   /// This rank's flat parameters (the whole model's or its slice's), in the backend's memory,
   /// and their count.
   T* local_parameters() noexcept { return model_.parameters().data(); }

@@ -117,6 +117,21 @@ class tensor_parallel_sync {
   int world() const { return world_.size(); }
   /// The communicator over every rank (loom::comm_collectives wraps it).
   Comm& world_comm() { return world_; }
+  /// Failure detection over the whole job (loom::trainer, fault_options): the world
+  /// communicator's detector with deadline_s, shared by the tensor group's and (hybrid) the
+  /// data-parallel group's communicators. Collective over the world.
+  void watch_for_failures(double deadline_s)
+    requires requires(Comm& c) { c.watch_as_part_of(c); }
+  {
+    world_.watch_for_failures(deadline_s);
+    group_->comm().watch_as_part_of(world_);
+    if constexpr (hybrid) dp_->comm().watch_as_part_of(world_);
+  }
+  void set_deadline(double deadline_s)
+    requires requires(Comm& c) { c.watch_as_part_of(c); }
+  {
+    world_.set_deadline(deadline_s);
+  }
   /// This rank's slice of the tensor-parallel layers, for the model's construction.
   tensor_shard model_shard() const { return {slice(), Width}; }
   /// What this rank holds: slice rank() % Width of the whole network's layout, as replica

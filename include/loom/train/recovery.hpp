@@ -272,6 +272,57 @@ fit_position survive(recovery_host<Comm>& h, const rank_failure& f, const fault_
   return p;
 }
 
+/// The report of a failure the job cannot go on from (end_after_failure): who was lost, why
+/// the job ends, the wait that failed, the agreement's time and the roll call.
+LOOM_DECL std::string failure_end_report(std::size_t step, const recovery_result& res, const rank_failure& f,
+                                         const fault_marker& failed_at, const std::string& why, const std::string& roll);
+
+/// After a rank_failure where no recovery is possible (fit_host::can_detect: a pipeline stage
+/// or a tensor slice held once, the hybrids, sharded optimizer state): the ranks still running
+/// take a roll call over comm (loom::recover_world without the rebuild: every rank's last
+/// completed operation, and one verdict on who is lost, so that every rank names the same),
+/// the first of them prints it, a survivor on a lost rank's host ends that process (a stopped
+/// one would otherwise keep the job from ending), and every rank throws rank_failure saying
+/// why the job ends: the launcher restarts it from the newest checkpoint. A SIGTERM (the
+/// runtime is ending the job after a death) leaves no time for that: f is rethrown.
+template <class Comm>
+[[noreturn]] void end_after_failure(Comm& comm, const rank_failure& f, const fault_options& fo,
+                                    const std::string& checkpoint_dir, std::size_t step, const fault_marker& failed_at,
+                                    const std::string& why) {
+  if (f.why() == rank_failure::kind::terminating) throw f;
+  set_phase(fault_phase::recovery);
+  // The ranks still running are blocked in a wait (which sees the roll call within a
+  // millisecond) or compute for at most a step: a few seconds at most.
+  const double window = std::clamp(comm.watch() ? comm.watch()->deadline_s : 1.0, 0.2, 5.0);
+  const recovery_request q{.committed_step = step, .window_s = window,
+                           .verdict_dir = verdict_directory(fo, checkpoint_dir),
+                           .rebuild_timeout_s = std::max(5.0, 4 * window), .rebuild = false};
+  const int me = comm.rank();
+  recovery_result res;
+  try {
+    res = recover_world(comm, q);
+  } catch (const communication_error& e) {
+    throw rank_failure(f.why(), f.operation(), f.waited_s(), f.peer(),
+                       std::string(f.what()) + "; the roll call after it failed: " + e.what());
+  }
+  const std::string roll = recovery_roll(res, window);
+  const std::string lost = recovery_lost(res);
+  if (res.excluded) {
+    std::fprintf(stderr, "loom: rank %d was left out by the verdict %s (the others did not hear from it in time); the "
+                 "job ends: %s. Roll call:%s\n", me, res.verdict.c_str(), why.c_str(), roll.c_str());
+  } else {
+    int first = 0;
+    while (std::find(res.lost.begin(), res.lost.end(), first) != res.lost.end()) ++first;
+    if (me == first) std::fprintf(stderr, "%s\n", failure_end_report(step, res, f, failed_at, why, roll).c_str());
+  }
+  std::fflush(stderr);
+  fence_left_out(comm, res);
+  throw rank_failure(f.why(), f.operation(), f.waited_s(), f.peer(),
+                     "loom::trainer::fit: rank " + std::to_string(me) + ": the job ends at step " + std::to_string(step) +
+                         ": " + (lost.empty() ? std::string("no rank lost (a deadline expired on a slow peer)") : "lost " + lost) +
+                         "; " + why + "; resume from the newest checkpoint (" + f.what() + ")");
+}
+
 /// A replacement's first fit (fault_options::replace): joins the survivors waiting in their
 /// recovery (join_exchange, then their state), and returns where to continue. A replacement
 /// that runs another job, or that the survivors gave up on, says so and leaves (status 1).

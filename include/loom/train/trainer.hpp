@@ -444,9 +444,11 @@ namespace detail {
 class fit_host {
  public:
   /// What the policy offers, as compile-time facts of the trainer: failure detection and
-  /// recovery (can_watch), replacement of lost ranks (can_replace), the loss on every rank
-  /// holding samples (per_epoch_sums).
-  bool can_watch = false, can_replace = false, per_epoch_sums = true;
+  /// recovery (can_watch), replacement of lost ranks (can_replace), failure detection where no
+  /// recovery is possible — pipelines, tensor parallelism, the hybrids, sharded optimizer state
+  /// (can_detect: deadlines on every communicator, then a roll call, and the job ends) — the
+  /// loss on every rank holding samples (per_epoch_sums).
+  bool can_watch = false, can_replace = false, can_detect = false, per_epoch_sums = true;
 
   // The engine (loom::engine).
   virtual int rank() const = 0;
@@ -462,7 +464,7 @@ class fit_host {
                                 std::uint64_t salt) = 0;
   virtual void sum(double* v, std::size_t n) = 0;
   virtual void optimizer_step(float lr, double clip_grad_norm) = 0;
-  // The failure detector of the world communicator (can_watch only).
+  // The failure detector of the engine's communicators (can_watch or can_detect).
   virtual void watch_for_failures(double deadline_s) = 0;
   virtual void set_deadline(double deadline_s) = 0;
   virtual std::string watch_job_id() = 0;
@@ -485,6 +487,9 @@ class fit_host {
   virtual double peak_gflops() = 0;
   virtual std::shared_ptr<const monitor::nvml> device_monitor() = 0;
   virtual fit_position survive(const rank_failure& f, const fit_options& opts, int number, std::string& report) = 0;
+  /// After a rank_failure under can_detect: the roll call over the world, the report, and the
+  /// end of the job (throws; see detail::end_after_failure).
+  [[noreturn]] virtual void end_after_failure(const rank_failure& f, const fit_options& opts) = 0;
   virtual void emergency_checkpoint(const fit_options& opts) noexcept = 0;
   virtual void write_trace(const std::string& path, const monitor::timeline& t) = 0;
 
@@ -833,6 +838,15 @@ class trainer_body : private trainer_core, private state_host {
       space::copy_from_host(dst, src, n * sizeof(value_type));
     }
   }
+  /// Why a failure ends this job instead of a recovery (end_after_failure's report).
+  std::string why_no_recovery() const {
+    if (sharded_state())
+      return "the optimizer state is sharded over the ranks (loom::shard_optimizer_state), and the lost ranks' "
+             "slices are gone";
+    if (engine_.replicas() > 1)
+      return "loom recovers in place under data_parallel only, not yet on a hybrid's data-parallel axis";
+    return "the lost ranks held the only copy of their part of the model (a pipeline stage or a tensor slice)";
+  }
   /// Whether the engine keeps the optimizer state of its own slices only (shard_optimizer_state).
   bool sharded_state() const {
     if constexpr (requires { engine_.shards_state(); }) return engine_.shards_state();
@@ -1006,6 +1020,16 @@ class trainer_body : private trainer_core, private state_host {
     }
   }();
 
+  /// Whether this trainer's engine can detect failures where it cannot recover (pipelines,
+  /// tensor parallelism, the hybrids; data parallelism under shard_optimizer_state): deadlines
+  /// on every communicator it uses, and a roll call over the world (loom::recover_world without
+  /// the rebuild) that names the lost ranks before the job ends.
+  static constexpr bool can_detect = requires(engine_type& e, const recovery_request& q) {
+    e.watch_for_failures(1.0);
+    e.set_deadline(1.0);
+    recover_world(e.world_comm(), q);
+  };
+
   /// Whether a recovery can also merge new processes in (fault_options::replace): recovery
   /// over loom::mpi_comm (the spawn, the merge and the newcomers' detector are MPI's).
   static constexpr bool can_replace = [] {
@@ -1025,6 +1049,7 @@ class trainer_body : private trainer_core, private state_host {
     fit_part(trainer_body& t, const Dataset& data) : t_(t), data_(data) {
       can_watch = t.watches();
       can_replace = t.replaces();
+      can_detect = trainer_body::can_detect && !can_watch;
       per_epoch_sums = trainer_body::per_epoch_sums;
     }
     int rank() const override { return t_.engine_.rank(); }
@@ -1043,10 +1068,12 @@ class trainer_body : private trainer_core, private state_host {
     void sum(double* v, std::size_t n) override { t_.engine_.sum(v, n); }
     void optimizer_step(float lr, double clip) override { t_.engine_.optimizer_step(lr, clip); }
     void watch_for_failures(double deadline_s) override {
-      if constexpr (trainer_body::can_watch) t_.engine_.world_comm().watch_for_failures(deadline_s);
+      if constexpr (trainer_body::can_detect) t_.engine_.watch_for_failures(deadline_s);
+      else if constexpr (trainer_body::can_watch) t_.engine_.world_comm().watch_for_failures(deadline_s);
     }
     void set_deadline(double deadline_s) override {
-      if constexpr (trainer_body::can_watch) t_.engine_.world_comm().set_deadline(deadline_s);
+      if constexpr (trainer_body::can_detect) t_.engine_.set_deadline(deadline_s);
+      else if constexpr (trainer_body::can_watch) t_.engine_.world_comm().set_deadline(deadline_s);
     }
     std::string watch_job_id() override {
       if constexpr (trainer_body::can_watch) return t_.engine_.world_comm().watch()->job_id;
@@ -1080,6 +1107,12 @@ class trainer_body : private trainer_core, private state_host {
     std::shared_ptr<const monitor::nvml> device_monitor() override { return trainer_body::device_monitor(); }
     detail::fit_position survive(const rank_failure& f, const fit_options& opts, int number, std::string& report) override {
       return t_.survive(f, opts, number, report);
+    }
+    [[noreturn]] void end_after_failure(const rank_failure& f, const fit_options& opts) override {
+      if constexpr (trainer_body::can_detect)
+        detail::end_after_failure(t_.engine_.world_comm(), f, opts.fault, opts.checkpoint.directory, t_.step_,
+                                  t_.failed_at_, t_.why_no_recovery());
+      throw f;
     }
     void emergency_checkpoint(const fit_options& opts) noexcept override { t_.emergency_checkpoint(opts); }
     void write_trace(const std::string& path, const monitor::timeline& tl) override { t_.write_trace(path, tl); }

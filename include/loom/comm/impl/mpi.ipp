@@ -64,6 +64,10 @@ LOOM_MPI_DECL void detail::mpi_watch::wait(int n, MPI_Request* r, MPI_Status* st
     if (done) {
       last_op = op;
       last_done = detail_here();
+      if (whole) {
+        whole->last_op = op;
+        whole->last_done = last_done;
+      }
       return;
     }
     if (spins % 64 == 0) {
@@ -84,7 +88,7 @@ LOOM_MPI_DECL void detail::mpi_watch::wait(int n, MPI_Request* r, MPI_Status* st
         // alive: their collectives finish within this grace.
         if (preemption_signal == SIGTERM && waited > 0.1)
           fail(rank_failure::kind::terminating, op, rank, t0, -1, "SIGTERM arrived while it waited");
-        const double deadline = deadline_s > 0 ? deadline_s : shared_deadline_s;
+        const double deadline = deadline_s > 0 ? deadline_s : whole ? whole->deadline_s : shared_deadline_s;
         if (deadline > 0 && waited > deadline)
           fail(rank_failure::kind::deadline, op, rank, t0, -1,
                "not finished within its deadline of " + std::to_string(deadline) + " s");
@@ -106,6 +110,7 @@ LOOM_MPI_DECL void detail::mpi_watch::wait(int n, MPI_Request* r, MPI_Status* st
 LOOM_MPI_DECL void detail::mpi_watch::fail(rank_failure::kind k, const char* op, int rank, clock::time_point t0,
                                            int peer, const std::string& why) {
   broken = true;
+  if (whole) whole->broken = true;
   const double waited = std::chrono::duration<double>(clock::now() - t0).count();
   throw rank_failure(k, op, waited, peer,
                      std::string("loom::mpi_comm::") + op + ": rank " + std::to_string(rank) + " (" +
@@ -201,6 +206,36 @@ LOOM_MPI_DECL void mpi_comm::watch_for_failures(double deadline_s) {
   detail::check_mpi(MPI_Bcast(id, 2, MPI_UNSIGNED_LONG_LONG, 0, comm_), "watch_for_failures", rank_);
   w->job_id = std::to_string(id[0]) + "-" + std::to_string(id[1] % 1000000007ULL);
   w->deadline_s = deadline_s;
+  watch_ = std::move(w);
+}
+
+LOOM_MPI_DECL void mpi_comm::watch_as_part_of(const mpi_comm& whole) {
+  const detail::mpi_watch* const ww = whole.watch_.get();
+  if (!ww || ww->ctl == MPI_COMM_NULL || ww->peers.size() != static_cast<std::size_t>(whole.size_))
+    throw communication_error("loom::mpi_comm::watch_as_part_of: rank " + std::to_string(rank_) +
+                              ": the whole communicator has no failure detector (call its watch_for_failures first)");
+  MPI_Group mine = MPI_GROUP_NULL, theirs = MPI_GROUP_NULL;
+  detail::check_mpi(MPI_Comm_group(comm_, &mine), "watch_as_part_of", rank_);
+  detail::check_mpi(MPI_Comm_group(whole.comm_, &theirs), "watch_as_part_of", rank_);
+  std::vector<int> ranks(static_cast<std::size_t>(size_)), in_whole(static_cast<std::size_t>(size_));
+  for (int r = 0; r < size_; ++r) ranks[static_cast<std::size_t>(r)] = r;
+  const int rc = MPI_Group_translate_ranks(mine, size_, ranks.data(), theirs, in_whole.data());
+  MPI_Group_free(&mine);
+  MPI_Group_free(&theirs);
+  detail::check_mpi(rc, "watch_as_part_of", rank_);
+  auto w = std::make_shared<detail::mpi_watch>();
+  for (int r = 0; r < size_; ++r) {
+    const int t = in_whole[static_cast<std::size_t>(r)];
+    if (t == MPI_UNDEFINED || t < 0 || t >= whole.size_)
+      throw communication_error("loom::mpi_comm::watch_as_part_of: rank " + std::to_string(rank_) + ": rank " +
+                                std::to_string(r) + " of this communicator is not a rank of the whole communicator");
+    w->peers.push_back(ww->peers[static_cast<std::size_t>(t)]);
+  }
+  w->whole = whole.watch_;
+  w->ctl = ww->ctl;  // whole's: looked at, never used for messages of this communicator
+  w->generation = ww->generation;
+  w->job_id = ww->job_id;
+  w->deadline_s = 0;  // whole's
   watch_ = std::move(w);
 }
 

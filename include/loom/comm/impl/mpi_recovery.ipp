@@ -48,6 +48,24 @@ LOOM_MPI_DECL std::string link_verdict(const std::filesystem::path& dir, const s
 
 namespace loom {
 
+LOOM_MPI_DECL std::vector<long> fence_left_out(const mpi_comm& c, const recovery_result& res) {
+  std::vector<long> fenced;
+  const detail::mpi_watch* w = c.watch();
+  if (!w || res.excluded) return fenced;
+  const int me = c.rank();
+  for (const int lost : res.lost) {
+    const auto& peer = w->peers[static_cast<std::size_t>(lost)];
+    int first_here = -1;  // the first member on its host
+    for (int m = 0; m < c.size() && first_here < 0; ++m)
+      if (std::find(res.lost.begin(), res.lost.end(), m) == res.lost.end() &&
+          w->peers[static_cast<std::size_t>(m)].host == peer.host)
+        first_here = m;
+    if (first_here == me && detail::runs_this_program(peer.pid) && ::kill(static_cast<pid_t>(peer.pid), SIGKILL) == 0)
+      fenced.push_back(peer.pid);
+  }
+  return fenced;
+}
+
 LOOM_MPI_DECL recovery_result recover_world(mpi_comm& c, const recovery_request& q) {
   using clock = std::chrono::steady_clock;
   detail::mpi_watch* w = c.watch();
@@ -276,21 +294,9 @@ LOOM_MPI_DECL recovery_result recover_world(mpi_comm& c, const recovery_request&
     res.roll_call.clear();
     res.lost.clear();
   }
-  if (res.excluded) return res;
+  if (res.excluded || !q.rebuild) return res;
   detail::recovered = true;
-
-  // Fencing: the first member on a left-out rank's host ends that rank's process.
-  for (const int lost : res.lost) {
-    const auto& peer = w->peers[static_cast<std::size_t>(lost)];
-    int first_here = -1;
-    for (const int m : members)
-      if (w->peers[static_cast<std::size_t>(m)].host == peer.host) {
-        first_here = m;
-        break;
-      }
-    if (first_here == me && detail::runs_this_program(peer.pid) && ::kill(static_cast<pid_t>(peer.pid), SIGKILL) == 0)
-      res.fenced.push_back(peer.pid);
-  }
+  res.fenced = fence_left_out(c, res);
 
   // 3. The survivors' communicator.
   const auto t1 = clock::now();

@@ -57,6 +57,22 @@ LOOM_DECL std::string recovery_report(int number, std::size_t step, const recove
          ". Roll call:" + roll;
 }
 
+LOOM_DECL std::string failure_end_report(std::size_t step, const recovery_result& res, const rank_failure& f,
+                                         const fault_marker& failed_at, const std::string& why, const std::string& roll) {
+  const std::string lost = recovery_lost(res);
+  const char* how = f.why() == rank_failure::kind::deadline         ? "timed out"
+                    : f.why() == rank_failure::kind::peer_recovery ? "was interrupted by a peer's roll call"
+                    : f.why() == rank_failure::kind::peer_gone     ? "found a peer's process gone"
+                                                                   : "failed";
+  char text[512];
+  std::snprintf(text, sizeof text, "loom: failure at step %zu: %s; the job ends: %s. Here %s %s after %.3f s waiting (%s); "
+                "agreement %.3f s. Roll call:",
+                step, lost.empty() ? "no rank lost (all answered: a deadline expired on a slow peer)" : ("lost " + lost).c_str(),
+                why.c_str(), f.operation().c_str(), how, f.waited_s(), to_string(failed_at).c_str(), res.agree_s);
+  return text + roll +
+         "\nloom: resume from the newest checkpoint (loomrun restarts the job by itself, on the ranks and hosts left)";
+}
+
 LOOM_DECL void report_first_good_step(int rank, int world, std::size_t step, const std::string& report,
                                       monitor::clock::time_point failure_seen, monitor::clock::time_point step_end,
                                       const std::optional<monitor::clock::time_point>& replacement_began) {

@@ -119,6 +119,10 @@ LOOM_DECL fit_result trainer_core::run_fit(fit_host& h, const fit_options& opts,
       watching_ = true;
     }
   }
+  // Where no recovery is possible (pipelines, tensor parallelism, the hybrids, sharded state):
+  // deadlines on every communicator and, on a failure, a roll call before the job ends.
+  const bool detecting = !h.can_watch && h.can_detect && fo.detect && h.world() > 1;
+  if (detecting) h.watch_for_failures(fo.deadline_s > 0 ? fo.deadline_s : fo.startup_deadline_s);
   const bool recovering = watching_ && (fo.recovery == recovery_mode::on ||
                                         (fo.recovery == recovery_mode::automatic && runtime_keeps_survivors()));
   if (fo.replace && !recovering && h.rank() == 0 && h.world() > 1 && !joining) {
@@ -160,14 +164,15 @@ LOOM_DECL fit_result trainer_core::run_fit(fit_host& h, const fit_options& opts,
   std::size_t saved_step = start_at.valid ? step_ : static_cast<std::size_t>(-1);
   monitor::live_view live(opts.live_every_s, fig, h.rank() == 0 ? opts.progress : nullptr, opts.progress_style);
   step_clock steps_timed(fo, recovering ? fo.min_deadline_s : std::max(fo.min_deadline_s, fo.min_deadline_without_recovery_s));
-  // The communicators of a policy that cannot recover (pipelines, tensor parallelism) wait at
-  // most the step-derived deadline too, where the runtime keeps survivors alive: a dead peer
-  // then ends the job (loomrun restarts it from its checkpoint) instead of hanging it.
-  const bool shared_deadlines = !h.can_watch && fo.detect && detail::shared_deadline_s > 0;
+  // The communicators of a policy without a detector of its own (over a communicator other than
+  // loom::mpi_comm) wait at most the step-derived deadline too, where the runtime keeps
+  // survivors alive: a dead peer then ends the job (loomrun restarts it from its checkpoint)
+  // instead of hanging it.
+  const bool shared_deadlines = !h.can_watch && !detecting && fo.detect && detail::shared_deadline_s > 0;
   // Sets the deadline of the collectives from here on (failure detection's, or the shared one).
   auto set_deadline = [&](double d) {
     if (shared_deadlines) detail::shared_deadline_s = d;
-    if (watching_ && h.can_watch) h.set_deadline(d);
+    if (watching_ || detecting) h.set_deadline(d);
   };
   const auto start = monitor::clock::now();
   bool stop = false;
@@ -235,7 +240,7 @@ LOOM_DECL fit_result trainer_core::run_fit(fit_host& h, const fit_options& opts,
       cur_ = {.valid = true, .epoch = epoch, .batch = k, .batches = batches, .sums = {sums[0], sums[1], sums[2]}};
       const auto step_end = monitor::clock::now();
       monitor::record_span(monitor::step_span, step_start, step_end);
-      if (shared_deadlines || watching_) set_deadline(steps_timed.add(monitor::seconds_between(step_start, step_end)));
+      if (shared_deadlines || watching_ || detecting) set_deadline(steps_timed.add(monitor::seconds_between(step_start, step_end)));
       if (watching_) {
         if (!recovery_report.empty()) {
           detail::report_first_good_step(h.rank(), h.world(), step_, recovery_report, failure_seen, step_end,
@@ -328,6 +333,7 @@ LOOM_DECL fit_result trainer_core::run_fit(fit_host& h, const fit_options& opts,
       failure_seen = monitor::clock::now() - std::chrono::duration_cast<monitor::clock::duration>(
                                                  std::chrono::duration<double>(f.waited_s()));
       if (!recovering) {
+        if (detecting) h.end_after_failure(f, opts);
         h.emergency_checkpoint(opts);
         throw;
       }
