@@ -68,7 +68,9 @@ ended=$(now)
 echo "mpirun ended with status $status, $(awk "BEGIN { printf \"%.2f\", $ended - $stopped_at }") s after the SIGSTOP"
 [ "$status" -ne 0 ] || fail "mpirun ended with status 0 after a rank hung"
 check_report "$d/err"
-kill -0 "$stopped" 2> /dev/null && { kill -9 "$stopped"; fail "the stopped process $stopped outlived the job"; }
+gone() { ! ps -o stat= -p "$1" | grep -qv Z; }  # no such process, or a zombie waiting to be reaped
+for _ in $(seq 1 100); do gone "$stopped" && break; sleep 0.1; done
+gone "$stopped" || { kill -9 "$stopped"; fail "the stopped process $stopped outlived the job by 10 s"; }
 
 echo "== loomrun: SIGSTOP of one rank; the job ends, loomrun restarts it from the newest checkpoint"
 d=$work/loomrun && mkdir -p "$d"
@@ -85,8 +87,7 @@ wait $job
 status=$?
 check_report "$d/err"
 [ "$status" -eq 0 ] || { cat "$d/err"; fail "loomrun ended with status $status, not 0"; }
-grep -m1 "^loomrun: restart 1 of" "$d/err" || { cat "$d/err"; fail "loomrun did not restart the job"; }
-grep -m1 "resumed from" "$d/err" || fail "the restarted job did not say where it resumed from"
+grep -m1 "^loomrun: restart 1 of .*from the newest checkpoint" "$d/err" || { cat "$d/err"; fail "loomrun did not restart the job from its checkpoint"; }
 grep -q "^result: " "$d/out" || fail "the restarted job printed no result line"
 cmp "$work/clean.safetensors" "$d/weights.safetensors" || fail "the restarted run's weights differ from the run without a failure"
 echo "PASS: a stopped rank ended the job with a roll call naming it, under plain mpirun and under loomrun, which restarted it from its checkpoint to the clean run's weights"
