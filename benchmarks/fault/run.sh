@@ -10,7 +10,10 @@
 #             path), kill -9 with that evidence off (LOOM_FAULT_NO_LOCAL_EVIDENCE=1: the deadline
 #             path a failure on another host takes), and SIGSTOP.
 #   deadline  the steady-state cost of failure detection: ROUNDS paired runs of 2 ranks with and
-#             without it (--no-fault-detection), median ratio of samples/s (target >= 0.99).
+#             without it (--no-fault-detection), median ratio of samples/s (target >= 0.99): data
+#             parallel (fashion_mnist), a pipeline of 2 stages (examples/pipeline) and tensor
+#             parallelism over 2 slices (examples/tensor_parallel), whose every communicator has
+#             the deadlines too (the job ends after a roll call instead of recovering).
 #   after     throughput after a recovery: a 4-rank run that loses a rank early against a clean
 #             3-rank run of the same steps, median ratio of samples/s over ROUNDS pairs.
 #   run.sh [--part recovery,deadline,after] [--trials 10] [--rounds 5] [--steps 1500]
@@ -27,7 +30,7 @@ parts=$(flag part recovery,deadline,after)
 trials=$(flag trials 10)
 rounds=$(flag rounds 5)
 steps=$(flag steps 1500)
-build fashion_mnist
+build fashion_mnist pipeline tensor_parallel
 program=$build_dir/examples/fashion_mnist/fashion_mnist
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -84,17 +87,20 @@ if [[ $parts == *recovery* ]]; then
 fi
 
 if [[ $parts == *deadline* ]]; then
-  : > "$work/deadline.txt"
-  for r in $(seq 1 "$rounds"); do
-    quiet_wait
-    mpi 2 "$program" "${common[@]}" > "$work/on.out" 2>/dev/null
-    mpi 2 "$program" "${common[@]}" --no-fault-detection > "$work/off.out" 2>/dev/null
-    echo "$(sps "$work/on.out") $(sps "$work/off.out")" >> "$work/deadline.txt"
+  for example in fashion_mnist pipeline tensor_parallel; do
+    p=$build_dir/examples/$example/$example
+    : > "$work/deadline-$example.txt"
+    for r in $(seq 1 "$rounds"); do
+      quiet_wait
+      mpi 2 "$p" "${common[@]}" > "$work/on.out" 2>/dev/null
+      mpi 2 "$p" "${common[@]}" --no-fault-detection > "$work/off.out" 2>/dev/null
+      echo "$(sps "$work/on.out") $(sps "$work/off.out")" >> "$work/deadline-$example.txt"
+    done
+    echo
+    echo "Failure detection in steady state, $example: 2 ranks, $steps steps, $rounds paired rounds (samples/s)"
+    awk '{ printf "  round %d: on %s, off %s, ratio %.3f\n", NR, $1, $2, $1 / $2 }' "$work/deadline-$example.txt"
+    echo "  median ratio on/off: $(awk '{ print $1 / $2 }' "$work/deadline-$example.txt" | median)"
   done
-  echo
-  echo "Failure detection in steady state: 2 ranks, $steps steps, $rounds paired rounds (samples/s)"
-  awk '{ printf "  round %d: on %s, off %s, ratio %.3f\n", NR, $1, $2, $1 / $2 }' "$work/deadline.txt"
-  echo "  median ratio on/off: $(awk '{ print $1 / $2 }' "$work/deadline.txt" | median)"
 fi
 
 if [[ $parts == *after* ]]; then

@@ -295,7 +295,7 @@ class nccl_comm {
   /// communicator. Collective over the survivors. Compiled here; run only where a GPU is lent.
   friend recovery_result recover_world(nccl_comm& c, const recovery_request& q) {
     recovery_result res = recover_world(c.host_, q);
-    if (res.excluded) return res;
+    if (res.excluded || !q.rebuild) return res;
     const std::shared_ptr<detail::nccl_state> old = c.state_;
     auto fresh = std::make_shared<detail::nccl_state>();
     fresh->rank = c.host_.rank();
@@ -323,6 +323,11 @@ class nccl_comm {
     fresh->watch = c.host_.watch_shared();
     c.state_ = std::move(fresh);
     return res;
+  }
+
+  /// loom::fence_left_out over the host communicator (its peers are the processes).
+  friend std::vector<long> fence_left_out(const nccl_comm& c, const recovery_result& res) {
+    return fence_left_out(c.host_, res);
   }
 
   /// Collective: the ranks passing the same colour (>= 0) form a new communicator, ranked by

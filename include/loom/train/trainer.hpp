@@ -1024,10 +1024,11 @@ class trainer_body : private trainer_core, private state_host {
   /// tensor parallelism, the hybrids; data parallelism under shard_optimizer_state): deadlines
   /// on every communicator it uses, and a roll call over the world (loom::recover_world without
   /// the rebuild) that names the lost ranks before the job ends.
-  static constexpr bool can_detect = requires(engine_type& e, const recovery_request& q) {
+  static constexpr bool can_detect = requires(engine_type& e, const recovery_request& q, const recovery_result& r) {
     e.watch_for_failures(1.0);
     e.set_deadline(1.0);
     recover_world(e.world_comm(), q);
+    fence_left_out(e.world_comm(), r);
   };
 
   /// Whether a recovery can also merge new processes in (fault_options::replace): recovery
