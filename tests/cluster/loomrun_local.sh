@@ -34,6 +34,27 @@ check_bad "-np N is required" -- true
 check_bad "no program" -np 2 --
 "$loomrun" --help | grep -q "^usage: loomrun" || fail "loomrun --help prints no usage"
 
+echo "== an mpirun that ends with status 1 after the job finished: done, no restart"
+# (Seen once under --enable-recovery after the runtime refused a replacement.) A stand-in for
+# mpirun: host probes succeed; the job (the one run with --enable-recovery) writes every rank's
+# "finished" status and exits 1.
+cat > "$work/mpirun-status1" <<'FAKE'
+#!/usr/bin/env bash
+job=""
+for a in "$@"; do [ "$a" = --enable-recovery ] && job=1; done
+[ -n "$job" ] || exit 0  # a host probe
+for r in 0 1; do echo finished > "$LOOM_STATUS_DIR/rank-$r.status"; done
+echo "fake mpirun: the job finished; exiting with status 1" >&2
+exit 1
+FAKE
+chmod +x "$work/mpirun-status1"
+"$loomrun" -np 2 --mpirun "$work/mpirun-status1" -- true > "$work/status1.out" 2> "$work/status1.err"
+status=$?
+grep "^loomrun" "$work/status1.err"
+[ "$status" -eq 0 ] || { cat "$work/status1.err"; fail "loomrun ended with status $status after a finished job whose mpirun exited 1"; }
+grep -q "^loomrun: restart" "$work/status1.err" && fail "loomrun restarted a finished job"
+grep -q "but the job finished" "$work/status1.err" || fail "loomrun did not say why it does not restart"
+
 echo "== the clean run ($np ranks, plain mpirun)"
 "$mpiexec" --allow-run-as-root --oversubscribe --bind-to none -np "$np" "$program" "${flags[@]}" --max-steps "$total" \
   --save-weights "$work/full.safetensors" > "$work/full.out" 2> "$work/full.err" || { cat "$work/full.err"; fail "the clean run failed"; }
@@ -88,5 +109,5 @@ grep "^loomrun" "$work/norestart.err"
 grep -q "^loomrun: giving up after 0 restart(s) (--max-restarts 0): .*mpirun's exit status $status" "$work/norestart.err" ||
   fail "no 'giving up after 0 restart(s) (--max-restarts 0): ... mpirun's exit status $status' message"
 grep -q "^loomrun: restart" "$work/norestart.err" && fail "loomrun restarted with --max-restarts 0"
-echo "PASS: loomrun restarted the killed job to the clean run's weights, gave up with --max-restarts 0, refused bad arguments"
+echo "PASS: loomrun restarted the killed job to the clean run's weights, gave up with --max-restarts 0, refused bad arguments, and took a finished job whose mpirun exited 1 as done"
 rm -rf "$work"
