@@ -49,9 +49,7 @@ shift 7
 [ "$1" = "--" ] && shift
 flags=("$@" --max-steps "$total")
 rm -rf "$work" && mkdir -p "$work"
-fail() { echo "FAIL: $*"; exit 1; }
-now() { date +%s.%N; }
-mpi=("$mpiexec" --allow-run-as-root --oversubscribe --bind-to none -x OMP_NUM_THREADS=1)
+source "$(dirname "$0")/common.sh"
 accuracy() { sed -n 's/.*test_accuracy=\([0-9.]*\).*/\1/p' "$1" | tail -1; }
 ranks_of() {  # the rank processes of mpirun $1, in start order
   local kids

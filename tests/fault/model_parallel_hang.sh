@@ -20,9 +20,7 @@ shift 7
 [ "$1" = "--" ] && shift
 flags=("$@" --max-steps "$total")
 rm -rf "$work" && mkdir -p "$work"
-fail() { echo "FAIL: $*"; exit 1; }
-now() { date +%s.%N; }
-mpi=("$mpiexec" --allow-run-as-root --oversubscribe --bind-to none -x OMP_NUM_THREADS=1)
+source "$(dirname "$0")/common.sh"
 
 echo "== the run without a failure ($np ranks)"
 "${mpi[@]}" -np "$np" "$program" "${flags[@]}" --save-weights "$work/clean.safetensors" > "$work/clean.out" 2> "$work/clean.err" ||

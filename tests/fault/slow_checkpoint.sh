@@ -14,9 +14,8 @@ set -u
 mpiexec=$1 np=$2 program=$3 work=$4
 shift 4
 [ "$1" = "--" ] && shift
-fail() { echo "FAIL: $*"; exit 1; }
 rm -rf "$work" && mkdir -p "$work"
-mpi=("$mpiexec" --allow-run-as-root --oversubscribe --bind-to none -x OMP_NUM_THREADS=1)
+source "$(dirname "$0")/common.sh"
 steps=120 every=40
 flags=("$@" --max-steps $steps --checkpoint-every $every)
 run() {  # name, extra environment for mpirun (-x ...)
