@@ -10,6 +10,7 @@
 #include <climits>
 #include <cstdint>
 #include <cstdio>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -38,7 +39,7 @@ TEST_CASE("A watched collective that times out on a late peer never writes its b
   const std::vector<std::uint64_t> before = v;
   bool late_done = false;
   if (c.rank() == 0) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // the others' deadline passes
+    std::this_thread::sleep_for(std::chrono::milliseconds(2000));  // the others' deadline (0.3 s) passes
     try {
       c.allreduce(v.data(), v.size(), loom::reduce_op::sum);  // completes with their pending parts
       late_done = true;
@@ -47,8 +48,8 @@ TEST_CASE("A watched collective that times out on a late peer never writes its b
   } else {
     CHECK_THROWS_AS(c.allreduce(v.data(), v.size(), loom::reduce_op::sum), loom::rank_failure);
     CHECK(v == before);
-    // MPI progresses the abandoned allreduce while rank 0 takes part, 2 s from now at most.
-    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2000);
+    // MPI progresses the abandoned allreduce while rank 0 takes part, 3 s from now at most.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(3000);
     while (std::chrono::steady_clock::now() < until) {
       int flag = 0;
       MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_WORLD, &flag, MPI_STATUS_IGNORE);
@@ -62,6 +63,46 @@ TEST_CASE("A watched collective that times out on a late peer never writes its b
   if (c.rank() == 0 && done) {
     const auto n = static_cast<std::uint64_t>(c.size());
     CHECK(v == std::vector<std::uint64_t>(4, 100 * n + n * (n - 1) / 2));
+  }
+  world.barrier();
+}
+
+// mpi_comm::watch_as_part_of: a communicator split from a watched one keeps the whole's
+// deadline, reports its operations to the whole's roll call and breaks the whole on a failure
+// (a pipeline's stages, a tensor group: loom::trainer's failure detection where no recovery is
+// possible).
+TEST_CASE("A communicator watched as part of a whole keeps its deadline and reports to its roll call", "[comm][mpi]") {
+  auto world = loom::mpi_comm::world();
+  auto whole = world.split(0, world.rank());
+  auto part = whole.split(0, whole.rank());
+  CHECK_THROWS_WITH(part.watch_as_part_of(whole), Catch::Contains("no failure detector"));
+  if (world.size() < 2) return;  // no peer to be late
+  whole.watch_for_failures(0.3);
+  part.watch_as_part_of(whole);
+  REQUIRE(part.watch() != nullptr);
+  CHECK(part.watch()->whole.get() == whole.watch());
+  CHECK(part.watch()->peers.size() == static_cast<std::size_t>(part.size()));
+  std::uint64_t v = 1;
+  part.allreduce(&v, 1, loom::reduce_op::sum);
+  CHECK(v == static_cast<std::uint64_t>(part.size()));
+  CHECK(std::string(whole.watch()->last_op) == "allreduce");  // the part's operation, on the whole's record
+  if (part.rank() == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+    try {
+      part.barrier();
+    } catch (const loom::rank_failure&) {
+    }
+  } else {
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      part.barrier();
+      FAIL("the barrier finished although rank 0 came 3 s late and the deadline was 0.3 s");
+    } catch (const loom::rank_failure& e) {
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      CHECK(e.why() == loom::rank_failure::kind::deadline);
+      CHECK(waited < 2.5);  // the whole's 0.3 s (and some scheduling), not the 60 s default
+      CHECK(whole.watch()->broken);
+    }
   }
   world.barrier();
 }
