@@ -98,9 +98,12 @@ inline constexpr const char* common_usage = R"(  --model mlp|cnn        network 
                          afresh); --epochs and --max-steps count the whole run, so a resumed run
                          ends where an uninterrupted one would
   --recovery auto|on|off when a rank dies or hangs, go on with the others (auto: under
-                         mpirun --enable-recovery or loomrun; docs/fault-tolerance.md)
+                         mpirun --enable-recovery or loomrun; docs/fault-tolerance.md); where
+                         no rank holds a copy of the lost one's state (pipeline stages, tensor
+                         slices, --zero) the job ends after a roll call naming it
   --fault-deadline S     a collective unfinished after S seconds means a failed peer (default:
-                         20 x the median step time, at least 0.5 s)
+                         20 x the median step time, at least 0.5 s, or 30 s where a failure
+                         ends the job)
   --replace-failed       after a recovery that lost ranks, start as many new processes of this
                          program (MPI_Comm_spawn) and go on with the same number of ranks
                          again (data parallel without --zero; under mpirun --enable-recovery)
