@@ -55,6 +55,50 @@ grep "^loomrun" "$work/status1.err"
 grep -q "^loomrun: restart" "$work/status1.err" && fail "loomrun restarted a finished job"
 grep -q "but the job finished" "$work/status1.err" || fail "loomrun did not say why it does not restart"
 
+echo "== Open MPI's runtime ends every process itself (status 0, no rank's status): a restart"
+# Seen when a host is lost while mpirun still talks to its daemon (a fence at start-up, and once
+# in CI after the first checkpoint): mpirun finds no route to the lost daemon, kills the
+# survivors and exits 0. The stand-in prints what Open MPI 4.1.4 printed then; the restart
+# (LOOM_RESTART=1) finishes.
+cat > "$work/mpirun-noroute" <<'FAKE'
+#!/usr/bin/env bash
+job=""
+for a in "$@"; do [ "$a" = --enable-recovery ] && job=1; done
+[ -n "$job" ] || exit 0  # a host probe
+if [ "$LOOM_RESTART" = 0 ]; then
+  cat >&2 <<'ORTE'
+[vm:21917] [[14691,0],0] ACTIVATE JOB [14691,1] STATE RUNNING AT ../../../../../orte/mca/state/base/state_base_fns.c:692
+[vm:21917] [[14691,0],0] ACTIVATE PROC [[14691,0],1] STATE COMMUNICATION FAILURE AT ../../../../../../orte/mca/oob/tcp/oob_tcp_component.c:1086
+[vm:21917] [[14691,0],0] ACTIVATE PROC [[14691,0],1] STATE NO PATH TO TARGET AT ../../../../../orte/mca/rml/base/rml_base_frame.c:234
+--------------------------------------------------------------------------
+ORTE does not know how to route a message to the specified daemon
+located on the indicated node:
+
+  my node:   vm
+  target node:  localhost
+--------------------------------------------------------------------------
+[vm:21917] [[14691,0],0] ACTIVATE JOB NULL STATE DAEMONS TERMINATED AT ../../../../../../orte/mca/errmgr/default_hnp/errmgr_default_hnp.c:754
+ORTE
+  exit 0
+fi
+for r in 0 1; do echo finished > "$LOOM_STATUS_DIR/rank-$r.status"; done
+echo "[vm:1] [[2455,0],0] ACTIVATE JOB [2455,1] STATE NORMALLY TERMINATED AT state_base_fns.c:459" >&2
+exit 0
+FAKE
+chmod +x "$work/mpirun-noroute"
+"$loomrun" -np 2 --mpirun "$work/mpirun-noroute" -- true > "$work/noroute.out" 2> "$work/noroute.err"
+status=$?
+grep "^loomrun" "$work/noroute.err"
+[ "$status" -eq 0 ] || { cat "$work/noroute.err"; fail "loomrun ended with status $status; the restart finished"; }
+grep -q "^loomrun: restart 1 of .*Open MPI's runtime ended every process itself (no route to a lost daemon)" "$work/noroute.err" ||
+  { cat "$work/noroute.err"; fail "loomrun did not restart (or did not say why) after Open MPI's runtime ended the job with status 0"; }
+
+echo "== a program that is not loom's (no status files) and ends normally: done, no restart"
+"$loomrun" -np 2 --mpirun "$mpiexec" --mpirun-arg --oversubscribe -- true > "$work/true.out" 2> "$work/true.err"
+status=$?
+[ "$status" -eq 0 ] || { cat "$work/true.err"; fail "loomrun -- true ended with status $status"; }
+grep -q "^loomrun: restart" "$work/true.err" && { cat "$work/true.err"; fail "loomrun restarted a job that ended normally"; }
+
 echo "== the clean run ($np ranks, plain mpirun)"
 "$mpiexec" --allow-run-as-root --oversubscribe --bind-to none -np "$np" "$program" "${flags[@]}" --max-steps "$total" \
   --save-weights "$work/full.safetensors" > "$work/full.out" 2> "$work/full.err" || { cat "$work/full.err"; fail "the clean run failed"; }
