@@ -9,10 +9,20 @@
 //   leader    hierarchical_comm::allreduce, leader variant (reduce to local rank 0, leaders
 //             allreduce across hosts, broadcast in the host)
 //   slice-i   hierarchical_comm::iallreduce + wait, slice variant (what data_parallel uses)
+// and ZeRO's collectives (blocks of size/N elements; data_parallel<..., shard_optimizer_state>):
+//   rs-flat   mpi_comm::reduce_scatter_v (MPI_Reduce_scatter on MPI_COMM_WORLD)
+//   rs-flat-i mpi_comm::ireduce_scatter_v + wait (its direct exchange: what ZeRO's buckets use)
+//   rs-slice  hierarchical_comm::reduce_scatter_v (inside the host, then across hosts)
+//   rs-slice-i hierarchical_comm::ireduce_scatter_v + wait
+//   ag-flat   mpi_comm::allgather_v (MPI_Allgatherv in place)
+//   ag-flat-i mpi_comm::iallgather_v + wait
+//   ag-slice  hierarchical_comm::allgather_v (across hosts, then inside the host)
+//   ag-slice-i hierarchical_comm::iallgather_v + wait
 // Hosts: by shared memory (MPI_COMM_TYPE_SHARED), or LOOM_HIER_HOST_SIZE ranks each.
 // Prints per (variant, size):
 //   row: impl=V bytes=B ranks=N hosts=H mode=M latency_us=T busbw_gbs=G runs_us=t1,t2,...
-// (median over --repeats batches of a fixed number of calls; bus bandwidth = size / time * 2(n-1)/n).
+// (median over --repeats batches of a fixed number of calls; bus bandwidth = size / time * 2(n-1)/n
+// for the allreduces, size / time * (n-1)/n for the reduce-scatters and allgathers).
 
 #include <mpi.h>
 
@@ -65,6 +75,8 @@ int main(int argc, char** argv) {
   loom::mpi::environment env{argc, argv};
   std::vector<std::size_t> sizes;
   std::vector<std::string> variants{"raw", "slice", "leader", "slice-i"};
+  const std::vector<std::string> zero_variants{"rs-flat", "rs-flat-i", "rs-slice", "rs-slice-i",
+                                               "ag-flat", "ag-flat-i", "ag-slice", "ag-slice-i"};
   std::size_t repeats = 5;
   double seconds = 0.2;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -74,10 +86,15 @@ int main(int argc, char** argv) {
     else if (a == "--repeats") repeats = std::max<std::size_t>(1, std::strtoul(argv[i + 1], nullptr, 10));
     else if (a == "--seconds") seconds = std::strtod(argv[i + 1], nullptr);
     else {
-      std::fprintf(stderr, "usage: mpirun -np N bench_hierarchical [--sizes 64K,1M,...] [--variants raw,slice,leader,slice-i]"
+      std::fprintf(stderr, "usage: mpirun -np N bench_hierarchical [--sizes 64K,1M,...] [--variants raw,slice,leader,slice-i,"
+                           "rs-flat,rs-flat-i,rs-slice,rs-slice-i,ag-flat,ag-flat-i,ag-slice,ag-slice-i | all]"
                            " [--repeats 5] [--seconds 0.2]\n");
       return 2;
     }
+  }
+  if (variants.size() == 1 && variants[0] == "all") {
+    variants = {"raw", "slice", "leader", "slice-i"};
+    variants.insert(variants.end(), zero_variants.begin(), zero_variants.end());
   }
   if (sizes.empty())
     for (std::size_t b = std::size_t(64) << 10; b <= std::size_t(64) << 20; b *= 4) sizes.push_back(b);
@@ -90,29 +107,62 @@ int main(int argc, char** argv) {
   const int rank = world.rank(), ranks = world.size();
   const double bus = ranks > 1 ? 2.0 * (ranks - 1) / ranks : 1.0;
   const std::size_t max_bytes = *std::max_element(sizes.begin(), sizes.end());
-  std::vector<float> buf(max_bytes / sizeof(float), 0.0f);
+  std::vector<float> buf(max_bytes / sizeof(float), 0.0f), out(max_bytes / sizeof(float), 0.0f);
+  // ZeRO's blocks: n / ranks each, the remainder on the first ones.
+  std::vector<std::size_t> blocks(static_cast<std::size_t>(ranks));
+  auto block_counts = [&](std::size_t n) {
+    for (std::size_t j = 0; j < blocks.size(); ++j) blocks[j] = n / blocks.size() + (j < n % blocks.size() ? 1 : 0);
+  };
+  auto mine_at = [&] {
+    std::size_t a = 0;
+    for (int j = 0; j < rank; ++j) a += blocks[static_cast<std::size_t>(j)];
+    return a;
+  };
 
   auto run = [&](const std::string& v, float* p, std::size_t n) {
     if (v == "raw") MPI_Allreduce(MPI_IN_PLACE, p, static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     else if (v == "slice") slice.allreduce(p, n, loom::reduce_op::sum);
     else if (v == "leader") leader.allreduce(p, n, loom::reduce_op::sum);
     else if (v == "slice-i") slice.iallreduce(p, n, loom::reduce_op::sum).wait();
+    else if (v == "rs-flat") world.reduce_scatter_v(p, out.data(), blocks.data(), loom::reduce_op::sum);
+    else if (v == "rs-flat-i") world.ireduce_scatter_v(p, out.data(), blocks.data(), loom::reduce_op::sum).wait();
+    else if (v == "rs-slice") slice.reduce_scatter_v(p, out.data(), blocks.data(), loom::reduce_op::sum);
+    else if (v == "rs-slice-i") slice.ireduce_scatter_v(p, out.data(), blocks.data(), loom::reduce_op::sum).wait();
+    else if (v == "ag-flat") world.allgather_v(p, blocks.data());
+    else if (v == "ag-flat-i") world.iallgather_v(p, blocks.data()).wait();
+    else if (v == "ag-slice") slice.allgather_v(p, blocks.data());
+    else if (v == "ag-slice-i") slice.iallgather_v(p, blocks.data()).wait();
     else loom::mpi::abort(2, "bench_hierarchical: unknown variant " + v);
   };
   auto mode_of = [&](const std::string& v) {
-    return v == "raw" ? "flat" : v == "leader" ? loom::to_string(leader.mode()) : loom::to_string(slice.mode());
+    return v == "raw" || v.find("flat") != std::string::npos ? "flat"
+           : v == "leader"                                    ? loom::to_string(leader.mode())
+                                                              : loom::to_string(slice.mode());
   };
 
   for (const std::size_t bytes : sizes) {
     const std::size_t n = bytes / sizeof(float);
-    // Each variant once, checked: every element becomes the sum of (rank + 1).
+    block_counts(n);
+    // Each variant once, checked: an allreduce's every element and a reduce-scatter's block
+    // become the sum of (rank + 1); an allgather's block j becomes j + 1.
     const float want = float(ranks) * float(ranks + 1) / 2;
     for (const auto& v : variants) {
       std::fill(buf.begin(), buf.begin() + std::ptrdiff_t(n), float(rank + 1));
+      if (v.starts_with("ag-")) std::fill(buf.begin(), buf.begin() + std::ptrdiff_t(n), -1.0f);
+      if (v.starts_with("ag-"))
+        std::fill_n(buf.begin() + std::ptrdiff_t(mine_at()), blocks[static_cast<std::size_t>(rank)], float(rank + 1));
+      std::fill(out.begin(), out.end(), 0.0f);
       run(v, buf.data(), n);
       std::size_t bad = 0;
-      for (std::size_t i = 0; i < n; ++i) bad += buf[i] != want;
-      if (max_over_ranks(double(bad)) > 0) loom::mpi::abort(1, "bench_hierarchical: " + v + " gave wrong sums");
+      if (v.starts_with("rs-")) {
+        for (std::size_t i = 0; i < blocks[static_cast<std::size_t>(rank)]; ++i) bad += out[i] != want;
+      } else if (v.starts_with("ag-")) {
+        for (std::size_t j = 0, at = 0; j < blocks.size(); at += blocks[j], ++j)
+          for (std::size_t i = 0; i < blocks[j]; ++i) bad += buf[at + i] != float(j + 1);
+      } else {
+        for (std::size_t i = 0; i < n; ++i) bad += buf[i] != want;
+      }
+      if (max_over_ranks(double(bad)) > 0) loom::mpi::abort(1, "bench_hierarchical: " + v + " gave wrong results");
     }
     // Calls per batch from the size alone (the same on every rank): ~--seconds at 50 us + 0.1 GB/s.
     const std::size_t calls = std::clamp<std::size_t>(std::size_t(seconds / (50e-6 + double(bytes) / 1e8)), 2, 10000);
@@ -132,9 +182,10 @@ int main(int argc, char** argv) {
         std::string list;
         for (double x : runs[vi]) list += (list.empty() ? "" : ",") + std::to_string(x * 1e6);
         const double t = bench::median(runs[vi]);
+        const bool allreduce = !variants[vi].starts_with("rs-") && !variants[vi].starts_with("ag-");
         std::printf("row: impl=%s bytes=%zu ranks=%d hosts=%d mode=%s latency_us=%.1f busbw_gbs=%.4f runs_us=%s calls=%zu\n",
                     variants[vi].c_str(), bytes, ranks, slice.hosts(), mode_of(variants[vi]), t * 1e6,
-                    double(bytes) / t / 1e9 * bus, list.c_str(), calls);
+                    double(bytes) / t / 1e9 * (allreduce ? bus : bus / 2), list.c_str(), calls);
       }
       std::fflush(stdout);
     }

@@ -6,14 +6,17 @@
 # with tc tbf. Hosts are 2 consecutive ranks (LOOM_HIER_HOST_SIZE=2, what the hostfile's slots
 # give): MPI_COMM_TYPE_SHARED crashes Open MPI 4.1 across namespaces that share one hostname. Per size from 64 KiB to 64 MiB: the median bus bandwidth of raw
 # MPI_Allreduce, of hierarchical_comm's slice and leader variants and of slice's iallreduce,
-# and each one's ratio to raw. Prints the CPU, Open MPI and the link in the header.
+# and each one's ratio to raw; then ZeRO's reduce-scatter and allgather of blocks (size/4 each),
+# flat (mpi_comm's, blocking and not) against hierarchical_comm's slice (blocking and not), each
+# one's ratio to the flat blocking one. Prints the CPU, Open MPI and the link in the header.
 #   run.sh [--rate 1gbit] [--repeats 5] [--seconds 0.2] [--sizes 64K,256K,1M,4M,16M,64M] [--btl tcp,self]
+#          [--variants all | raw,slice,leader,slice-i | rs-flat,rs-flat-i,rs-slice,rs-slice-i,ag-flat,...]
 # Needs root (ip netns, tc). Environment: LOOM_BUILD_DIR (default build/).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 build_dir=${LOOM_BUILD_DIR:-$repo/build}
-rate=1gbit repeats=5 seconds=0.2 sizes=64K,256K,1M,4M,16M,64M btl=tcp,self
+rate=1gbit repeats=5 seconds=0.2 sizes=64K,256K,1M,4M,16M,64M btl=tcp,self variants=all
 while [ $# -gt 0 ]; do
   case $1 in
     --rate) rate=$2; shift 2 ;;
@@ -21,6 +24,7 @@ while [ $# -gt 0 ]; do
     --seconds) seconds=$2; shift 2 ;;
     --sizes) sizes=$2; shift 2 ;;
     --btl) btl=$2; shift 2 ;;
+    --variants) variants=$2; shift 2 ;;
     -h | --help) sed -n '3,/^set -e/{/^set -e/!s/^# \{0,1\}//p}' "$0"; exit 0 ;;
     *) echo "run.sh: unknown flag $1" >&2; exit 2 ;;
   esac
@@ -39,7 +43,7 @@ for i in "${!CLUSTER_MCA[@]}"; do [ "${CLUSTER_MCA[$i]}" = "tcp,self" ] && CLUST
 out=$CLUSTER_DIR/rows.txt
 started=$SECONDS
 cluster_mpirun --hostfile "$CLUSTER_DIR/hosts" -np 4 -x OMP_NUM_THREADS=1 -x LOOM_HIER_HOST_SIZE=2 "$bench" --sizes "$sizes" \
-  --repeats "$repeats" --seconds "$seconds" | tee "$out" >&2
+  --variants "$variants" --repeats "$repeats" --seconds "$seconds" | tee "$out" >&2
 
 echo
 echo "Allreduce, float sum in place, 2 hosts x 2 ranks (network namespaces, TCP over veth, each host's link"
@@ -69,5 +73,14 @@ awk '
     print ""
     print "GB/s: bus bandwidth = size / time * 2(n-1)/n, n = 4; /raw: this bandwidth / raw MPI_Allreduce'\''s (above 1: faster)."
     printf "modes: slice %s, leader %s\n", mode["slice"], mode["leader"]
-  }' "$out"
+    if (!(("rs-flat", order[1]) in bw) && !(("ag-flat", order[1]) in bw)) exit
+    print ""
+    print "ZeRO'\''s collectives: blocks of size/4 (reduce_scatter_v, allgather_v); GB/s = size / time * (n-1)/n; /flat: against the flat blocking one"
+    printf "%6s | %7s | %7s %5s | %7s %5s | %7s %5s || %7s | %7s %5s | %7s %5s | %7s %5s\n", "", "rs-flat", "rs-fl-i", "", "rs-slic", "", "rs-sl-i", "", "ag-flat", "ag-fl-i", "", "ag-slic", "", "ag-sl-i", ""
+    for (i = 1; i <= rows; i++) {
+      b = order[i]
+      printf "%6s | %7.3f | %s | %s | %s || %7.3f | %s | %s | %s\n", size(b), bw["rs-flat", b], rel("rs-flat-i", "rs-flat", b), rel("rs-slice", "rs-flat", b), rel("rs-slice-i", "rs-flat", b), bw["ag-flat", b], rel("ag-flat-i", "ag-flat", b), rel("ag-slice", "ag-flat", b), rel("ag-slice-i", "ag-flat", b)
+    }
+  }
+  function rel(v, base, b) { return ((v, b) in bw && bw[base, b] > 0) ? sprintf("%7.3f %5.2f", bw[v, b], bw[v, b] / bw[base, b]) : sprintf("%7s %5s", "-", "-") }' "$out"
 cluster_down

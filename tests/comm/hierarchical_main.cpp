@@ -3,7 +3,8 @@
 // runs the same tests; the exit code is nonzero when any rank failed), and the checks that only
 // loom::hierarchical_comm has: its grouping and mode, exact sums for many counts (0, 1, odd,
 // not divisible by the ranks, above the chunk size) blocking and not, many allreduces in flight
-// advanced in a different order on every rank, and its errors. communicator_test.cpp runs the
+// advanced in a different order on every rank (and reduce-scatters and allgathers of blocks
+// among them), and its errors. communicator_test.cpp runs the
 // whole communicator contract on it as well (harness.hpp, LOOM_TEST_HIER).
 
 #define CATCH_CONFIG_RUNNER
@@ -171,6 +172,77 @@ TEST_CASE("hierarchical_comm's allreduces in flight complete whatever order each
     for (int r = 1; r < c.size(); ++r)
       for (std::size_t i = 0; i < wx.size(); ++i) wx[i] = std::max(wx[i], value<float>(r, i, 3));
     k.equal("an iallreduce whose request was destroyed pending", x, wx);
+  });
+}
+
+TEST_CASE("hierarchical_comm's reduce-scatters and allgathers of blocks in flight among allreduces complete in any order",
+          "[comm][hierarchical]") {
+  on_groupings([]<class C>(C& c, checker& k) {
+    const auto ranks = static_cast<std::size_t>(c.size());
+    const auto me = static_cast<std::size_t>(c.rank());
+    constexpr int ops = 18;
+    struct one {
+      int kind = 0;  // 0 iallreduce, 1 ireduce_scatter_v, 2 iallgather_v
+      std::vector<std::size_t> counts;
+      std::vector<std::int64_t> in, data, want;
+    };
+    std::vector<one> all(ops);
+    std::vector<typename C::request> reqs;
+    for (int j = 0; j < ops; ++j) {
+      one& o = all[static_cast<std::size_t>(j)];
+      o.kind = j % 3;
+      // Blocks of different sizes, some empty; the largest pass max_count 1000 (the flat path).
+      o.counts.resize(ranks);
+      for (std::size_t b = 0; b < ranks; ++b)
+        o.counts[b] = (b + static_cast<std::size_t>(j)) % 4 == 3 ? 0 : counts[(static_cast<std::size_t>(j) + b * 5) % std::size(counts)] % 700;
+      std::size_t total = 0, mine_at = 0;
+      for (std::size_t b = 0; b < ranks; ++b) {
+        if (b < me) mine_at += o.counts[b];
+        total += o.counts[b];
+      }
+      if (o.kind == 0) {
+        o.data = values<std::int64_t>(c.rank(), total, j);
+        o.want.assign(total, 0);
+        for (int r = 0; r < c.size(); ++r)
+          for (std::size_t i = 0; i < total; ++i) o.want[i] += value<std::int64_t>(r, i, j);
+        reqs.push_back(c.iallreduce(o.data.data(), total, reduce_op::sum));
+      } else if (o.kind == 1) {
+        o.in = values<std::int64_t>(c.rank(), total, j);
+        o.data.assign(std::max<std::size_t>(1, o.counts[me]), -7);
+        o.want.assign(o.counts[me], 0);
+        for (int r = 0; r < c.size(); ++r)
+          for (std::size_t i = 0; i < o.counts[me]; ++i) o.want[i] += value<std::int64_t>(r, mine_at + i, j);
+        reqs.push_back(c.ireduce_scatter_v(o.in.data(), o.data.data(), o.counts.data(), reduce_op::sum));
+      } else {
+        o.data.assign(total, -1);
+        o.want.resize(total);
+        for (std::size_t b = 0, at = 0; b < ranks; at += o.counts[b], ++b)
+          for (std::size_t i = 0; i < o.counts[b]; ++i) {
+            o.want[at + i] = value<std::int64_t>(static_cast<int>(b), i, j);
+            if (b == me) o.data[at + i] = o.want[at + i];
+          }
+        reqs.push_back(c.iallgather_v(o.data.data(), o.counts.data()));
+      }
+      if (j == ops / 2) {  // blocking ones among those in flight, as data_parallel does
+        std::vector<std::size_t> n(ranks, 3);
+        std::vector<std::int64_t> in(3 * ranks, 1), out(3, 0), gathered(3 * ranks, 0);
+        c.reduce_scatter_v(in.data(), out.data(), n.data(), reduce_op::sum);
+        k.expect(out[0] == c.size() && out[2] == c.size(), "a blocking reduce_scatter_v among pending operations");
+        for (std::size_t i = 0; i < 3; ++i) gathered[3 * me + i] = c.rank();
+        c.allgather_v(gathered.data(), n.data());
+        for (std::size_t b = 0; b < ranks; ++b)
+          k.expect(gathered[3 * b + 1] == static_cast<std::int64_t>(b), "a blocking allgather_v among pending operations");
+      }
+    }
+    std::mt19937 g(static_cast<unsigned>(c.rank()) * 104729u + 5u);
+    for (int polls = 0; polls < 300; ++polls) reqs[g() % ops].test();
+    for (int j = ops - 1; j >= 0; --j) reqs[static_cast<std::size_t>(j)].wait();
+    static constexpr const char* names[] = {"iallreduce", "ireduce_scatter_v", "iallgather_v"};
+    for (int j = 0; j < ops; ++j) {
+      one& o = all[static_cast<std::size_t>(j)];
+      if (o.kind == 1) o.data.resize(o.counts[me]);
+      k.equal(std::string(names[o.kind]) + " " + std::to_string(j) + " of " + std::to_string(o.want.size()), o.data, o.want);
+    }
   });
 }
 

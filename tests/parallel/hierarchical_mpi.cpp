@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // data_parallel over loom::hierarchical_comm, under `mpirun -np N`: the mlp trained with
-// data_parallel<hierarchical_comm> (slice and leader variants, and compressed to bf16) ends
+// data_parallel<hierarchical_comm> (slice and leader variants, compressed to bf16, and with
+// ZeRO's shard_optimizer_state) ends
 // where data_parallel<mpi_comm> does, within float tolerance (the sums are added in another
 // order), and every replica is identical. usage: test_parallel_hierarchical [RANKS_PER_HOST
 // [--hosts-are-netns]] (default 2: hosts of 2 consecutive ranks; 0: hosts by shared memory).
@@ -82,6 +83,20 @@ int main(int argc, char** argv) {
       if (world.rank() == 0)
         std::printf("%s: %d ranks, %zu steps of %zu: relative distance to data_parallel<mpi_comm> %.3g\n", name.c_str(),
                     world.size(), steps_n, batch, d);
+    }
+    // ZeRO stage 1: its reduce-scatter and allgather of blocks, hierarchical in the slice mode.
+    {
+      const auto flat_zero = train<loom::mpi_comm, loom::shard_optimizer_state>(world, steps_n, batch);
+      loom::hierarchical_comm h(world, {.ranks_per_host = per_host});
+      const auto mine = train<loom::hierarchical_comm, loom::shard_optimizer_state>(h, steps_n, batch);
+      const std::string name = std::string("data_parallel<hierarchical_comm, shard_optimizer_state> (") +
+                               loom::to_string(h.mode()) + ")";
+      same_on_every_rank(world, mine, name);
+      const double d = relative_distance(mine, flat_zero);
+      check(d <= 1e-5, name + ": relative distance to data_parallel<mpi_comm, shard_optimizer_state> " +
+                           std::to_string(d) + " > 1e-5");
+      if (world.rank() == 0)
+        std::printf("%s: %zu steps of %zu: relative distance to the flat ZeRO %.3g\n", name.c_str(), steps_n, batch, d);
     }
     // Gradients in bf16 on the wire, summed in float at each step: the order of the sums
     // differs, so a looser bound.

@@ -2,9 +2,10 @@
 #pragma once
 // loom::hierarchical_comm: a loom::communicator over MPI whose allreduce (blocking and not) is
 // hierarchical — reduced inside each host over shared memory, reduced across hosts, spread back
-// inside each host — as Horovod's hierarchical allreduce and NCCL's trees do; every other
-// operation is the flat loom::mpi_comm's. Not a new transport: every call is an MPI collective
-// on a sub-communicator. Needs the loom::mpi component.
+// inside each host — as Horovod's hierarchical allreduce and NCCL's trees do; so are ZeRO's
+// reduce-scatter and allgather of blocks (reduce_scatter_v, allgather_v) where every host holds
+// the same number of ranks; every other operation is the flat loom::mpi_comm's. Not a new
+// transport: every call is an MPI collective on a sub-communicator. Needs the loom::mpi component.
 
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <memory>
 #include <string>
@@ -95,6 +97,12 @@ namespace detail {
 /// posted this stage (so that every rank posts the collectives of each communicator in the
 /// same order, as MPI requires).
 struct hier_op {
+  /// allreduce: three stages; reduce_scatter (of blocks, hier_state::plan_blocks): a reduce-scatter
+  /// inside the host, then one across hosts; allgather (of blocks): an allgather across hosts,
+  /// then one inside the host.
+  enum class kind { allreduce, reduce_scatter, allgather };
+  kind what = kind::allreduce;
+  int stages = 3;
   std::byte* data = nullptr;
   std::size_t count = 0;
   std::size_t elem = 0;  // bytes per element
@@ -112,6 +120,16 @@ struct hier_op {
   bool in_flight = false;
   bool done = false;
   std::string error;  // set when a stage failed: thrown by the owner's wait or test
+  // reduce_scatter / allgather of blocks: block j (flat rank j's) has counts[j] elements at
+  // at[j] of data (reduce_scatter: of in; out receives this rank's block).
+  const std::byte* in = nullptr;
+  std::vector<std::size_t> counts, at;
+  std::vector<std::byte> pack;  // every block, ordered by (local index, cross rank) of its owner
+  std::vector<int> lcounts, ldispls;  // inside the host: each local index's group of blocks in pack
+  std::vector<int> ccounts, cdispls;  // across hosts: the blocks of this local index's group
+  const char* name() const noexcept {
+    return what == kind::allreduce ? "iallreduce" : what == kind::reduce_scatter ? "ireduce_scatter_v" : "iallgather_v";
+  }
 };
 
 /// The communicators of a hierarchical_comm (shared by its copies and its requests) and the
@@ -131,7 +149,15 @@ struct hier_state {
   // order the operations were started on every rank, whatever order they complete in.
   std::unique_ptr<mpi_comm> nb_in, nb_cross, nb_out;
   std::vector<std::byte> scratch;  // the blocking slice allreduce's
+  std::vector<std::byte> block_scratch;  // the blocking reduce_scatter_v's and allgather_v's
   std::deque<std::shared_ptr<hier_op>> pending;
+  // Slice mode, for the blocks of reduce_scatter_v / allgather_v: members[l][c] is the flat
+  // rank with local index l and rank c across hosts; cross_rank is this rank's c. Their
+  // non-blocking allgathers have communicators of their own (across hosts first, then inside),
+  // in the order of the stages that every operation posts in turn.
+  std::vector<std::vector<int>> members;
+  int cross_rank = 0;
+  std::unique_ptr<mpi_comm> nb_ag_cross, nb_ag_local;
 
   explicit hier_state(mpi_comm c) : flat(std::move(c)) {}
 
@@ -182,6 +208,87 @@ struct hier_state {
     if (mode == hierarchical_mode::slice) o.scratch.resize(scratch_at * o.elem);
   }
 
+  /// The layout of a reduce-scatter or allgather of blocks (counts: flat size() values): where
+  /// each block lies in data and in pack, and the counts of both stages. False where a stage's
+  /// count does not fit the flat communicator's max_count() (the flat operation is used then).
+  bool plan_blocks(hier_op& o, const std::size_t* counts) const {
+    const auto n = static_cast<std::size_t>(flat.size());
+    const auto l_n = static_cast<std::size_t>(local_size);
+    const auto h_n = static_cast<std::size_t>(hosts);
+    o.counts.assign(counts, counts + n);
+    o.at.resize(n);
+    std::size_t total = 0;
+    for (std::size_t j = 0; j < n; ++j) o.at[j] = total, total += counts[j];
+    if (total > flat.max_count()) return false;
+    o.count = total;
+    o.lcounts.assign(l_n, 0);
+    o.ldispls.assign(l_n, 0);
+    o.ccounts.assign(h_n, 0);
+    o.cdispls.assign(h_n, 0);
+    std::size_t d = 0;
+    for (std::size_t l = 0; l < l_n; ++l) {
+      o.ldispls[l] = static_cast<int>(d);
+      for (std::size_t c = 0; c < h_n; ++c) {
+        const std::size_t k = counts[static_cast<std::size_t>(members[l][c])];
+        if (l == static_cast<std::size_t>(local_rank)) {
+          o.cdispls[c] = static_cast<int>(d - static_cast<std::size_t>(o.ldispls[l]));
+          o.ccounts[c] = static_cast<int>(k);
+        }
+        d += k;
+      }
+      o.lcounts[l] = static_cast<int>(d - static_cast<std::size_t>(o.ldispls[l]));
+    }
+    o.pack.resize(total * o.elem);
+    return true;
+  }
+  /// Copies every block from src (flat order) into o.pack (grouped by local index), or back.
+  void pack_blocks(hier_op& o, const std::byte* src) const {
+    std::byte* p = o.pack.data();
+    for (const auto& group : members)
+      for (const int j : group) {
+        const std::size_t b = o.counts[static_cast<std::size_t>(j)] * o.elem;
+        if (b) std::memcpy(p, src + o.at[static_cast<std::size_t>(j)] * o.elem, b);
+        p += b;
+      }
+  }
+  void unpack_blocks(const hier_op& o, std::byte* dst) const {
+    const std::byte* p = o.pack.data();
+    for (const auto& group : members)
+      for (const int j : group) {
+        const std::size_t b = o.counts[static_cast<std::size_t>(j)] * o.elem;
+        if (b && j != flat.rank()) std::memcpy(dst + o.at[static_cast<std::size_t>(j)] * o.elem, p, b);
+        p += b;
+      }
+  }
+  /// Where this rank's own block lies in o.pack.
+  std::byte* own_in_pack(hier_op& o) const {
+    return o.pack.data() + static_cast<std::size_t>(o.ldispls[static_cast<std::size_t>(local_rank)] +
+                                                    o.cdispls[static_cast<std::size_t>(cross_rank)]) * o.elem;
+  }
+
+  void reduce_scatter_blocking(hier_op& o) {
+    const char* name = "reduce_scatter_v";
+    pack_blocks(o, o.in);
+    const int mine = o.lcounts[static_cast<std::size_t>(local_rank)];
+    o.scratch.resize(static_cast<std::size_t>(mine) * o.elem);
+    check(MPI_Reduce_scatter(o.pack.data(), o.scratch.data(), o.lcounts.data(), o.type, o.op, raw(local)), name,
+          "the reduce-scatter inside the host");
+    check(MPI_Reduce_scatter(o.scratch.data(), o.data, o.ccounts.data(), o.type, o.op, raw(cross)), name,
+          "the reduce-scatter across hosts");
+  }
+  void allgather_blocking(hier_op& o) {
+    const char* name = "allgather_v";
+    const std::size_t own = o.counts[static_cast<std::size_t>(flat.rank())] * o.elem;
+    if (own) std::memcpy(own_in_pack(o), o.data + o.at[static_cast<std::size_t>(flat.rank())] * o.elem, own);
+    std::byte* group = o.pack.data() + static_cast<std::size_t>(o.ldispls[static_cast<std::size_t>(local_rank)]) * o.elem;
+    check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, group, o.ccounts.data(), o.cdispls.data(), o.type, raw(cross)),
+          name, "the allgather across hosts");
+    check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, o.pack.data(), o.lcounts.data(), o.ldispls.data(), o.type,
+                         raw(local)),
+          name, "the allgather inside the host");
+    unpack_blocks(o, o.data);
+  }
+
   // ---- blocking ---------------------------------------------------------------------------
   void allreduce_blocking(hier_op& o) {
     const char* name = "allreduce";
@@ -220,6 +327,38 @@ struct hier_state {
                                                     "the broadcast inside the host"};
     const int stage = o.posted;
     o.reqs.clear();
+    if (o.what != hier_op::kind::allreduce) {
+      const bool rs = o.what == hier_op::kind::reduce_scatter;
+      static constexpr const char* rs_stages[] = {"the reduce-scatter inside the host", "the reduce-scatter across hosts"};
+      static constexpr const char* ag_stages[] = {"the allgather across hosts", "the allgather inside the host"};
+      MPI_Request r = MPI_REQUEST_NULL;
+      int rc = MPI_SUCCESS;
+      std::byte* group = o.pack.data() + static_cast<std::size_t>(o.ldispls[static_cast<std::size_t>(local_rank)]) * o.elem;
+      if (rs && stage == 0) {
+        pack_blocks(o, o.in);
+        o.scratch.resize(static_cast<std::size_t>(o.lcounts[static_cast<std::size_t>(local_rank)]) * o.elem);
+        rc = MPI_Ireduce_scatter(o.pack.data(), o.scratch.data(), o.lcounts.data(), o.type, o.op, raw(nb_in), &r);
+      } else if (rs) {
+        rc = MPI_Ireduce_scatter(o.scratch.data(), o.data, o.ccounts.data(), o.type, o.op, raw(nb_cross), &r);
+      } else if (stage == 0) {
+        const std::size_t own = o.counts[static_cast<std::size_t>(flat.rank())] * o.elem;
+        if (own) std::memcpy(own_in_pack(o), o.data + o.at[static_cast<std::size_t>(flat.rank())] * o.elem, own);
+        rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, group, o.ccounts.data(), o.cdispls.data(), o.type,
+                             raw(nb_ag_cross), &r);
+      } else {
+        rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, o.pack.data(), o.lcounts.data(), o.ldispls.data(), o.type,
+                             raw(nb_ag_local), &r);
+      }
+      if (rc != MPI_SUCCESS) {
+        o.error = stage_error(rs ? rs_stages[stage] : ag_stages[stage], rc);
+        o.done = true;
+        return;
+      }
+      o.reqs.push_back(r);
+      ++o.posted;
+      o.in_flight = true;
+      return;
+    }
     for (const auto& c : o.chunks) {
       std::byte* d = o.data + c.at * o.elem;
       int rc = MPI_SUCCESS;
@@ -260,7 +399,7 @@ struct hier_state {
     const int rc = block ? MPI_Waitall(n, o.reqs.data(), MPI_STATUSES_IGNORE)
                          : MPI_Testall(n, o.reqs.data(), &flag, MPI_STATUSES_IGNORE);
     if (rc != MPI_SUCCESS) {
-      o.error = "stage " + std::to_string(o.posted) + " of 3 failed: " + mpi_error_string(rc);
+      o.error = "stage " + std::to_string(o.posted) + " of " + std::to_string(o.stages) + " failed: " + mpi_error_string(rc);
       o.done = true;
       o.in_flight = false;
       return;
@@ -268,13 +407,16 @@ struct hier_state {
     if (!flag) return;
     o.in_flight = false;
     o.reqs.clear();
-    if (o.posted == 3) o.done = true;
+    if (o.posted == o.stages) {
+      if (o.what == hier_op::kind::allgather) unpack_blocks(o, o.data);
+      o.done = true;
+    }
   }
 
   /// One pass over the operations in flight, oldest first: each completed stage is followed
   /// by the next where every older operation has posted that one already. Never blocks.
   void progress() {
-    int older = 3;  // the fewest stages any older pending operation has posted
+    int older = INT_MAX;  // the fewest stages any older pending operation has posted
     for (auto& p : pending) {
       hier_op& o = *p;
       while (!o.done) {
@@ -423,6 +565,57 @@ class hierarchical_comm {
     s_->flat.allgather(in, out, count);
   }
 
+  /// Reduce-scatter of blocks of different sizes, as mpi_comm::reduce_scatter_v says (in holds
+  /// size() blocks, block j of counts[j] elements; out gets op over every rank's block
+  /// rank()), hierarchically in the slice mode: a reduce-scatter inside the host leaves local
+  /// rank l with the host's sums of the blocks of every rank with local index l, and those
+  /// ranks reduce-scatter them across hosts. A host's link then carries what the host's ranks
+  /// own, not what a flat ring passes through it. The blocks are copied into a buffer grouped by
+  /// local index first (the size of in). In the other modes, and where the whole exceeds
+  /// max_count(), the flat one. Sums are added in another order than the flat one's (floats may
+  /// differ in the last bits). Throws communication_error naming the stage that failed.
+  template <detail::comm_reducible T>
+  void reduce_scatter_v(const T* in, T* out, const std::size_t* counts, reduce_op op) {
+    detail::hier_state& s = *s_;
+    detail::hier_op o = make_op(out, 0, op);
+    if (s.mode != hierarchical_mode::slice) return s.flat.reduce_scatter_v(in, out, counts, op);
+    o.pack.swap(s.block_scratch);  // the communicator's buffers, grown as needed, kept for the next call
+    o.scratch.swap(s.scratch);
+    const bool fits = s.plan_blocks(o, counts);
+    if (fits) {
+      o.in = reinterpret_cast<const std::byte*>(in);
+      s.reduce_scatter_blocking(o);  // (a throw drops the buffers: they are only scratch)
+    }
+    o.pack.swap(s.block_scratch);
+    o.scratch.swap(s.scratch);
+    if (!fits) s.flat.reduce_scatter_v(in, out, counts, op);
+  }
+
+  /// In-place allgather of blocks of different sizes, as mpi_comm::allgather_v says,
+  /// hierarchically in the slice mode: the ranks of each local index gather their blocks across
+  /// hosts, then the host gathers those groups inside; through a buffer of the whole's size. In
+  /// the other modes, and where the whole exceeds max_count(), the flat one. Throws
+  /// communication_error.
+  template <detail::comm_value T>
+  void allgather_v(T* data, const std::size_t* counts) {
+    detail::hier_state& s = *s_;
+    detail::hier_op o = make_op(data, 0, reduce_op::sum);
+    if (s.mode != hierarchical_mode::slice) return s.flat.allgather_v(data, counts);
+    o.pack.swap(s.block_scratch);
+    const bool fits = s.plan_blocks(o, counts);
+    if (fits) s.allgather_blocking(o);
+    o.pack.swap(s.block_scratch);
+    if (!fits) s.flat.allgather_v(data, counts);
+  }
+
+  /// Starts reduce_scatter_v; in and out must stay untouched until the request completes.
+  template <detail::comm_reducible T>
+  [[nodiscard]] request ireduce_scatter_v(const T* in, T* out, const std::size_t* counts, reduce_op op);
+
+  /// Starts allgather_v; data must stay untouched until the request completes.
+  template <detail::comm_value T>
+  [[nodiscard]] request iallgather_v(T* data, const std::size_t* counts);
+
   template <detail::comm_value T>
   void send(const T* data, std::size_t count, int peer, int tag) {
     s_->flat.send(data, count, peer, tag);
@@ -474,6 +667,21 @@ class hierarchical_comm {
     s.nb_in = std::make_unique<mpi_comm>(local.split(0, local.rank()));
     s.nb_out = std::make_unique<mpi_comm>(local.split(0, local.rank()));
     s.nb_cross = std::make_unique<mpi_comm>(cross.split(0, cross.rank()));
+    if (s.mode == hierarchical_mode::slice) {
+      // Who is where: every rank's (local index, rank across hosts).
+      s.cross_rank = cross.rank();
+      const int mine[2] = {s.local_rank, s.cross_rank};
+      std::vector<int> all(2 * static_cast<std::size_t>(s.flat.size()));
+      s.flat.allgather(mine, all.data(), 2);
+      s.members.assign(static_cast<std::size_t>(s.local_size), std::vector<int>(static_cast<std::size_t>(s.hosts), -1));
+      for (int r = 0; r < s.flat.size(); ++r) {
+        const auto l = static_cast<std::size_t>(all[2 * static_cast<std::size_t>(r)]);
+        const auto c = static_cast<std::size_t>(all[2 * static_cast<std::size_t>(r) + 1]);
+        s.members[l][c] = r;
+      }
+      s.nb_ag_cross = std::make_unique<mpi_comm>(cross.split(0, cross.rank()));
+      s.nb_ag_local = std::make_unique<mpi_comm>(local.split(0, local.rank()));
+    }
     s.local = std::make_unique<mpi_comm>(std::move(local));
     s.cross = std::make_unique<mpi_comm>(std::move(cross));
   }
@@ -485,7 +693,7 @@ class hierarchical_comm {
     o.count = count;
     o.elem = sizeof(T);
     o.type = detail::mpi_datatype<T>();
-    o.op = detail::mpi_op<T>(op);
+    if constexpr (detail::comm_reducible<T>) o.op = detail::mpi_op<T>(op);
     return o;
   }
 
@@ -538,8 +746,9 @@ class hierarchical_comm::request {
 
   void done() {
     const std::string error = std::move(op_->error);
+    const char* name = op_->name();
     op_.reset();
-    if (!error.empty()) state_->fail("iallreduce", error);
+    if (!error.empty()) state_->fail(name, error);
   }
 
   void finish() noexcept {
@@ -566,6 +775,41 @@ hierarchical_comm::request hierarchical_comm::iallreduce(T* data, std::size_t co
   if (count == 0) return r;
   auto o = std::make_shared<detail::hier_op>(make_op(data, count, op));
   s.plan(*o);
+  r.state_ = s_;
+  r.op_ = s.start(std::move(o));
+  if (r.op_->done && !r.op_->error.empty()) r.done();  // stage 0 could not start
+  return r;
+}
+
+template <detail::comm_reducible T>
+hierarchical_comm::request hierarchical_comm::ireduce_scatter_v(const T* in, T* out, const std::size_t* counts, reduce_op op) {
+  request r;
+  detail::hier_state& s = *s_;
+  auto o = std::make_shared<detail::hier_op>(make_op(out, 0, op));
+  if (s.mode != hierarchical_mode::slice || !s.plan_blocks(*o, counts)) {
+    r.flat_ = s.flat.ireduce_scatter_v(in, out, counts, op);
+    return r;
+  }
+  o->what = detail::hier_op::kind::reduce_scatter;
+  o->stages = 2;
+  o->in = reinterpret_cast<const std::byte*>(in);
+  r.state_ = s_;
+  r.op_ = s.start(std::move(o));
+  if (r.op_->done && !r.op_->error.empty()) r.done();  // stage 0 could not start
+  return r;
+}
+
+template <detail::comm_value T>
+hierarchical_comm::request hierarchical_comm::iallgather_v(T* data, const std::size_t* counts) {
+  request r;
+  detail::hier_state& s = *s_;
+  auto o = std::make_shared<detail::hier_op>(make_op(data, 0, reduce_op::sum));
+  if (s.mode != hierarchical_mode::slice || !s.plan_blocks(*o, counts)) {
+    r.flat_ = s.flat.iallgather_v(data, counts);
+    return r;
+  }
+  o->what = detail::hier_op::kind::allgather;
+  o->stages = 2;
   r.state_ = s_;
   r.op_ = s.start(std::move(o));
   if (r.op_->done && !r.op_->error.empty()) r.done();  // stage 0 could not start

@@ -169,7 +169,7 @@ struct data_parallel {
   static constexpr bool shards_state = detail::shards_state_of<Options...>();
   static_assert(!shards_state || detail::sharding_communicator<Comm>,
                 "loom::shard_optimizer_state: this communicator has no ireduce_scatter_v / iallgather_v (blocks of "
-                "different sizes); use loom::mpi_comm, loom::nccl_comm or loom::local_comm");
+                "different sizes); use loom::mpi_comm, loom::hierarchical_comm, loom::nccl_comm or loom::local_comm");
   static constexpr std::size_t bucket_cap_bytes = detail::bucket_cap_of<Options...>();
   /// What gradients travel as: loom::bf16 or loom::fp16 under compress<>, void (their own type) otherwise.
   using wire_type = typename detail::wire_of<Options...>::type;
