@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -127,6 +128,12 @@ struct hier_op {
   std::vector<std::byte> pack;  // every block, ordered by (local index, cross rank) of its owner
   std::vector<int> lcounts, ldispls;  // inside the host: each local index's group of blocks in pack
   std::vector<int> ccounts, cdispls;  // across hosts: the blocks of this local index's group
+  // The non-blocking reduce-scatter's stages: mpi_comm::ireduce_scatter_v (its direct exchange,
+  // 2-5x faster than MPI_Ireduce_scatter, see mpi_comm) on the stage's communicator, posted by
+  // post_stage (typed where the operation started); exchange is the stage in flight.
+  std::vector<std::size_t> lcounts_z, ccounts_z;
+  std::function<mpi_comm::request(int)> post_stage;
+  mpi_comm::request exchange;
   const char* name() const noexcept {
     return what == kind::allreduce ? "iallreduce" : what == kind::reduce_scatter ? "ireduce_scatter_v" : "iallgather_v";
   }
@@ -334,12 +341,23 @@ struct hier_state {
       MPI_Request r = MPI_REQUEST_NULL;
       int rc = MPI_SUCCESS;
       std::byte* group = o.pack.data() + static_cast<std::size_t>(o.ldispls[static_cast<std::size_t>(local_rank)]) * o.elem;
-      if (rs && stage == 0) {
-        pack_blocks(o, o.in);
-        o.scratch.resize(static_cast<std::size_t>(o.lcounts[static_cast<std::size_t>(local_rank)]) * o.elem);
-        rc = MPI_Ireduce_scatter(o.pack.data(), o.scratch.data(), o.lcounts.data(), o.type, o.op, raw(nb_in), &r);
-      } else if (rs) {
-        rc = MPI_Ireduce_scatter(o.scratch.data(), o.data, o.ccounts.data(), o.type, o.op, raw(nb_cross), &r);
+      if (rs) {
+        if (stage == 0) {
+          pack_blocks(o, o.in);
+          o.scratch.resize(static_cast<std::size_t>(o.lcounts[static_cast<std::size_t>(local_rank)]) * o.elem);
+          o.lcounts_z.assign(o.lcounts.begin(), o.lcounts.end());
+          o.ccounts_z.assign(o.ccounts.begin(), o.ccounts.end());
+        }
+        try {
+          o.exchange = o.post_stage(stage);
+        } catch (const std::exception& e) {
+          o.error = std::string(rs_stages[stage]) + " failed: " + e.what();
+          o.done = true;
+          return;
+        }
+        ++o.posted;
+        o.in_flight = true;
+        return;
       } else if (stage == 0) {
         const std::size_t own = o.counts[static_cast<std::size_t>(flat.rank())] * o.elem;
         if (own) std::memcpy(own_in_pack(o), o.data + o.at[static_cast<std::size_t>(flat.rank())] * o.elem, own);
@@ -394,6 +412,20 @@ struct hier_state {
   /// completion marks o done if that was its last stage.
   void poll(hier_op& o, bool block) {
     if (!o.in_flight) return;
+    if (o.what == hier_op::kind::reduce_scatter) {
+      try {
+        if (block) o.exchange.wait();
+        else if (!o.exchange.test()) return;
+      } catch (const std::exception& e) {
+        o.error = "stage " + std::to_string(o.posted) + " of 2 failed: " + e.what();
+        o.done = true;
+        o.in_flight = false;
+        return;
+      }
+      o.in_flight = false;
+      if (o.posted == o.stages) o.done = true;
+      return;
+    }
     int flag = 1;
     const int n = static_cast<int>(o.reqs.size());
     const int rc = block ? MPI_Waitall(n, o.reqs.data(), MPI_STATUSES_IGNORE)
@@ -793,6 +825,13 @@ hierarchical_comm::request hierarchical_comm::ireduce_scatter_v(const T* in, T* 
   o->what = detail::hier_op::kind::reduce_scatter;
   o->stages = 2;
   o->in = reinterpret_cast<const std::byte*>(in);
+  // (the state owns the communicators and the queue that owns o: plain pointers do)
+  o->post_stage = [st = &s, op_ = o.get(), out, op](int stage) -> mpi_comm::request {
+    if (stage == 0)
+      return st->nb_in->ireduce_scatter_v(reinterpret_cast<const T*>(op_->pack.data()),
+                                          reinterpret_cast<T*>(op_->scratch.data()), op_->lcounts_z.data(), op);
+    return st->nb_cross->ireduce_scatter_v(reinterpret_cast<const T*>(op_->scratch.data()), out, op_->ccounts_z.data(), op);
+  };
   r.state_ = s_;
   r.op_ = s.start(std::move(o));
   if (r.op_->done && !r.op_->error.empty()) r.done();  // stage 0 could not start
