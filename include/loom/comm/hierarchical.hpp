@@ -496,8 +496,9 @@ struct hier_state {
 /// differ in the last bits (integers, and sums exact in the type, are equal).
 ///
 /// Construction and split are collective over the flat communicator (they make five
-/// sub-communicators, seven in the slice mode). Failure detection and recovery (mpi_comm::watch_for_failures) are not
-/// offered: a trainer over data_parallel<hierarchical_comm> does not detect dead ranks.
+/// sub-communicators, seven in the slice mode). Failure detection and recovery
+/// (mpi_comm::watch_for_failures) are not offered: a trainer over
+/// data_parallel<hierarchical_comm> does not detect dead ranks.
 /// Only the thread that constructed loom::mpi::environment calls it (MPI_THREAD_FUNNELED).
 /// Non-blocking allreduces advance their stages in their requests' test() and wait() (and in
 /// any other request's of the same communicator): test them now and then.
