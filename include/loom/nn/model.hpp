@@ -57,8 +57,10 @@ class model {
   /// Forward on batch samples x (batch, input_shape), plain row-major, in the backend's memory
   /// space. Returns the output, plain row-major (batch, output_shape), in that space, valid
   /// until the next forward.
-  const T* forward(const run_context& ctx, const T* x, std::size_t batch) {
-    auto y = seq_.forward(ctx, params_.data(), activation<const T, Backend>{x}, batch);
+  /// before(i) runs just before layer i reads its parameters (loom::no_layer_hook: nothing).
+  template <class Before = no_layer_hook>
+  const T* forward(const run_context& ctx, const T* x, std::size_t batch, Before&& before = {}) {
+    auto y = seq_.forward(ctx, params_.data(), activation<const T, Backend>{x}, batch, std::forward<Before>(before));
     out_format_ = y.format;
     input_ = x;
     return conv_.template to_plain<T, output_shape>(y.data, y.format, batch);

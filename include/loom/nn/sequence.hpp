@@ -21,6 +21,10 @@ namespace loom {
 struct no_backward_hook {
   void operator()(std::size_t) const noexcept {}
 };
+/// Called before each layer's forward with the layer's index; the default does nothing.
+struct no_layer_hook {
+  void operator()(std::size_t) const noexcept {}
+};
 
 namespace detail {
 /// Layer I's implementation object, one base of layer_impls.
@@ -104,11 +108,15 @@ class sequence {
   }
 
   /// Runs every layer on x (batch samples) and returns the last output (kept until the next
-  /// forward). In training mode everything backward needs is kept.
-  activation<T, Backend> forward(const run_context& ctx, const T* params, activation<const T, Backend> x, std::size_t batch) {
+  /// forward). In training mode everything backward needs is kept. before(i) runs just before
+  /// layer i reads its parameters.
+  template <class Before = no_layer_hook>
+  activation<T, Backend> forward(const run_context& ctx, const T* params, activation<const T, Backend> x, std::size_t batch,
+                                 Before&& before = {}) {
     batch_ = batch;
     if constexpr (chain::ok) each([&](auto i) {
       constexpr std::size_t k = i;
+      before(k);
       if constexpr (sequence::template relu_fused<k>()) {
         out_[k] = out_[k - 1];  // the layer before already wrote relu(.)
         formats_[k] = formats_[k - 1];
