@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // data_parallel over loom::hierarchical_comm, under `mpirun -np N`: the mlp trained with
 // data_parallel<hierarchical_comm> (slice and leader variants, compressed to bf16, and with
-// ZeRO's shard_optimizer_state) ends
+// ZeRO's shard_optimizer_state; ZeRO with the smooth cnn too) ends
 // where data_parallel<mpi_comm> does, within float tolerance (the sums are added in another
 // order), and every replica is identical. usage: test_parallel_hierarchical [RANKS_PER_HOST
 // [--hosts-are-netns]] (default 2: hosts of 2 consecutive ranks; 0: hosts by shared memory).
@@ -22,14 +22,19 @@ using namespace loom_test;
 
 namespace {
 
-template <class Comm, class... Options>
-std::vector<float> train(Comm comm, std::size_t n, std::size_t batch) {
+template <class Net, class Comm, class... Options>
+std::vector<float> train_net(Comm comm, std::size_t n, std::size_t batch) {
   using policy = loom::data_parallel<Comm, Options...>;
-  loom::trainer<mlp, loom::softmax_cross_entropy, loom::sgd, policy> t{
+  loom::trainer<Net, loom::softmax_cross_entropy, loom::sgd, policy> t{
       std::move(comm), {.lr = 0.02f, .momentum = 0.9f}, {.seed = 1, .threads = 1}};
   t.fit(train_set(), steps(n, batch));
   auto p = t.model().parameters();
   return {p.begin(), p.end()};
+}
+
+template <class Comm, class... Options>
+std::vector<float> train(Comm comm, std::size_t n, std::size_t batch) {
+  return train_net<mlp, Comm, Options...>(std::move(comm), n, batch);
 }
 
 void same_on_every_rank(loom::mpi_comm& world, const std::vector<float>& mine, const std::string& what) {
@@ -97,6 +102,18 @@ int main(int argc, char** argv) {
                            std::to_string(d) + " > 1e-5");
       if (world.rank() == 0)
         std::printf("%s: %zu steps of %zu: relative distance to the flat ZeRO %.3g\n", name.c_str(), steps_n, batch, d);
+    }
+    // ZeRO with the (smooth) cnn: its parameters' allgather in units, the convolutions' first
+    // and inside rank 0's slice alone (the other ranks send none of it), linear<128> across all.
+    {
+      const auto flat_zero = train_net<smooth_cnn, loom::mpi_comm, loom::shard_optimizer_state>(world, 20, batch);
+      loom::hierarchical_comm h(world, {.ranks_per_host = per_host});
+      const auto mine = train_net<smooth_cnn, loom::hierarchical_comm, loom::shard_optimizer_state>(h, 20, batch);
+      const std::string name = "smooth cnn, data_parallel<hierarchical_comm, shard_optimizer_state>";
+      same_on_every_rank(world, mine, name);
+      const double d = relative_distance(mine, flat_zero);
+      check(d <= 1e-5, name + ": relative distance to the flat ZeRO " + std::to_string(d) + " > 1e-5");
+      if (world.rank() == 0) std::printf("%s: 20 steps of %zu: relative distance to the flat ZeRO %.3g\n", name.c_str(), batch, d);
     }
     // Gradients in bf16 on the wire, summed in float at each step: the order of the sums
     // differs, so a looser bound.

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 
@@ -52,6 +53,69 @@ std::vector<float> train_local(int ranks, std::size_t n, std::size_t batch, std:
 TEST_CASE("The bucket plan is computed at compile time from the network type", "[parallel]") {
   STATIC_REQUIRE(small_buckets::count == 2);
   STATIC_REQUIRE(small_buckets::buckets[1].ready_after == 0);
+}
+
+TEST_CASE("ZeRO's gather units follow the forward: small layers together, a large one alone, within a bucket",
+          "[parallel][zero]") {
+  // The cnn under the default caps: bucket 0 = linear<10> (1 MiB first cap); bucket 1 = the two
+  // convolutions and linear<128>. Layers: 0 conv 320, 3 conv 18,496, 7 linear 401,536, 9 linear 1,290.
+  using plan = loom::bucket_plan<cnn, float, 25u << 20>;
+  static_assert(plan::count == 2);
+  for (std::size_t ranks : {1, 2, 3, 4}) {
+    for (std::size_t rank = 0; rank < ranks; ++rank) {
+      const auto z = loom::zero_layout::make(plan::buckets, rank, ranks, cnn::parameter_counts);
+      // The convolutions (75 KB) in one unit; linear<128> (1.6 MB) above the 1 MiB cap alone;
+      // then bucket 0. In the forward's order.
+      REQUIRE(z.units.size() == 3);
+      CHECK(z.units[0].offset == 0);
+      CHECK(z.units[0].count == 320 + 18496);
+      CHECK(z.units[1].offset == 320 + 18496);
+      CHECK(z.units[1].count == 401536);
+      CHECK(z.units[2].offset == plan::buckets[0].offset);
+      CHECK(z.units[2].count == 1290);
+      CHECK(z.layer_unit[0] == 0);
+      CHECK(z.layer_unit[3] == 0);
+      CHECK(z.layer_unit[7] == 1);
+      CHECK(z.layer_unit[9] == 2);
+      CHECK(z.layer_unit[1] == z.units.size());  // a ReLU: nothing to wait for
+      // Each unit's counts cover it, in rank order, each rank sending what it owns of it.
+      for (std::size_t u = 0; u < 3; ++u) {
+        std::size_t sum = 0;
+        for (std::size_t j = 0; j < ranks; ++j) sum += z.unit_counts_of(u)[j];
+        CHECK(sum == z.units[u].count);
+      }
+      // What this rank sends of the units is exactly its shard.
+      std::size_t mine = 0;
+      for (std::size_t u = 0; u < 3; ++u) mine += z.unit_counts_of(u)[rank];
+      CHECK(mine == z.shard_count);
+    }
+  }
+  // Without the layers' counts: one unit per bucket, the last bucket first.
+  const auto z = loom::zero_layout::make(plan::buckets, 0, 2);
+  REQUIRE(z.units.size() == 2);
+  CHECK(z.units[0].offset == plan::buckets[1].offset);
+  CHECK(z.units[1].count == plan::buckets[0].count);
+}
+
+TEST_CASE("LOOM_ZERO_GATHER takes overlapped or blocking, and names anything else", "[parallel][zero]") {
+  using zero_local = loom::data_parallel<loom::local_comm, loom::shard_optimizer_state>;
+  auto make = [] {
+    bool overlapped = false;
+    loom::local_world(1).run([&](loom::local_comm& c) {
+      loom::trainer<mlp, loom::softmax_cross_entropy, loom::sgd, zero_local> t{c, {.lr = 0.02f}, {.seed = 1, .threads = 1}};
+      overlapped = t.engine().sync().gather_overlapped();
+    });
+    return overlapped;
+  };
+  ::unsetenv("LOOM_ZERO_GATHER");
+  CHECK(make());
+  ::setenv("LOOM_ZERO_GATHER", "blocking", 1);
+  CHECK_FALSE(make());
+  ::setenv("LOOM_ZERO_GATHER", "overlapped", 1);
+  CHECK(make());
+  ::setenv("LOOM_ZERO_GATHER", "sideways", 1);
+  CHECK_THROWS_WITH(make(), Catch::Contains("LOOM_ZERO_GATHER='sideways'") && Catch::Contains("blocking"));
+  ::unsetenv("LOOM_ZERO_GATHER");
 }
 
 TEMPLATE_TEST_CASE("N local ranks with global batch B end where 1 rank with batch B does, after 50 steps", "[parallel]",

@@ -252,13 +252,38 @@ struct zero_layout {
   std::size_t shard_count = 0;        ///< values in this rank's shard
   std::size_t largest_shard = 0;      ///< the most any rank holds
 
-  /// The layout of the buckets `buckets` on rank `rank` of `ranks`.
-  LOOM_DECL static zero_layout make(std::span<const gradient_bucket> buckets, std::size_t rank, std::size_t ranks);
+  /// The parameters' allgather after the step, in the order the forward needs them: runs of
+  /// consecutive layers of one bucket (the first layers' first), each closed before a layer
+  /// that would take it above gather_unit_bytes (a larger layer is a unit of its own). Unit u
+  /// is [offset, offset + count) of the whole layout; rank j sends unit_counts[u * ranks + j]
+  /// values of it: the part of its slice of the bucket that lies there (0 for some).
+  struct gather_unit {
+    std::size_t first_layer = 0, last_layer = 0;
+    std::size_t offset = 0, count = 0;
+  };
+  std::vector<gather_unit> units;
+  std::vector<std::size_t> unit_counts;
+  std::vector<std::size_t> layer_unit;  ///< layer_unit[l]: the unit of layer l's parameters (units.size(): none)
+
+  /// The layout of the buckets `buckets` on rank `rank` of `ranks`; with the layers'
+  /// parameter counts `layer_counts` (in layer order), also the gather units.
+  LOOM_DECL static zero_layout make(std::span<const gradient_bucket> buckets, std::size_t rank, std::size_t ranks,
+                                    std::span<const std::size_t> layer_counts = {});
   const std::size_t* counts_of(std::size_t b) const noexcept { return counts.data() + b * ranks; }
   std::size_t mine(std::size_t b) const noexcept { return counts[b * ranks + rank]; }
+  const std::size_t* unit_counts_of(std::size_t u) const noexcept { return unit_counts.data() + u * ranks; }
 };
 
+/// The cap of a ZeRO gather unit (zero_layout::gather_unit): the forward's first layers do
+/// not wait for the whole model, and a network of many small layers does not pay a collective
+/// per layer.
+inline constexpr std::size_t gather_unit_bytes = std::size_t{1} << 20;
+
 namespace detail {
+/// LOOM_ZERO_GATHER: `overlapped` (or unset: true) or `blocking` (false); throws
+/// invalid_argument for any other value.
+LOOM_DECL bool zero_gather_overlapped_from_environment();
+
 /// The work of gradient_allreduce (below) over a run-time view of its bucket plan: one class per
 /// scalar, communicator and choice of wire format and ZeRO, whatever the network, so that a
 /// program's networks share its code (and loom::compiled_mpi holds it for loom::mpi_comm).
@@ -276,7 +301,7 @@ class bucket_allreduce {
   static constexpr bool compressed = !std::is_void_v<wire_type>;
   /// Whether the optimizer state is sharded (Sharded: loom::shard_optimizer_state, ZeRO stage
   /// 1): each bucket is reduce-scattered into this rank's slice of it (zero()), in the
-  /// shard buffer the engine binds (bind_shard), and gather_parameters all-gathers the stepped
+  /// shard buffer the engine binds (bind_shard), and start_gather_parameters all-gathers the stepped
   /// slices. (Under a run-time choice: false here, sharding() says.)
   static constexpr bool sharded = Sharded;
   /// Whether this class may compress or shard: its policy does, or the choice is made at run time
@@ -288,8 +313,10 @@ class bucket_allreduce {
   /// `parameter_count` values, `starts_after_layer[l]` the bucket that layer l's backward
   /// completes (buckets.size(): none); the wire format and ZeRO of `choice` (under a fixed
   /// policy, the policy's own: Wire and Sharded).
+  /// `layer_counts` the parameters of each layer (in layer order; the gather units of ZeRO).
   bucket_allreduce(comm_t comm, data_parallel_choice choice, std::span<const gradient_bucket> buckets,
-                   std::span<const std::size_t> starts_after_layer, std::size_t parameter_count);
+                   std::span<const std::size_t> starts_after_layer, std::span<const std::size_t> layer_counts,
+                   std::size_t parameter_count);
   // Moved and destroyed out of line (defaulted below), so that the library's instantiation
   // serves a program's engines too.
   bucket_allreduce(bucket_allreduce&&) noexcept;
@@ -342,10 +369,29 @@ class bucket_allreduce {
   /// Sums values over ranks (losses, counts for reporting). Collective.
   void sum(double* values, std::size_t n);
 
-  /// ZeRO: every rank's stepped slices into every rank's params (the whole layout), one
-  /// allgather per bucket. Collective; accounted as exposed communication.
-  void gather_parameters(T* params)
+  /// ZeRO, overlapped with the next forward: starts the allgathers of every rank's stepped
+  /// slices into params (the whole layout), one per gather unit (zero_layout::gather_unit) in
+  /// the order the forward needs them, and returns. await_layer completes them as the forward
+  /// reaches their layers; settle completes the rest. Collective (every rank starts the same
+  /// gathers in the same order).
+  void start_gather_parameters(T* params)
     requires may_shard;
+  /// Whether gathers started by start_gather_parameters are still in flight: params may not
+  /// be read (nor written) until await_layer or settle has completed them.
+  bool gathering() const noexcept { return !gathers_.empty(); }
+  /// Whether start_gather_parameters leaves the gathers to the next forward (true, the
+  /// default) or waits for them itself (false: every unit complete when the step returns).
+  /// The default is LOOM_ZERO_GATHER's: `overlapped` (or unset) or `blocking`; the collectives
+  /// are the same either way, so ranks may differ in it.
+  bool gather_overlapped() const noexcept { return overlap_gather_; }
+  void set_gather_overlapped(bool on) noexcept { overlap_gather_ = on; }
+  /// Before layer `layer`'s forward: waits for the gathers up to the one of the unit that
+  /// holds the layer's parameters (they complete in the order they were started), lets MPI
+  /// progress the next one, and accounts the wait as exposed communication. Nothing to do
+  /// when no gather is in flight or the layer has no parameters.
+  void await_layer(std::size_t layer);
+  /// Waits for every gather still in flight (exposed communication).
+  void settle();
 
   rank_figures& figures() { return figures_; }
 
@@ -405,9 +451,24 @@ class bucket_allreduce {
     bool done = false;
   };
 
+  /// Gathers [0, upto) of gathers_ are complete: waits for the ones that are not (exposed
+  /// time), accounts them, and forgets every gather once all are done.
+  void complete_gathers(std::size_t upto);
+
   comm_t comm_;
   std::span<const gradient_bucket> buckets_;         // the plan (the network's static arrays)
   std::span<const std::size_t> starts_after_layer_;  // per layer: the bucket it completes
+  std::span<const std::size_t> layer_counts_;        // per layer: its parameters
+  // ZeRO's gathers in flight (start_gather_parameters), one per gather unit in unit order;
+  // gathers_done_ of them are complete.
+  struct gather {
+    typename comm_t::request request;
+    std::size_t unit;
+    clock::time_point posted;
+  };
+  std::vector<gather> gathers_;
+  std::size_t gathers_done_ = 0;
+  bool overlap_gather_ = true;
   std::size_t parameter_count_;
   std::vector<typename comm_t::request> requests_;
   std::vector<flight> flights_;  // one per request
@@ -428,8 +489,9 @@ template <class T, class Comm, class Wire, bool AtRunTime, bool Sharded>
 bucket_allreduce<T, Comm, Wire, AtRunTime, Sharded>::bucket_allreduce(comm_t comm, data_parallel_choice choice,
                                                                      std::span<const gradient_bucket> buckets,
                                                                      std::span<const std::size_t> starts_after_layer,
+                                                                     std::span<const std::size_t> layer_counts,
                                                                      std::size_t parameter_count)
-    : comm_(std::move(comm)), buckets_(buckets), starts_after_layer_(starts_after_layer),
+    : comm_(std::move(comm)), buckets_(buckets), starts_after_layer_(starts_after_layer), layer_counts_(layer_counts),
       parameter_count_(parameter_count) {
   if constexpr (at_run_time) {
     if (choice.shard_state && !may_shard)
@@ -440,7 +502,10 @@ bucket_allreduce<T, Comm, Wire, AtRunTime, Sharded>::bucket_allreduce(comm_t com
     wire_ = choice.wire;
     sharded_ = sharded;
   }
-  if (sharding()) make_layout();
+  if (sharding()) {
+    make_layout();
+    overlap_gather_ = zero_gather_overlapped_from_environment();
+  }
 }
 
 template <class T, class Comm, class Wire, bool AtRunTime, bool Sharded>
@@ -512,6 +577,8 @@ template <class T, class Comm, class Wire, bool AtRunTime, bool Sharded>
 void bucket_allreduce<T, Comm, Wire, AtRunTime, Sharded>::after_recovery() {
   requests_.clear();
   flights_.clear();
+  gathers_.clear();
+  gathers_done_ = 0;
   started_ = 0;
   if (sharding()) make_layout();
   if constexpr (may_compress) {  // abandoned requests may still write them: fresh ones next time
@@ -527,26 +594,60 @@ void bucket_allreduce<T, Comm, Wire, AtRunTime, Sharded>::sum(double* values, st
 }
 
 template <class T, class Comm, class Wire, bool AtRunTime, bool Sharded>
-void bucket_allreduce<T, Comm, Wire, AtRunTime, Sharded>::gather_parameters(T* params)
+void bucket_allreduce<T, Comm, Wire, AtRunTime, Sharded>::start_gather_parameters(T* params)
   requires may_shard
 {
-  monitor::timed exposed(figures_, &rank_figures::comm_exposed_s);
+  settle();
   detail::set_phase(fault_phase::gradient_allreduce, -1);
   const std::size_t n = static_cast<std::size_t>(world());
-  // Blocking, one bucket after another: nothing is left to overlap them with here (the next
-  // forward needs the first layers' bucket first), and Open MPI's blocking allgather is
-  // faster than its non-blocking one.
-  for (std::size_t b = 0; b < buckets_.size(); ++b) {
-    const auto& bk = buckets_[b];
-    const auto posted = clock::now();
-    comm_.allgather_v(params + bk.offset, zero_.counts_of(b));
-    monitor::record_collective(static_cast<std::int32_t>(b), world(), double(bk.count * sizeof(T)), posted, clock::now());
-    const double bus = n > 1 ? double(n - 1) / double(n) * double(bk.count * sizeof(T)) : 0.0;
+  // In the order the forward needs them (zero_layout::gather_unit).
+  for (std::size_t u = 0; u < zero_.units.size(); ++u) {
+    const auto& g = zero_.units[u];
+    gathers_.push_back({comm_.iallgather_v(params + g.offset, zero_.unit_counts_of(u)), u, clock::now()});
+    const double bus = n > 1 ? double(n - 1) / double(n) * double(g.count * sizeof(T)) : 0.0;
     figures_.bytes_sent += bus;
     figures_.bus_bytes += bus;
-    figures_.comm_bytes += n > 1 ? double(bk.count * sizeof(T)) : 0.0;
+    figures_.comm_bytes += n > 1 ? double(g.count * sizeof(T)) : 0.0;
   }
-  figures_.comm_s += exposed.stop();
+  gathers_done_ = 0;
+  if (!overlap_gather_) settle();
+}
+
+template <class T, class Comm, class Wire, bool AtRunTime, bool Sharded>
+void bucket_allreduce<T, Comm, Wire, AtRunTime, Sharded>::await_layer(std::size_t layer) {
+  if (gathers_.empty()) return;
+  if (layer >= zero_.layer_unit.size()) return settle();  // no map of the layers: all of them first
+  const std::size_t u = zero_.layer_unit[layer];
+  if (u >= gathers_.size()) return;  // a layer without parameters
+  complete_gathers(u + 1);
+  // Let MPI move the next one while this layer computes.
+  if (gathers_done_ < gathers_.size() && gathers_[gathers_done_].request.test()) complete_gathers(gathers_done_ + 1);
+}
+
+template <class T, class Comm, class Wire, bool AtRunTime, bool Sharded>
+void bucket_allreduce<T, Comm, Wire, AtRunTime, Sharded>::settle() {
+  if (!gathers_.empty()) complete_gathers(gathers_.size());
+}
+
+template <class T, class Comm, class Wire, bool AtRunTime, bool Sharded>
+void bucket_allreduce<T, Comm, Wire, AtRunTime, Sharded>::complete_gathers(std::size_t upto) {
+  if (upto <= gathers_done_) return;
+  {
+    monitor::timed exposed(figures_, &rank_figures::comm_exposed_s);
+    for (; gathers_done_ < upto; ++gathers_done_) {
+      gather& g = gathers_[gathers_done_];
+      g.request.wait();  // a no-op when test() saw it complete
+      monitor::record_collective(static_cast<std::int32_t>(g.unit), world(), double(zero_.units[g.unit].count * sizeof(T)),
+                                 g.posted, clock::now());
+    }
+  }
+  if (gathers_done_ == gathers_.size()) {
+    // From the first start to the last completion: the gathers' communication time, hidden
+    // or not.
+    figures_.comm_s += monitor::seconds_between(gathers_.front().posted, clock::now());
+    gathers_.clear();
+    gathers_done_ = 0;
+  }
 }
 
 template <class T, class Comm, class Wire, bool AtRunTime, bool Sharded>
@@ -610,7 +711,8 @@ void bucket_allreduce<T, Comm, Wire, AtRunTime, Sharded>::unwire(std::size_t b, 
 template <class T, class Comm, class Wire, bool AtRunTime, bool Sharded>
 void bucket_allreduce<T, Comm, Wire, AtRunTime, Sharded>::make_layout() {
   if constexpr (may_shard)
-    zero_ = zero_layout::make(buckets_, static_cast<std::size_t>(comm_.rank()), static_cast<std::size_t>(comm_.size()));
+    zero_ = zero_layout::make(buckets_, static_cast<std::size_t>(comm_.rank()), static_cast<std::size_t>(comm_.size()),
+                              layer_counts_);
 }
 
 template <class T, class Comm, class Wire, bool AtRunTime, bool Sharded>
@@ -657,7 +759,7 @@ class gradient_allreduce
   /// Over comm; the wire format and ZeRO are Policy's, or under a run-time choice `choice`'s.
   explicit gradient_allreduce(typename Policy::comm_type comm, data_parallel_choice choice = {})
       : base(std::move(comm), Policy::choice_at_run_time ? choice : detail::data_parallel_choice_of<Policy>(),
-             plan::buckets, plan::starts_after_layer, Network::parameter_count) {}
+             plan::buckets, plan::starts_after_layer, Network::parameter_counts, Network::parameter_count) {}
 
   /// Every rank holds the whole model, as replica rank(); its blocks at compile time.
   template <std::size_t = 0>

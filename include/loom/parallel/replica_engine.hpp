@@ -122,8 +122,21 @@ class replica_passes {
     return model_type::parameter_count;
   }
 
-  model_type& model() noexcept { return model_; }
+  /// The model, its parameters complete (settle()). The const one does not wait: fit settles
+  /// before it returns, so only a fit in progress can have gathers in flight.
+  model_type& model() {
+    settle();
+    return model_;
+  }
   const model_type& model() const noexcept { return model_; }
+  /// ZeRO (shard_optimizer_state): the optimizer step leaves the parameters' allgathers in
+  /// flight, and the next forward waits for each bucket as it reaches its layers, so that the
+  /// gather overlaps the forward. settle() waits for whatever is still in flight; every method
+  /// here that reads or writes the parameters other than micro_step's forward calls it first.
+  /// Collective only in the sense that every rank started the same gathers; a no-op otherwise.
+  void settle() {
+    if constexpr (may_shard_state) sync_.settle();
+  }
   Sync& sync() noexcept { return sync_; }
   /// The communicator over every rank (loom::comm_collectives wraps it); none training alone.
   decltype(auto) world_comm()
@@ -147,7 +160,10 @@ class replica_passes {
   }
   /// This rank's flat parameters (the whole model's or its slice's), in the backend's memory,
   /// and their count.
-  T* local_parameters() noexcept { return model_.parameters().data(); }
+  T* local_parameters() {
+    settle();
+    return model_.parameters().data();
+  }
   std::size_t local_count() const noexcept { return model_type::parameter_count; }
   /// The communicator of data_parallel (for programs that also communicate themselves).
   decltype(auto) comm()
@@ -192,7 +208,11 @@ class replica_passes {
   /// See loom::engine. Gradients are written on the first micro-step that has samples and
   /// added to after it; a rank without samples contributes zeros.
   loss_value micro_step(const batch_view<T>& b, std::size_t m, std::size_t group, std::uint64_t seed, std::uint64_t step) {
+    if (chunks_ || b.n == 0) settle();
     if (chunks_) return chunked_micro_step(b, m, group, seed, step);
+    // Under ZeRO the forward may wait for the parameters' gathers: exposed communication,
+    // taken out of the compute time below.
+    const double exposed_before = sync_.figures().comm_exposed_s;
     monitor::timed compute(sync_.figures(), &rank_figures::compute_s);
     const bool last = m + 1 == group;
     T* grads = model_.gradients().data();
@@ -203,7 +223,7 @@ class replica_passes {
                       .sample_offset = b.offset, .tensor = tensor_group(), .math = math_};
       {
         monitor::span fw(monitor::span_kind::forward);
-        const T* y = model_.forward(ctx, b.x, b.n);
+        const T* y = forward_awaiting_parameters(ctx, b);
         v = Loss::template compute<Backend, out_width, T>(y, b.labels, dy_.data(), b.n,
                                                           T(1) / static_cast<T>(b.global_n * group), ws_);
       }
@@ -231,6 +251,7 @@ class replica_passes {
       had_samples_ = true;
     }
     compute.stop();
+    if constexpr (may_shard_state) sync_.figures().compute_s -= sync_.figures().comm_exposed_s - exposed_before;
     if (last) sync_.finish(grads);
     return v;
   }
@@ -238,6 +259,7 @@ class replica_passes {
   /// Clips the whole model's gradient norm to clip (0: no clipping; over the tensor group when
   /// split), and starts a new optimizer step: the next micro-step writes the gradients afresh.
   void clip_and_close_step(double clip) {
+    settle();
     auto grads = model_.gradients();
     if (clip > 0) scale_to_norm<Backend>(grads.data(), grads.size(), gradient_norm(), clip);
     had_samples_ = false;
@@ -293,11 +315,13 @@ class replica_passes {
         for (const shard_piece& q : z.pieces) Backend::copy(params + q.whole_offset, p + q.local_offset, q.count);
       }
     }
-    sync_.gather_parameters(params);
+    // In flight until the next forward reaches each bucket's layers (settle(), await_layer).
+    sync_.start_gather_parameters(params);
   }
 
   /// See loom::engine: forward and loss in evaluation mode.
   loss_value evaluate_batch(const batch_view<T>& b, std::uint64_t seed, std::uint64_t step) {
+    settle();
     if (b.n == 0) return {};
     run_context ctx{.training = false, .accumulate = false, .seed = seed, .step = step, .sample_offset = b.offset,
                     .tensor = tensor_group(), .math = math_};
@@ -321,11 +345,13 @@ class replica_passes {
   /// The L2 norm of the whole model's parameters, summed in double (over the tensor group when
   /// split, replicated values counted once).
   double parameters_l2() {
+    settle();
     if constexpr (tensor_split) return sync_.template l2<Backend>(model_.parameters().data());
     else return model_.parameters_l2();
   }
   /// The whole model's flat parameters (Network's layout) as a host vector, on every rank.
   std::vector<T> gather_parameters() {
+    settle();
     if constexpr (tensor_split) return sync_.gather_parameters(model_.copy_parameters_to_host());
     else return model_.copy_parameters_to_host();
   }
@@ -333,6 +359,19 @@ class replica_passes {
  private:
   static constexpr std::size_t in_width = Network::input_shape::size;
   static constexpr std::size_t out_width = Network::output_shape::size;
+
+  /// The training forward of micro_step. Under ZeRO the parameters may still be on their way
+  /// (start_gather_parameters): each layer first waits for the gather of its bucket.
+  const T* forward_awaiting_parameters(const run_context& ctx, const batch_view<T>& b) {
+    if constexpr (may_shard_state) {
+      if (sync_.gathering()) {
+        const T* y = model_.forward(ctx, b.x, b.n, [this](std::size_t layer) { sync_.await_layer(layer); });
+        settle();  // a bucket of layers the forward never reached (none in a chain)
+        return y;
+      }
+    }
+    return model_.forward(ctx, b.x, b.n);
+  }
 
   /// ZeRO: the shard's reduced gradients, sized for the world as it is, and their place given
   /// to the communication.

@@ -677,7 +677,11 @@ class trainer_body : private trainer_core, private state_host {
     fit_description_ = detail::describe_fit(opts, data.size());
     if (!joining) engine_.check_same_job(fit_description_);
     fit_part<Dataset> part(*this, data);
-    return run_fit(part, opts, data.size(), joining, options_.seed, detail::base_lr<Optimizer>(opt_));
+    fit_result r = run_fit(part, opts, data.size(), joining, options_.seed, detail::base_lr<Optimizer>(opt_));
+    // ZeRO leaves the last step's parameter gathers in flight for a next forward: complete
+    // them, so that the model is whole when fit returns.
+    if constexpr (requires { engine_.settle(); }) engine_.settle();
+    return r;
   }
 
   /// Saves a checkpoint of the current state as `dir`/step-<steps()> (see loom/io/checkpoint.hpp),

@@ -3,6 +3,9 @@
 // The definitions of data_parallel.hpp's non-template functions: included at the end of the header
 // (header-only), or compiled once in src/loom.cpp (LOOM_SEPARATE_COMPILATION; see loom/core/config.hpp).
 
+#include <cstdlib>
+#include <string_view>
+
 #include "loom/parallel/data_parallel.hpp"
 
 namespace loom::detail {
@@ -45,7 +48,16 @@ LOOM_DECL std::string job_field_diff(const std::string& a, const std::string& b)
 
 namespace loom {
 
-LOOM_DECL zero_layout zero_layout::make(std::span<const gradient_bucket> buckets, std::size_t rank, std::size_t ranks) {
+LOOM_DECL bool detail::zero_gather_overlapped_from_environment() {
+  const char* v = std::getenv("LOOM_ZERO_GATHER");
+  if (!v || !*v || std::string_view(v) == "overlapped") return true;
+  if (std::string_view(v) == "blocking") return false;
+  throw invalid_argument(std::string("loom::shard_optimizer_state: LOOM_ZERO_GATHER='") + v +
+                         "' is neither 'overlapped' (the parameters' allgather overlaps the next forward) nor 'blocking'");
+}
+
+LOOM_DECL zero_layout zero_layout::make(std::span<const gradient_bucket> buckets, std::size_t rank, std::size_t ranks,
+                                        std::span<const std::size_t> layer_counts) {
   zero_layout z;
   z.rank = rank;
   z.ranks = ranks;
@@ -64,6 +76,41 @@ LOOM_DECL zero_layout zero_layout::make(std::span<const gradient_bucket> buckets
     }
   }
   for (const std::size_t n : per_rank) z.largest_shard = std::max(z.largest_shard, n);
+
+  // The gather units: the buckets from the last (the first layers) to the first, each one's
+  // layers in forward order, cut before a layer that would take a unit above the cap.
+  const std::size_t cap = gather_unit_bytes / sizeof(float);
+  z.layer_unit.assign(layer_counts.size(), 0);
+  auto close = [&](const gather_unit& u, std::size_t b) {
+    const gradient_bucket& bk = buckets[b];
+    for (std::size_t j = 0; j < ranks; ++j) {  // slice j of the bucket, clipped to the unit
+      const std::size_t lo = std::max(bk.offset + j * bk.count / ranks, u.offset);
+      const std::size_t hi = std::min(bk.offset + (j + 1) * bk.count / ranks, u.offset + u.count);
+      z.unit_counts.push_back(hi > lo ? hi - lo : 0);
+    }
+    for (std::size_t l = u.first_layer; l <= u.last_layer && l < z.layer_unit.size(); ++l) z.layer_unit[l] = z.units.size();
+    z.units.push_back(u);
+  };
+  for (std::size_t b = buckets.size(); b-- > 0;) {
+    const gradient_bucket& bk = buckets[b];
+    if (layer_counts.empty()) {  // no layers given: one unit per bucket
+      close({bk.first_layer, bk.last_layer, bk.offset, bk.count}, b);
+      continue;
+    }
+    gather_unit u{bk.first_layer, bk.first_layer, bk.offset, 0};
+    for (std::size_t l = bk.first_layer; l <= bk.last_layer; ++l) {
+      if (u.count > 0 && layer_counts[l] > 0 && u.count + layer_counts[l] > cap) {
+        close(u, b);
+        u = {l, l, u.offset + u.count, 0};
+      }
+      u.last_layer = l;
+      u.count += layer_counts[l];
+    }
+    close(u, b);
+  }
+  // Layers without parameters (and any outside every bucket) need no gather.
+  for (std::size_t l = 0; l < layer_counts.size(); ++l)
+    if (layer_counts[l] == 0) z.layer_unit[l] = z.units.size();
   return z;
 }
 
