@@ -13,6 +13,9 @@
 // fit_result::figures summed over the timed runs; `rank:` lines give them per rank, and the
 // figures table of the last timed run goes to stderr. benchmarks/data_parallel/torch_ddp.py is
 // PyTorch DistributedDataParallel on the same work; run.sh runs both and prints the table.
+// --policy adds ZeRO (shard_optimizer_state) and hierarchical_comm (hosts of
+// LOOM_HIER_HOST_SIZE consecutive ranks, else by shared memory): benchmarks/zero/policies.sh
+// runs them on the multi-host harness.
 
 #include <sys/resource.h>
 #include <unistd.h>
@@ -31,6 +34,7 @@
 
 #include "../common/bench.hpp"
 #include "../../examples/common/networks.hpp"
+#include "loom/comm/hierarchical.hpp"
 #include "loom/comm/mpi.hpp"
 #include "loom/data/mapped.hpp"
 #include "loom/loom.hpp"
@@ -40,7 +44,12 @@ namespace {
 using mlp = example::mlp;
 using cnn = example::cnn;
 
-using policy = loom::data_parallel<loom::mpi_comm>;
+// --policy: dp, zero, hier, hier-zero.
+using dp = loom::data_parallel<loom::mpi_comm>;
+using zero = loom::data_parallel<loom::mpi_comm, loom::shard_optimizer_state>;
+using hier = loom::data_parallel<loom::hierarchical_comm>;
+using hier_zero = loom::data_parallel<loom::hierarchical_comm, loom::shard_optimizer_state>;
+constexpr const char* policy_names[] = {"dp", "zero", "hier", "hier-zero"};
 
 using bench::clock_type;
 using bench::cpu_snapshot;
@@ -51,6 +60,7 @@ using bench::since;
 struct flags {
   std::vector<std::string> models{"mlp", "cnn"};
   std::vector<std::size_t> batches{64, 128};
+  std::vector<std::string> policies{"dp"};
   int threads = 1;
   double seconds = 2.0;
   double warmup = 0.5;
@@ -63,6 +73,9 @@ struct flags {
 constexpr const char* usage = R"(usage: mpirun -np N bench_data_parallel [flags]
   --model LIST       models, comma-separated: mlp,cnn (default both)
   --batch LIST       global batch sizes, comma-separated (default 64,128)
+  --policy LIST      comma-separated: dp (data_parallel<mpi_comm>, the default), zero (with
+                     shard_optimizer_state), hier (data_parallel<hierarchical_comm>; hosts of
+                     LOOM_HIER_HOST_SIZE consecutive ranks, else by shared memory), hier-zero
   --threads N        compute threads per rank (default 1)
   --seconds X        length of one timed repeat in seconds (default 2)
   --warmup X         seconds of warm-up before the repeats (default 0.5)
@@ -75,8 +88,8 @@ constexpr const char* usage = R"(usage: mpirun -np N bench_data_parallel [flags]
 Prints per row on stdout (rank 0):
   row: impl=loom model=M batch=B ranks=N threads=T chunk=C samples_per_s=S (median, all ranks together)
        runs=S1,.. steps=K train_loss=L compute_s=.. comm_s=.. exposed_s=.. wait_s=.. data_s=..
-       (rank 0's figures summed over the timed runs) others_cores=O env=..
-  rank: model=M batch=B rank=R compute_s=.. comm_s=.. exposed_s=.. wait_s=.. data_s=.. samples_per_s=..
+       (rank 0's figures summed over the timed runs) others_cores=O env=.. policy=P
+  rank: model=M batch=B rank=R compute_s=.. comm_s=.. exposed_s=.. wait_s=.. data_s=.. samples_per_s=.. policy=P
 )";
 
 [[noreturn]] void bad_flag(const std::string& msg) {
@@ -131,6 +144,12 @@ flags parse(int argc, char** argv) {
       if (f.batches.empty()) bad_flag("--batch needs at least one size");
       for (std::size_t b : f.batches)
         if (b == 0) bad_flag("--batch sizes must be at least 1");
+    } else if (name == "policy") {
+      f.policies = split_list(value);
+      for (const auto& p : f.policies)
+        if (std::find(std::begin(policy_names), std::end(policy_names), p) == std::end(policy_names))
+          bad_flag("--policy takes dp, zero, hier and/or hier-zero, got '" + p + "'");
+      if (f.policies.empty()) bad_flag("--policy needs at least one policy");
     } else if (name == "threads") f.threads = number<int>(name, value);
     else if (name == "seconds") f.seconds = std::strtod(std::string(value).c_str(), nullptr);
     else if (name == "warmup") f.warmup = std::strtod(std::string(value).c_str(), nullptr);
@@ -169,11 +188,19 @@ struct row_result {
   std::vector<loom::rank_figures> last;     // per rank, the last timed run
 };
 
-template <class Net, class Dataset>
+template <class Policy>
+typename Policy::comm_type make_comm() {
+  if constexpr (std::is_same_v<typename Policy::comm_type, loom::hierarchical_comm>)
+    return loom::hierarchical_comm(loom::mpi_comm::world(), loom::hierarchical_options::from_environment());
+  else
+    return loom::mpi_comm::world();
+}
+
+template <class Net, class Policy, class Dataset>
 row_result measure(const flags& f, const Dataset& train, std::size_t batch) {
-  loom::trainer<Net, loom::softmax_cross_entropy, loom::sgd, policy> t{{.lr = 0.02f, .momentum = 0.9f},
-                                                                        {.seed = f.seed, .threads = f.threads}};
-  loom::mpi_comm& comm = t.engine().comm();
+  loom::trainer<Net, loom::softmax_cross_entropy, loom::sgd, Policy> t{
+      make_comm<Policy>(), {.lr = 0.02f, .momentum = 0.9f}, {.seed = f.seed, .threads = f.threads}};
+  auto& comm = t.engine().comm();
   loom::fit_options fo;
   fo.epochs = std::size_t(1) << 40;  // bounded by max_steps
   fo.batch = batch;
@@ -237,8 +264,15 @@ int main(int argc, char** argv) {
     }
     const auto train = loom::data::mapped_fashion_mnist(f.data, loom::data::split::train);
     for (const auto& model : f.models) {
-      for (std::size_t batch : f.batches) {
-        const row_result r = model == "cnn" ? measure<cnn>(f, train, batch) : measure<mlp>(f, train, batch);
+      for (std::size_t batch : f.batches)
+      for (const auto& policy : f.policies) {
+        auto run = [&]<class Net>() {
+          if (policy == "zero") return measure<Net, zero>(f, train, batch);
+          if (policy == "hier") return measure<Net, hier>(f, train, batch);
+          if (policy == "hier-zero") return measure<Net, hier_zero>(f, train, batch);
+          return measure<Net, dp>(f, train, batch);
+        };
+        const row_result r = model == "cnn" ? run.template operator()<cnn>() : run.template operator()<mlp>();
         if (rank != 0) continue;
         std::string runs;
         for (double v : r.runs) {
@@ -248,21 +282,21 @@ int main(int argc, char** argv) {
         const loom::rank_figures& g = r.figures[0];
         std::printf("row: impl=loom model=%s batch=%zu ranks=%zu threads=%d chunk=%zu samples_per_s=%.0f runs=%s steps=%zu "
                     "train_loss=%.4f compute_s=%.3f comm_s=%.3f exposed_s=%.3f wait_s=%.3f data_s=%.3f fit_s=%.3f "
-                    "others_cores=%.2f env=%s\n",
+                    "others_cores=%.2f env=%s policy=%s\n",
                     model.c_str(), batch, r.figures.size(), f.threads, f.deterministic_chunk, r.median, runs.c_str(), r.steps,
                     r.train_loss,
                     g.compute_s, g.comm_s, g.comm_exposed_s, g.wait_s, g.data_s, g.seconds, r.others_cores,
-                    foreign_env().c_str());
+                    foreign_env().c_str(), policy.c_str());
         for (std::size_t k = 0; k < r.figures.size(); ++k) {
           const loom::rank_figures& q = r.figures[k];
           std::printf("rank: model=%s batch=%zu ranks=%zu rank=%zu compute_s=%.3f comm_s=%.3f exposed_s=%.3f "
-                      "wait_s=%.3f data_s=%.3f fit_s=%.3f sent_mb=%.1f samples_per_s=%.0f\n",
+                      "wait_s=%.3f data_s=%.3f fit_s=%.3f sent_mb=%.1f samples_per_s=%.0f policy=%s\n",
                       model.c_str(), batch, r.figures.size(), k, q.compute_s, q.comm_s, q.comm_exposed_s, q.wait_s,
-                      q.data_s, q.seconds, q.bytes_sent / 1e6, q.samples_per_s());
+                      q.data_s, q.seconds, q.bytes_sent / 1e6, q.samples_per_s(), policy.c_str());
         }
         std::fflush(stdout);
-        std::cerr << "bench_data_parallel: " << model << " batch " << batch << ", " << r.figures.size()
-                  << " rank(s), last timed run:\n"
+        std::cerr << "bench_data_parallel: " << model << " batch " << batch << ", " << policy << ", "
+                  << r.figures.size() << " rank(s), last timed run:\n"
                   << loom::figures_table(r.last);
         if (!std::isfinite(r.train_loss)) {
           std::cerr << "bench_data_parallel: training diverged (loss " << r.train_loss << ")\n";

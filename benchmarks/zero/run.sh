@@ -9,13 +9,18 @@
 # rank 0's optimizer-state bytes (from the memory plan: mem_MB/plan_MB are printed too) and
 # the CPU it ran on.
 #   run.sh [--rounds 3] [--rate 1gbit] [--models mlp,cnn] [--ranks 2,4] [--optimizer adam]
+#          [--baseline PROGRAM] [--variants LIST]
+# --baseline: also runs --zero with PROGRAM (the example built from another commit, e.g. to
+# measure a change of ZeRO itself), as variant zero-base, interleaved with the others.
+# --variants: the variants to run (default: plain zero bf16, or with Adam plain zero plain-sgd
+# bf16-sgd; zero-base with --baseline); plain (or plain-sgd) is each ratio's base.
 # Needs root (ip netns, tc) for the 2-host part, which is skipped without it. Environment:
 # LOOM_BUILD_DIR (default build/).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 build_dir=${LOOM_BUILD_DIR:-$repo/build}
-rounds=3 rate=1gbit models=mlp,cnn ranks=2,4 optimizer=adam
+rounds=3 rate=1gbit models=mlp,cnn ranks=2,4 optimizer=adam baseline="" only=""
 while [ $# -gt 0 ]; do
   case $1 in
     --rounds) rounds=$2; shift 2 ;;
@@ -23,25 +28,34 @@ while [ $# -gt 0 ]; do
     --models) models=$2; shift 2 ;;
     --ranks) ranks=$2; shift 2 ;;
     --optimizer) optimizer=$2; shift 2 ;;
+    --baseline) baseline=$2; shift 2 ;;
+    --variants) only=${2//,/ }; shift 2 ;;
     -h | --help) sed -n '3,/^set -e/{/^set -e/!s/^# \{0,1\}//p}' "$0"; exit 0 ;;
     *) echo "run.sh: unknown flag $1" >&2; exit 2 ;;
   esac
 done
 program=$build_dir/examples/fashion_mnist/fashion_mnist
 [ -x "$program" ] || { echo "run.sh: build fashion_mnist first ($program)" >&2; exit 2; }
+[ -z "$baseline" ] || [ -x "$baseline" ] || { echo "run.sh: --baseline $baseline is not an executable" >&2; exit 2; }
 isa=$(grep -qw avx512f /proc/cpuinfo && echo AVX-512 || { grep -qw avx2 /proc/cpuinfo && echo AVX2 || echo "no AVX2"; })
 echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'); $(nproc) cores; $isa; $(mpirun --version | head -1)"
 lr() { [ "$1" = adam ] && echo 0.001 || echo 0.05; }
 # --grad-compression is built for SGD only in the example: with Adam, the bf16 variant runs SGD
 # and is compared with plain SGD.
-variants() { if [ "$optimizer" = adam ]; then echo "plain zero plain-sgd bf16-sgd"; else echo "plain zero bf16"; fi; }
+variants() {
+  if [ -n "$only" ]; then echo "$only"; return; fi
+  local v
+  if [ "$optimizer" = adam ]; then v="plain zero plain-sgd bf16-sgd"; else v="plain zero bf16"; fi
+  [ -z "$baseline" ] || v="$v zero-base"
+  echo "$v"
+}
 flags_of() {  # flags_of VARIANT MODEL
   local steps=400
   [ "$2" = cnn ] && steps=60
   local f=(--model "$2" --batch 64 --max-steps $steps --threads 1 --test-samples 100)
   case $1 in
     plain) f+=(--optimizer "$optimizer" --lr "$(lr "$optimizer")") ;;
-    zero) f+=(--optimizer "$optimizer" --lr "$(lr "$optimizer")" --zero) ;;
+    zero | zero-base) f+=(--optimizer "$optimizer" --lr "$(lr "$optimizer")" --zero) ;;
     plain-sgd) f+=(--optimizer sgd --lr 0.05) ;;
     bf16 | bf16-sgd) f+=(--optimizer sgd --lr 0.05 --grad-compression bf16) ;;
   esac
@@ -57,7 +71,9 @@ run_set() {  # run_set WHERE LAUNCH...: every model, rank count and variant, int
         for v in $(variants); do
           out=$(mktemp)
           # shellcheck disable=SC2046
-          "$@" -np "$n" "$program" $(flags_of "$v" "$m") > "$out" 2>&1 || { cat "$out"; echo "run.sh: $where $m $n $v failed"; exit 1; }
+          local prog=$program
+          [ "$v" = zero-base ] && prog=$baseline
+          "$@" -np "$n" "$prog" $(flags_of "$v" "$m") > "$out" 2>&1 || { cat "$out"; echo "run.sh: $where $m $n $v failed"; exit 1; }
           local sps exposed fit mem plan
           sps=$(sed -n 's/^result: .* samples_per_s=\([0-9.]*\) .*/\1/p' "$out")
           exposed=$(sed -n 's/^result: .* comm_exposed_s=\([0-9.]*\).*/\1/p' "$out")
@@ -89,7 +105,7 @@ else
 fi
 
 echo
-printf "%-18s %-4s %5s %-9s %11s %8s %9s %8s %8s\n" where model ranks variant samples/s /plain exposed% mem_MB plan_MB
+printf "%-18s %-4s %5s %-9s %11s %8s %9s %8s %8s %10s\n" where model ranks variant samples/s /plain exposed% mem_MB plan_MB /zero-base
 awk '
   /^run:/ {
     for (i = 2; i <= NF; ++i) { split($i, kv, "="); f[kv[1]] = kv[2] }
@@ -104,13 +120,15 @@ awk '
       split(g, p, SUBSEP)
       for (v in vs) {
         base = (v == "bf16-sgd" || v == "plain-sgd") ? "plain-sgd" : "plain"
-        m = 0; delete s; delete r; delete e
+        m = 0; mb = 0; delete s; delete r; delete e; delete rb
         for (i = 1; i <= n[g]; ++i) {
-          k = g SUBSEP v SUBSEP i; b = g SUBSEP base SUBSEP i
+          k = g SUBSEP v SUBSEP i; b = g SUBSEP base SUBSEP i; zb = g SUBSEP "zero-base" SUBSEP i
           if (!(k in sps)) continue
           s[++m] = sps[k]; e[m] = ex[k]; r[m] = sps[b] > 0 ? sps[k] / sps[b] : 0
+          if (v == "zero" && sps[zb] > 0) rb[++mb] = sps[k] / sps[zb]
         }
-        if (m) printf "%-18s %-4s %5s %-9s %11.0f %8.3f %8.1f%% %8s %8s\n", p[1], p[2], p[3], v, median(s, m), median(r, m), 100 * median(e, m), mem[g, v], plan[g, v]
+        vb = mb ? sprintf("%10.3f", median(rb, mb)) : ""
+        if (m) printf "%-18s %-4s %5s %-9s %11.0f %8.3f %8.1f%% %8s %8s %s\n", p[1], p[2], p[3], v, median(s, m), median(r, m), 100 * median(e, m), mem[g, v], plan[g, v], vb
       }
     }
   }' "$results" | sort
