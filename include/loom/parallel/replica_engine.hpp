@@ -130,8 +130,8 @@ class replica_passes {
   }
   const model_type& model() const noexcept { return model_; }
   /// ZeRO (shard_optimizer_state): the optimizer step leaves the parameters' allgathers in
-  /// flight, and the next forward waits for each bucket as it reaches its layers, so that the
-  /// gather overlaps the forward. settle() waits for whatever is still in flight; every method
+  /// flight, and the next forward waits for each gather unit as it reaches its layers, so that
+  /// the gather overlaps the forward. settle() waits for whatever is still in flight; every method
   /// here that reads or writes the parameters other than micro_step's forward calls it first.
   /// Collective only in the sense that every rank started the same gathers; a no-op otherwise.
   void settle() {
@@ -315,7 +315,7 @@ class replica_passes {
         for (const shard_piece& q : z.pieces) Backend::copy(params + q.whole_offset, p + q.local_offset, q.count);
       }
     }
-    // In flight until the next forward reaches each bucket's layers (settle(), await_layer).
+    // In flight until the next forward reaches each unit's layers (await_layer, settle()).
     sync_.start_gather_parameters(params);
   }
 
@@ -361,12 +361,12 @@ class replica_passes {
   static constexpr std::size_t out_width = Network::output_shape::size;
 
   /// The training forward of micro_step. Under ZeRO the parameters may still be on their way
-  /// (start_gather_parameters): each layer first waits for the gather of its bucket.
+  /// (start_gather_parameters): each layer first waits for the gather of its unit.
   const T* forward_awaiting_parameters(const run_context& ctx, const batch_view<T>& b) {
     if constexpr (may_shard_state) {
       if (sync_.gathering()) {
         const T* y = model_.forward(ctx, b.x, b.n, [this](std::size_t layer) { sync_.await_layer(layer); });
-        settle();  // a bucket of layers the forward never reached (none in a chain)
+        settle();  // a unit of layers the forward never reached (none in a chain)
         return y;
       }
     }
