@@ -46,8 +46,9 @@ case $where in
 esac
 case ",$policies," in *,dp,*) ;; *) echo "policies.sh: --policies must include dp (each ratio's base)" >&2; exit 2 ;; esac
 
-isa=$(grep -qw avx512f /proc/cpuinfo && echo AVX-512 || { grep -qw avx2 /proc/cpuinfo && echo AVX2 || echo "no AVX2"; })
-echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'); $(nproc) cores; $isa; $(mpirun --version | head -1)"
+jobs=$(nproc)
+source "$repo/benchmarks/common/lib.sh"
+echo "cpu: $(cpu_line); $(nproc) cores; $(mpirun --version | head -1)"
 if [ "$where" = two-hosts ]; then
   echo "2 hosts x 2 ranks (network namespaces, TCP over veth), every host's link limited to $rate (tc tbf);" \
        "global batch $batch, SGD with momentum, 1 thread per rank; $rounds rounds"
@@ -83,8 +84,8 @@ for r in $(seq "$rounds"); do
         { cat "$out" "$out.err"; echo "policies.sh: $m $p failed"; exit 1; }
       # (stdout alone: mpirun may interleave the ranks' stderr into a line of it)
       row=$(grep -m1 '^row: ' "$out") || { cat "$out" "$out.err"; echo "policies.sh: $m $p printed no row: line"; exit 1; }
-      get() { echo "$row" | tr ' ' '\n' | sed -n "s/^$1=//p"; }
-      echo "run: i=$r model=$m policy=$p samples_per_s=$(get samples_per_s) exposed_s=$(get exposed_s) fit_s=$(get fit_s)" |
+      echo "run: i=$r model=$m policy=$p samples_per_s=$(field "$row" samples_per_s) exposed_s=$(field "$row" exposed_s)" \
+           "fit_s=$(field "$row" fit_s)" |
         tee -a "$results"
     done
   done
