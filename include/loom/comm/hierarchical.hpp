@@ -297,6 +297,18 @@ struct hier_state {
   }
 
   // ---- blocking ---------------------------------------------------------------------------
+  /// The blocking allreduce across hosts (slice: of this rank's slice; leader: by the leaders),
+  /// as MPI_Iallreduce + MPI_Wait on the cross communicator: libnbc's ring, which
+  /// loom::mpi::environment makes the default, rather than the blocking MPI_Allreduce that Open
+  /// MPI 4.1 runs on a communicator of 2. On 2 hosts x 2 ranks with a 200 Mbit/s or 1 Gbit/s
+  /// link, the blocking call made the slice allreduce 0.96-1.09x the flat one at 4 and 16 MiB;
+  /// this makes it 1.25-1.48x (equal below 4 MiB; docs/hierarchical.md, "Measured").
+  int allreduce_across(std::byte* data, int count, const hier_op& o) {
+    MPI_Request r = MPI_REQUEST_NULL;
+    const int rc = MPI_Iallreduce(MPI_IN_PLACE, data, count, o.type, o.op, raw(cross), &r);
+    return rc != MPI_SUCCESS ? rc : MPI_Wait(&r, MPI_STATUS_IGNORE);
+  }
+
   void allreduce_blocking(hier_op& o) {
     const char* name = "allreduce";
     if (mode == hierarchical_mode::slice) {
@@ -306,7 +318,7 @@ struct hier_state {
         std::byte* d = o.data + c.at * o.elem;
         std::byte* slot = s + c.scratch_at * o.elem;
         check(MPI_Reduce_scatter(d, slot, c.counts.data(), o.type, o.op, raw(local)), name, "the reduce-scatter inside the host");
-        check(MPI_Allreduce(MPI_IN_PLACE, slot, mine, o.type, o.op, raw(cross)), name, "the allreduce of this slice across hosts");
+        check(allreduce_across(slot, mine, o), name, "the allreduce of this slice across hosts");
         check(MPI_Allgatherv(slot, mine, o.type, d, c.counts.data(), c.displs.data(), o.type, raw(local)), name,
               "the allgather inside the host");
       }
@@ -318,7 +330,7 @@ struct hier_state {
       check(MPI_Reduce(leader() ? MPI_IN_PLACE : d, leader() ? d : nullptr, n, o.type, o.op, 0, raw(local)), name,
             "the reduce to the host's leader");
       if (leader())
-        check(MPI_Allreduce(MPI_IN_PLACE, d, n, o.type, o.op, raw(cross)), name, "the allreduce across the hosts' leaders");
+        check(allreduce_across(d, n, o), name, "the allreduce across the hosts' leaders");
       check(MPI_Bcast(d, n, o.type, 0, raw(local)), name, "the broadcast inside the host");
     }
   }
