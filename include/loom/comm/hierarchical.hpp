@@ -301,7 +301,7 @@ struct hier_state {
   /// as MPI_Iallreduce + MPI_Wait on the cross communicator: libnbc's ring, which
   /// loom::mpi::environment makes the default, rather than the blocking MPI_Allreduce that Open
   /// MPI 4.1 runs on a communicator of 2. On 2 hosts x 2 ranks with a 200 Mbit/s or 1 Gbit/s
-  /// link, the blocking call made the slice allreduce 0.96-1.09x the flat one at 4 and 16 MiB;
+  /// link, the blocking call made the slice allreduce 0.94-1.09x the flat one at 4 and 16 MiB;
   /// this makes it 1.25-1.48x (equal below 4 MiB; docs/hierarchical.md, "Measured").
   int allreduce_across(std::byte* data, int count, const hier_op& o) {
     MPI_Request r = MPI_REQUEST_NULL;
