@@ -15,8 +15,10 @@
 #             parallelism over 2 slices (examples/tensor_parallel), whose every communicator has
 #             the deadlines too (the job ends after a roll call instead of recovering).
 #   after     throughput after a recovery: a 4-rank run that loses a rank early against a clean
-#             3-rank run of the same steps, median ratio of samples/s over ROUNDS pairs.
-#   run.sh [--part recovery,deadline,after] [--trials 10] [--rounds 5] [--steps 1500]
+#             3-rank run of the same steps, median ratio of samples/s over ROUNDS pairs; over
+#             shared memory, and with --btl tcp,self over TCP (this host's loopback), the path
+#             ranks on different hosts take.
+#   run.sh [--part recovery,deadline,after] [--trials 10] [--rounds 5] [--steps 1500] [--btl LIST]
 # Environment: LOOM_BUILD_DIR (default build/), LOOM_JOBS (default 1), QUIET_WAIT (see lib.sh).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -30,6 +32,9 @@ parts=$(flag part recovery,deadline,after)
 trials=$(flag trials 10)
 rounds=$(flag rounds 5)
 steps=$(flag steps 1500)
+btl=$(flag btl "")
+btl_args=()
+[ -z "$btl" ] || btl_args=(--mca btl "$btl")
 build fashion_mnist pipeline tensor_parallel
 program=$build_dir/examples/fashion_mnist/fashion_mnist
 work=$(mktemp -d)
@@ -109,18 +114,18 @@ if [[ $parts == *after* ]]; then
     quiet_wait
     d=$work/after-$r
     mkdir -p "$d"
-    (exec "${strip_env[@]}" OMP_NUM_THREADS=1 mpirun $(mpi_flags 4) --bind-to none --enable-recovery "$program" "${common[@]}" \
+    (exec "${strip_env[@]}" OMP_NUM_THREADS=1 mpirun $(mpi_flags 4) --bind-to none --enable-recovery "${btl_args[@]}" "$program" "${common[@]}" \
        --checkpoint-dir "$d/ck" --checkpoint-every 50 > "$d/out" 2> "$d/err") &
     job=$!
     for _ in $(seq 1 6000); do [ -d "$d/ck/step-50" ] && break; kill -0 $job 2>/dev/null || break; sleep 0.01; done
     mapfile -t pids < <(pgrep -P $job | sort -n)
     kill -9 "${pids[1]}"
     wait $job || true
-    mpi 3 --enable-recovery "$program" "${common[@]}" > "$d/clean.out" 2>/dev/null
+    mpi 3 --enable-recovery "${btl_args[@]}" "$program" "${common[@]}" > "$d/clean.out" 2>/dev/null
     echo "$(sps "$d/out") $(sps "$d/clean.out")" >> "$work/after.txt"
   done
   echo
-  echo "Throughput of a run that lost 1 of 4 ranks at step ~50 against a clean 3-rank run, $steps steps (samples/s)"
+  echo "Throughput of a run that lost 1 of 4 ranks at step ~50 against a clean 3-rank run, $steps steps, MPI transports ${btl:-the default (shared memory here)} (samples/s)"
   awk '{ printf "  round %d: recovered %s, clean 3 ranks %s, ratio %.3f\n", NR, $1, $2, $1 / $2 }' "$work/after.txt"
   echo "  median ratio: $(awk '{ print $1 / $2 }' "$work/after.txt" | median)"
 fi

@@ -21,6 +21,7 @@
 #endif
 #include <mpi.h>
 
+#include <dlfcn.h>
 #include <sched.h>
 #include <unistd.h>
 
@@ -141,6 +142,26 @@ inline constexpr int replacement_tag = 0x10f9;
 /// The world of a replacement process (the survivors and the newcomers merged; see
 /// mpi::environment), MPI_COMM_NULL otherwise: mpi_comm::world() is then MPI_COMM_WORLD.
 inline MPI_Comm joined_world = MPI_COMM_NULL;
+
+/// Keeps Open MPI's TCP transport moving after peers died. That transport is driven by Open
+/// MPI's event loop, which opal_progress polls on every call only while its count of "event
+/// users" is positive, and otherwise once per tick (10 ms by default). Every connected TCP
+/// endpoint adds one to the count and every close subtracts one — also the close of a connection
+/// attempt that failed, which never added (Open MPI 4.1.4, opal/mca/btl/tcp/btl_tcp_endpoint.c,
+/// mca_btl_tcp_endpoint_close). After a peer dies, the attempts to reach it again drive the count
+/// to zero or below, and the survivors' TCP messages then move once per tick: measured on the
+/// 2-host harness, host 0's two survivors trained at 588 samples/s (57% of each step exposed
+/// communication) where the same run with the tick at 1 µs reaches 18 346; a replacement killed
+/// in its turn made 3000 mlp steps take 198 s instead of 10 s. This sets the tick to
+/// 1 µs, what a connected endpoint gets anyway, through Open MPI's exported
+/// opal_progress_set_event_poll_rate (looked up at run time: nothing is linked against Open MPI's
+/// internals). It costs messages over shared memory ~1.5 µs each (measured with
+/// bench_allreduce: 4 KiB 1.2 → 2.7 µs, 1 MiB +5–8%), which is why only a survivor of a
+/// failure (loom::recover_world, after the rebuild) and a replacement (its peers are over TCP
+/// anyway) do it. Does nothing when the user chose the tick (mpirun --mca mpi_event_tick_rate, i.e.
+/// OMPI_MCA_mpi_event_tick_rate in the environment), under another MPI, or when the function is
+/// not found. Returns whether it set the tick.
+LOOM_MPI_DECL bool restore_event_polling_after_failure();
 
 /// A peer of a watched communicator: its process and host, for the roll call and for fencing.
 struct mpi_peer {

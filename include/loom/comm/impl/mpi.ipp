@@ -118,6 +118,18 @@ LOOM_MPI_DECL void detail::mpi_watch::fail(rank_failure::kind k, const char* op,
                          " s; last completed here: " + last_op + " at " + to_string(last_done) + ")");
 }
 
+LOOM_MPI_DECL bool detail::restore_event_polling_after_failure() {
+#if defined(OPEN_MPI) && OPEN_MPI
+  if (std::getenv("OMPI_MCA_mpi_event_tick_rate")) return false;  // the user's own tick
+  void* f = ::dlsym(RTLD_DEFAULT, "opal_progress_set_event_poll_rate");
+  if (!f) return false;
+  reinterpret_cast<void (*)(int)>(f)(1);  // microseconds
+  return true;
+#else
+  return false;
+#endif
+}
+
 LOOM_MPI_DECL mpi::environment::environment(int& argc, char**& argv)
     : env_(std::make_shared<boost::mpi::environment>(argc, argv, boost::mpi::threading::funneled, true)) {
   set_up();
@@ -152,6 +164,7 @@ LOOM_MPI_DECL void mpi::environment::join_survivors(MPI_Comm parent) {
   MPI_Comm_set_errhandler(world, MPI_ERRORS_RETURN);
   detail::joined_world = world;
   detail::joining_as_replacement = true;
+  detail::restore_event_polling_after_failure();
   // The survivors' job has dead processes: MPI_Finalize's fence may never end (as after a
   // recovery).
   detail::recovered = true;

@@ -323,6 +323,7 @@ LOOM_MPI_DECL recovery_result recover_world(mpi_comm& c, const recovery_request&
     c.replace_after_recovery(std::move(fresh));
   }
   res.rebuild_s = std::chrono::duration<double>(clock::now() - t1).count();
+  detail::restore_event_polling_after_failure();
   res.new_rank = c.rank();
   res.new_size = c.size();
   return res;
