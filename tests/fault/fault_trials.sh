@@ -31,6 +31,12 @@
 #          rank R ... by rank ..." and its first good step), a status file "finished" from every
 #          rank (the replacement's too: LOOM_STATUS_DIR), and, under --deterministic-chunk, the
 #          clean run's weights byte for byte. Prints spawn, merge and signal -> first good step.
+#   replace-again  replace, and once the replacement has taken its first good step, kill -9 of
+#          the replacement itself: a second recovery and a second replacement; requires as replace,
+#          with both replacement reports (the second naming "a replacement" as the rank lost).
+#          Prints the run's samples/s against the clean run's (until session 19 training after the
+#          second replacement was ~30 times slower: docs/fault-tolerance.md, "Open MPI's TCP
+#          progress after a death").
 #   refused  replace, with the runtime refusing the new process (LOOM_REPLACE_HOST names a host
 #          outside the allocation): the survivors say why and go on with NP-1 ranks, each
 #          finished ("finished" status files; mpirun itself then exits with status 1, which is
@@ -91,13 +97,13 @@ fi
 
 expect=$((np - 1))
 [ "$mode" = twice ] || [ "$mode" = during ] && expect=$((np - 2))
-[ "$mode" = replace ] && expect=$np
+[ "$mode" = replace ] || [ "$mode" = replace-again ] && expect=$np
 case $mode in
   refused) export LOOM_REPLACE_HOST=no-such-host.invalid ;;
   foreign) export LOOM_REPLACE_EXTRA_ARG=--seed=7 ;;
 esac
 replacing=""
-case $mode in replace|refused|foreign) replacing=1 ;; esac
+case $mode in replace|replace-again|refused|foreign) replacing=1 ;; esac
 echo "== the run without a failure ($np ranks)"
 "${mpi[@]}" --enable-recovery -np "$np" "$program" "${flags[@]}" --save-weights "$work/clean.safetensors" \
   > "$work/clean.out" 2> "$work/clean.err" ||
@@ -122,7 +128,7 @@ for t in $(seq 1 "$trials"); do
   [ "${#pids[@]}" -eq "$np" ] || fail "trial $t: found ${#pids[@]} rank processes under mpirun, expected $np"
   i=$((RANDOM % np))
   case $mode in
-    kill|twice|during|bitwise|replace|refused|foreign) kill -9 "${pids[$i]}"; what="kill -9" ;;
+    kill|twice|during|bitwise|replace|replace-again|refused|foreign) kill -9 "${pids[$i]}"; what="kill -9" ;;
     stop) kill -STOP "${pids[$i]}"; what="SIGSTOP" ;;
   esac
   at=$(now)
@@ -139,6 +145,14 @@ for t in $(seq 1 "$trials"); do
     j=$(((i + 1 + RANDOM % (np - 1)) % np))
     kill -9 "${pids[$j]}"
     echo "trial $t: kill -9 of ${pids[$j]} (index $j) after the first recovery"
+  fi
+  if [ "$mode" = replace-again ]; then
+    for _ in $(seq 1 3000); do grep -q "^loom: replacement: first good step" "$d/err" && break; kill -0 $job 2>/dev/null || break; sleep 0.01; done
+    sleep 0.3
+    newcomer=$(sed -n 's/^loom: replacement: this process (pid \([0-9]*\) on .*/\1/p' "$d/err" | head -1)
+    [ -n "$newcomer" ] || { cat "$d/err"; fail "trial $t: no replacement joined after the first kill"; }
+    kill -9 "$newcomer" || { cat "$d/err"; fail "trial $t: the replacement (pid $newcomer) was gone before its kill: the run ended too soon"; }
+    echo "trial $t: kill -9 of the replacement (pid $newcomer) after its first good step"
   fi
   wait $job
   status=$?
@@ -169,7 +183,7 @@ for t in $(seq 1 "$trials"); do
     continue
   fi
   case $mode in
-    replace)
+    replace|replace-again)
       grep "^loom: replacement" "$d/err"
       grep -q "^loom: replacement after recovery [0-9]* at step [0-9]*: replaced rank [0-9]* (world rank [0-9]*, pid [0-9]* on [^)]*) by rank $((np - 1)) (pid [0-9]* on " "$d/err" ||
         { cat "$d/err"; fail "trial $t: no replacement report naming the lost rank and its replacement"; }
@@ -179,7 +193,14 @@ for t in $(seq 1 "$trials"); do
       grep -q "^loom: replacement: this process (pid [0-9]* on [^)]*) joined as rank $((np - 1)) of $np" "$d/err" ||
         { cat "$d/err"; fail "trial $t: the replacement did not report its joining"; }
       spawn=$(sed -n 's/.*; spawn \([0-9.]*\) s, merge \([0-9.]*\) s, join[^0-9]*\([0-9.]*\) s.*/spawn \1 s, merge \2 s, join \3 s/p' "$d/err" | head -1)
-      echo "trial $t: $spawn" ;;
+      echo "trial $t: $spawn"
+      if [ "$mode" = replace-again ]; then
+        grep -q "^loom: replacement after recovery [0-9]* at step [0-9]*: replaced rank [0-9]* (a replacement, pid $newcomer on [^)]*) by rank [0-9]* (pid [0-9]* on " "$d/err" ||
+          { cat "$d/err"; fail "trial $t: no second replacement report naming the lost replacement (pid $newcomer)"; }
+        [ "$(grep -c "^loom: replacement: first good step ([0-9]*) on $np ranks done" "$d/err")" -ge 2 ] ||
+          { cat "$d/err"; fail "trial $t: no first good step on $np ranks after the second replacement"; }
+        echo "trial $t: samples/s $(sed -n 's/.*samples_per_s=\([0-9]*\).*/\1/p' "$d/out") (the clean run: $(sed -n 's/.*samples_per_s=\([0-9]*\).*/\1/p' "$work/clean.out"))"
+      fi ;;
     refused)
       grep -q "^loom: replacement after recovery [0-9]*: no replacement for rank [0-9]* .*MPI_Comm_spawn_multiple.* failed: .*; $expect ranks go on" "$d/err" ||
         { cat "$d/err"; fail "trial $t: the survivors did not say why no replacement was started"; } ;;
