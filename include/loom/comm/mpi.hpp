@@ -157,7 +157,7 @@ inline MPI_Comm joined_world = MPI_COMM_NULL;
 /// opal_progress_set_event_poll_rate (looked up at run time: nothing is linked against Open MPI's
 /// internals). It costs messages over shared memory ~1.5 µs each (measured with
 /// bench_allreduce: 4 KiB 1.2 → 2.7 µs, 1 MiB +5–8%), which is why only a survivor of a
-/// failure (loom::recover_world, after the rebuild) and a replacement (its peers are over TCP
+/// failure (loom::recover_world, before its roll call) and a replacement (its peers are over TCP
 /// anyway) do it. Does nothing when the user chose the tick (mpirun --mca mpi_event_tick_rate, i.e.
 /// OMPI_MCA_mpi_event_tick_rate in the environment), under another MPI, or when the function is
 /// not found. Returns whether it set the tick.

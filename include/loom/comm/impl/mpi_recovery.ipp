@@ -76,6 +76,8 @@ LOOM_MPI_DECL recovery_result recover_world(mpi_comm& c, const recovery_request&
   res.old_rank = me;
   res.old_size = n;
   res.epoch = w->generation + 1;
+  // Before the roll call, whose messages take the same TCP endpoints as training's.
+  detail::restore_event_polling_after_failure();
 
   // Rounds of the protocol: a member that is gone (this host) before the rebuild starts makes
   // the next epoch's round, so that no survivor waits for it inside MPI_Comm_create_group.
@@ -323,7 +325,6 @@ LOOM_MPI_DECL recovery_result recover_world(mpi_comm& c, const recovery_request&
     c.replace_after_recovery(std::move(fresh));
   }
   res.rebuild_s = std::chrono::duration<double>(clock::now() - t1).count();
-  detail::restore_event_polling_after_failure();
   res.new_rank = c.rank();
   res.new_size = c.size();
   return res;
