@@ -6,6 +6,12 @@
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+
 #include <chrono>
 #include <climits>
 #include <cstdint>
@@ -104,6 +110,99 @@ TEST_CASE("A communicator watched as part of a whole keeps its deadline and repo
       CHECK(whole.watch()->broken);
     }
   }
+  world.barrier();
+}
+
+// Open MPI 4.1.4 leaves SIGPIPE's default action (terminate) in MPI processes, and its TCP
+// transport sends with writev(): a survivor sending to a peer that just died was killed by
+// SIGPIPE (status 141) on the 2-host harness. Failure detection ignores SIGPIPE, so such a
+// write fails with EPIPE and the detector handles the dead peer; a program's own handler stays.
+namespace {
+volatile sig_atomic_t program_pipe_handler_ran = 0;
+void program_pipe_handler(int) { program_pipe_handler_ran = 1; }
+}  // namespace
+
+TEST_CASE("Failure detection turns a write to a dead peer's connection into EPIPE, not the end of the process",
+          "[comm][mpi]") {
+  auto world = loom::mpi_comm::world();
+  struct sigaction dfl {}, now {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  REQUIRE(::sigaction(SIGPIPE, &dfl, nullptr) == 0);
+  auto c = world.split(0, world.rank());
+  c.watch_for_failures(5.0);
+  REQUIRE(::sigaction(SIGPIPE, nullptr, &now) == 0);
+  CHECK(now.sa_handler == SIG_IGN);
+  // A connection whose other end is gone, as a dead peer's: the write fails, this process lives.
+  int sv[2] = {-1, -1};
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+  ::close(sv[1]);
+  const char byte = 1;
+  errno = 0;
+  CHECK(::write(sv[0], &byte, 1) == -1);
+  CHECK(errno == EPIPE);
+  ::close(sv[0]);
+  // A program that handles SIGPIPE itself keeps its handler.
+  struct sigaction mine {};
+  mine.sa_handler = program_pipe_handler;
+  sigemptyset(&mine.sa_mask);
+  REQUIRE(::sigaction(SIGPIPE, &mine, nullptr) == 0);
+  CHECK_FALSE(loom::detail::ignore_broken_pipes());
+  auto d = world.split(0, world.rank());
+  d.watch_for_failures(5.0);
+  REQUIRE(::sigaction(SIGPIPE, nullptr, &now) == 0);
+  CHECK(now.sa_handler == program_pipe_handler);
+  ::raise(SIGPIPE);
+  CHECK(program_pipe_handler_ran == 1);
+  // Back to what the suite runs with.
+  REQUIRE(::sigaction(SIGPIPE, &dfl, nullptr) == 0);
+  CHECK(loom::detail::ignore_broken_pipes());
+  world.barrier();
+}
+
+// Under failure detection, MPI refusing to start an operation is a failed peer's doing (Open MPI
+// 4.1's TCP transport refuses a send to a peer whose socket write failed with MPI_ERR_INTERN):
+// rank_failure, as an error in a wait, so that the trainer recovers. An error of the caller's
+// own arguments stays a communication_error, which no recovery would cure.
+TEST_CASE("Under failure detection an operation MPI refuses to start is a rank_failure unless its arguments were wrong",
+          "[comm][mpi]") {
+  CHECK(loom::detail::mpi_argument_error(MPI_ERR_TAG));
+  CHECK(loom::detail::mpi_argument_error(MPI_ERR_COUNT));
+  CHECK_FALSE(loom::detail::mpi_argument_error(MPI_ERR_INTERN));
+  CHECK_FALSE(loom::detail::mpi_argument_error(MPI_ERR_OTHER));
+  auto world = loom::mpi_comm::world();
+  auto c = world.split(0, world.rank());
+  c.watch_for_failures(5.0);
+  int* ub = nullptr;
+  int found = 0;
+  MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &found);
+  REQUIRE(found);
+  float v = 1;
+  // A tag above MPI_TAG_UB (or a negative one): MPI_Isend refuses it (MPI_ERR_TAG); the
+  // communicator stays usable.
+  const int bad_tag = *ub < INT_MAX ? *ub + 1 : -5;
+  bool refused = false;
+  try {
+    (void)c.isend(&v, 1, c.rank(), bad_tag);
+  } catch (const loom::rank_failure&) {
+    FAIL("a wrong tag was taken for a failed peer");
+  } catch (const loom::communication_error& e) {
+    refused = true;
+    CHECK_THAT(e.what(), Catch::Contains("isend"));
+  }
+  CHECK(refused);
+  CHECK_FALSE(c.watch()->broken);
+  c.allreduce(&v, 1, loom::reduce_op::sum);
+  CHECK(v == static_cast<float>(c.size()));
+  // A refusal for any other reason (here: as Open MPI's TCP transport gives after EPIPE).
+  try {
+    c.watch()->refused("isend", c.rank(), MPI_ERR_INTERN);
+    FAIL("refused returned");
+  } catch (const loom::rank_failure& e) {
+    CHECK(e.why() == loom::rank_failure::kind::mpi_error);
+    CHECK_THAT(e.what(), Catch::Contains("MPI refused to start it") && Catch::Contains("isend"));
+  }
+  CHECK(c.watch()->broken);
   world.barrier();
 }
 

@@ -23,6 +23,7 @@
 
 #include <dlfcn.h>
 #include <sched.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -66,6 +67,16 @@ LOOM_MPI_DECL std::string mpi_error_string(int code);
 
 inline void check_mpi(int code, const char* op, int rank) {
   if (code != MPI_SUCCESS) throw_mpi(op, rank, mpi_error_string(code));
+}
+
+/// Whether MPI error code says the call's arguments were wrong (its class: a buffer, count,
+/// type, tag, communicator, rank, root, group, operation or other argument), rather than that
+/// the communication failed.
+inline bool mpi_argument_error(int code) {
+  int c = code;
+  if (MPI_Error_class(code, &c) != MPI_SUCCESS) return false;
+  return c == MPI_ERR_BUFFER || c == MPI_ERR_COUNT || c == MPI_ERR_TYPE || c == MPI_ERR_TAG || c == MPI_ERR_COMM ||
+         c == MPI_ERR_RANK || c == MPI_ERR_ROOT || c == MPI_ERR_GROUP || c == MPI_ERR_OP || c == MPI_ERR_ARG;
 }
 
 /// The MPI datatype of a communicator element (detail::comm_value): MPI's own for each
@@ -162,6 +173,20 @@ inline MPI_Comm joined_world = MPI_COMM_NULL;
 /// OMPI_MCA_mpi_event_tick_rate in the environment), under another MPI, or when the function is
 /// not found. Returns whether it set the tick.
 LOOM_MPI_DECL bool restore_event_polling_after_failure();
+/// Makes a write to a connection whose peer died fail with EPIPE rather than end this process:
+/// SIGPIPE becomes ignored, unless the program chose its own disposition for it (a handler, or
+/// ignored already), which is left alone. Open MPI 4.1.4 keeps SIGPIPE's default action
+/// (terminate) in MPI processes, and its TCP transport sends with writev(), which raises SIGPIPE
+/// on a socket that the dead peer's kernel has reset: a survivor that sends to a dead peer before
+/// its progress has read the reset dies with it, silently, with status 141 (128 + SIGPIPE). Seen
+/// on the 2-host harness when host 1 is killed: host 0's rank 1, whose ring neighbour is on host
+/// 1, died so in 3 of 60 runs (docs/fault-tolerance.md, "Open MPI and SIGPIPE"). With SIGPIPE
+/// ignored, writev() returns EPIPE, Open MPI marks that connection failed, and the failure
+/// detector handles the dead peer as any other. Called when failure detection starts
+/// (mpi_comm::watch_for_failures, watch_deadlines_only), by mpi::environment when the runtime
+/// keeps survivors (mpirun --enable-recovery), and in a replacement. Returns whether it changed
+/// the disposition.
+LOOM_MPI_DECL bool ignore_broken_pipes();
 
 /// A peer of a watched communicator: its process and host, for the roll call and for fencing.
 struct mpi_peer {
@@ -207,6 +232,15 @@ class mpi_watch {
   /// Waits for the n requests r (statuses into st, or MPI_STATUSES_IGNORE), at most
   /// deadline_s. Throws rank_failure.
   void wait(int n, MPI_Request* r, MPI_Status* st, const char* op, int rank);
+
+  /// MPI refused to start operation op (its call returned code): under failure detection that
+  /// is a dead peer's doing as much as an error in a wait — Open MPI 4.1's TCP transport, once a
+  /// write to a dead peer's socket failed (EPIPE), refuses the next send to it with
+  /// MPI_ERR_INTERN. Throws rank_failure (kind mpi_error) and marks the communicator broken, as
+  /// a failed wait does.
+  [[noreturn]] void refused(const char* op, int rank, int code) {
+    fail(rank_failure::kind::mpi_error, op, rank, clock::now(), -1, "MPI refused to start it: " + mpi_error_string(code));
+  }
 
  private:
   static fault_marker detail_here() noexcept { return fault_here; }
@@ -382,7 +416,7 @@ class mpi_comm {
   void barrier() {
     if (watch_) {
       MPI_Request r;
-      detail::check_mpi(MPI_Ibarrier(comm_, &r), "barrier", rank_);
+      check_start(MPI_Ibarrier(comm_, &r), "barrier");
       return watch_->wait(1, &r, MPI_STATUSES_IGNORE, "barrier", rank_);
     }
     detail::check_mpi(MPI_Barrier(comm_), "barrier", rank_);
@@ -406,6 +440,7 @@ class mpi_comm {
   /// deadline_s; watch_for_failures then turns on the whole detector. (The joining of
   /// replacements: fault_options::replace.)
   void watch_deadlines_only(double deadline_s) {
+    detail::ignore_broken_pipes();
     auto w = std::make_shared<detail::mpi_watch>();
     w->deadline_s = deadline_s;
     watch_ = std::move(w);
@@ -448,8 +483,8 @@ class mpi_comm {
     if (watch_) {
       return watched("allreduce", data, count, data, count, [&](const T*, T* d, std::vector<MPI_Request>& rs) {
         for_chunks(count, [&](std::size_t at, int n) {
-          detail::check_mpi(MPI_Iallreduce(MPI_IN_PLACE, d + at, n, type, detail::mpi_op<T>(op), comm_, &rs.emplace_back()),
-                            "allreduce", rank_);
+          check_start(MPI_Iallreduce(MPI_IN_PLACE, d + at, n, type, detail::mpi_op<T>(op), comm_, &rs.emplace_back()),
+                      "allreduce");
         });
       });
     }
@@ -467,16 +502,16 @@ class mpi_comm {
       const std::size_t in_count = static_cast<std::size_t>(size_) * count;
       return watched("reduce_scatter", in, in_count, out, count, [&](const T* i, T* o, std::vector<MPI_Request>& rs) {
         if (count <= max_count_) {
-          detail::check_mpi(MPI_Ireduce_scatter_block(i, o, static_cast<int>(count), type, detail::mpi_op<T>(op), comm_,
-                                                      &rs.emplace_back()),
-                            "reduce_scatter", rank_);
+          check_start(MPI_Ireduce_scatter_block(i, o, static_cast<int>(count), type, detail::mpi_op<T>(op), comm_,
+                                                &rs.emplace_back()),
+                      "reduce_scatter");
           return;
         }
         for_chunks(count, [&](std::size_t at, int n) {
           for (int j = 0; j < size_; ++j)
-            detail::check_mpi(MPI_Ireduce(i + static_cast<std::size_t>(j) * count + at, j == rank_ ? o + at : nullptr, n,
-                                          type, detail::mpi_op<T>(op), j, comm_, &rs.emplace_back()),
-                              "reduce_scatter", rank_);
+            check_start(MPI_Ireduce(i + static_cast<std::size_t>(j) * count + at, j == rank_ ? o + at : nullptr, n,
+                                    type, detail::mpi_op<T>(op), j, comm_, &rs.emplace_back()),
+                        "reduce_scatter");
         });
       });
     }
@@ -502,7 +537,7 @@ class mpi_comm {
       const int n = static_cast<int>(count);
       return watched("allgather", in, count, out, static_cast<std::size_t>(size_) * count,
                      [&](const T* i, T* o, std::vector<MPI_Request>& rs) {
-                       detail::check_mpi(MPI_Iallgather(i, n, type, o, n, type, comm_, &rs.emplace_back()), "allgather", rank_);
+                       check_start(MPI_Iallgather(i, n, type, o, n, type, comm_, &rs.emplace_back()), "allgather");
                      });
     }
     if (count <= max_count_) {
@@ -516,8 +551,8 @@ class mpi_comm {
       return watched("allgather", out, total, out, total, [&](const T*, T* o, std::vector<MPI_Request>& rs) {
         for_chunks(count, [&](std::size_t at, int n) {
           for (int j = 0; j < size_; ++j)
-            detail::check_mpi(MPI_Ibcast(o + static_cast<std::size_t>(j) * count + at, n, type, j, comm_, &rs.emplace_back()),
-                              "allgather", rank_);
+            check_start(MPI_Ibcast(o + static_cast<std::size_t>(j) * count + at, n, type, j, comm_, &rs.emplace_back()),
+                        "allgather");
         });
       });
     }
@@ -537,7 +572,7 @@ class mpi_comm {
     if (watch_) {
       return watched("send", data, count, static_cast<T*>(nullptr), 0, [&](const T* d, T*, std::vector<MPI_Request>& rs) {
         for_chunks(count, [&](std::size_t at, int n) {
-          detail::check_mpi(MPI_Isend(d + at, n, type, peer, tag, comm_, &rs.emplace_back()), "send", rank_);
+          check_start(MPI_Isend(d + at, n, type, peer, tag, comm_, &rs.emplace_back()), "send");
         });
       });
     }
@@ -558,7 +593,7 @@ class mpi_comm {
         watched(
             "recv", static_cast<const T*>(nullptr), 0, data + at, static_cast<std::size_t>(n),
             [&](const T*, T* d, std::vector<MPI_Request>& rs) {
-              detail::check_mpi(MPI_Irecv(d, n, type, peer, tag, comm_, &rs.emplace_back()), "recv", rank_);
+              check_start(MPI_Irecv(d, n, type, peer, tag, comm_, &rs.emplace_back()), "recv");
             },
             &status);
       } else {
@@ -676,6 +711,16 @@ class mpi_comm {
       throw;
     }
     if (out_count) std::memcpy(out, o, out_count * sizeof(T));
+  }
+
+  /// The return code of an MPI call that starts operation op: an error throws rank_failure under
+  /// failure detection (mpi_watch::refused: a dead peer's doing), communication_error otherwise.
+  /// An error of the caller's arguments (a tag above MPI_TAG_UB, a bad count or type) stays a
+  /// communication_error: a recovery would only meet it again.
+  void check_start(int code, const char* op) const {
+    if (code == MPI_SUCCESS) return;
+    if (watch_ && !detail::mpi_argument_error(code)) watch_->refused(op, rank_, code);
+    detail::check_mpi(code, op, rank_);
   }
 
   /// An empty request of operation op on this communicator (its rank and failure detector).
@@ -825,8 +870,8 @@ mpi_comm::request mpi_comm::iallreduce(T* data, std::size_t count, reduce_op op)
   r.type_ = detail::mpi_datatype<T>();
   for_chunks(count, [&](std::size_t at, int n) {
     request::part p;
-    detail::check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data + at, n, r.type_, detail::mpi_op<T>(op), comm_, &p.handle),
-                      "iallreduce", rank_);
+    check_start(MPI_Iallreduce(MPI_IN_PLACE, data + at, n, r.type_, detail::mpi_op<T>(op), comm_, &p.handle),
+                "iallreduce");
     r.parts_.push_back(p);
   });
   return r;
@@ -841,7 +886,7 @@ mpi_comm::request mpi_comm::isend(const T* data, std::size_t count, int peer, in
   r.type_ = detail::mpi_datatype<T>();
   for_chunks(count, [&](std::size_t at, int n) {
     request::part p;
-    detail::check_mpi(MPI_Isend(data + at, n, r.type_, peer, tag, comm_, &p.handle), "isend", rank_);
+    check_start(MPI_Isend(data + at, n, r.type_, peer, tag, comm_, &p.handle), "isend");
     r.parts_.push_back(p);
   });
   return r;
@@ -857,7 +902,7 @@ mpi_comm::request mpi_comm::irecv(T* data, std::size_t count, int peer, int tag)
   for_chunks(count, [&](std::size_t at, int n) {
     request::part p;
     p.expected = n;
-    detail::check_mpi(MPI_Irecv(data + at, n, r.type_, peer, tag, comm_, &p.handle), "irecv", rank_);
+    check_start(MPI_Irecv(data + at, n, r.type_, peer, tag, comm_, &p.handle), "irecv");
     r.parts_.push_back(p);
   });
   return r;
@@ -902,8 +947,8 @@ mpi_comm::request mpi_comm::ireduce_scatter_v(const T* in, T* out, const std::si
         request::part q;
         q.expected = m;
         q.from = static_cast<int>(p);
-        detail::check_mpi(MPI_Irecv(slot + k, m, r.type_, static_cast<int>(p), reduce_scatter_tag, comm_, &q.handle),
-                          "ireduce_scatter_v", rank_);
+        check_start(MPI_Irecv(slot + k, m, r.type_, static_cast<int>(p), reduce_scatter_tag, comm_, &q.handle),
+                    "ireduce_scatter_v");
         r.parts_.push_back(q);
       });
     }
@@ -911,8 +956,8 @@ mpi_comm::request mpi_comm::ireduce_scatter_v(const T* in, T* out, const std::si
     if (p == me || counts[p] == 0) continue;
     for_chunks(counts[p], [&](std::size_t k, int m) {
       request::part q;
-      detail::check_mpi(MPI_Isend(in + at[p] + k, m, r.type_, static_cast<int>(p), reduce_scatter_tag, comm_, &q.handle),
-                        "ireduce_scatter_v", rank_);
+      check_start(MPI_Isend(in + at[p] + k, m, r.type_, static_cast<int>(p), reduce_scatter_tag, comm_, &q.handle),
+                  "ireduce_scatter_v");
       r.parts_.push_back(q);
     });
   }
@@ -943,8 +988,8 @@ mpi_comm::request mpi_comm::iallgather_v(T* data, const std::size_t* counts) {
       d[j] = static_cast<int>(at);
     }
     request::part p;
-    detail::check_mpi(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, c, d, r.type_, comm_, &p.handle),
-                      "iallgather_v", rank_);
+    check_start(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, c, d, r.type_, comm_, &p.handle),
+                "iallgather_v");
     r.parts_.push_back(p);
     return r;
   }
@@ -953,7 +998,7 @@ mpi_comm::request mpi_comm::iallgather_v(T* data, const std::size_t* counts) {
   for (std::size_t j = 0; j < n; ++j) {
     for_chunks(counts[j], [&](std::size_t k, int m) {
       request::part p;
-      detail::check_mpi(MPI_Ibcast(data + at + k, m, r.type_, static_cast<int>(j), comm_, &p.handle), "iallgather_v", rank_);
+      check_start(MPI_Ibcast(data + at + k, m, r.type_, static_cast<int>(j), comm_, &p.handle), "iallgather_v");
       r.parts_.push_back(p);
     });
     at += counts[j];
@@ -968,7 +1013,7 @@ void mpi_comm::broadcast(T* data, std::size_t count, int root) {
   if (watch_) {
     return watched("broadcast", data, count, data, count, [&](const T*, T* d, std::vector<MPI_Request>& rs) {
       for_chunks(count, [&](std::size_t at, int n) {
-        detail::check_mpi(MPI_Ibcast(d + at, n, type, root, comm_, &rs.emplace_back()), "broadcast", rank_);
+        check_start(MPI_Ibcast(d + at, n, type, root, comm_, &rs.emplace_back()), "broadcast");
       });
     });
   }

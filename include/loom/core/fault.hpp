@@ -222,7 +222,8 @@ struct recovery_result {
 };
 
 /// A collective could not finish: a peer died or hangs (the deadline passed), a peer started a
-/// recovery, MPI reported an error, or the job is being ended (SIGTERM) while this rank waited.
+/// recovery, MPI reported an error (in a wait, or refusing to start an operation: mpi_error), or
+/// the job is being ended (SIGTERM) while this rank waited.
 /// The communicator it came from is broken: its pending operations are abandoned.
 class rank_failure : public communication_error {
  public:

@@ -130,6 +130,16 @@ LOOM_MPI_DECL bool detail::restore_event_polling_after_failure() {
 #endif
 }
 
+LOOM_MPI_DECL bool detail::ignore_broken_pipes() {
+  struct sigaction now {};
+  if (::sigaction(SIGPIPE, nullptr, &now) != 0) return false;
+  if ((now.sa_flags & SA_SIGINFO) != 0 || now.sa_handler != SIG_DFL) return false;  // the program's own choice
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  return ::sigaction(SIGPIPE, &ignore, nullptr) == 0;
+}
+
 LOOM_MPI_DECL mpi::environment::environment(int& argc, char**& argv)
     : env_(std::make_shared<boost::mpi::environment>(argc, argv, boost::mpi::threading::funneled, true)) {
   set_up();
@@ -145,7 +155,10 @@ LOOM_MPI_DECL void mpi::environment::set_up() {
     throw communication_error("loom::mpi::environment: MPI does not provide MPI_THREAD_FUNNELED");
   detail::check_mpi(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "environment", 0);
   // The runtime keeps survivors alive: no communicator may wait forever for a dead peer.
-  if (runtime_keeps_survivors() && detail::shared_deadline_s == 0) detail::shared_deadline_s = 60;
+  if (runtime_keeps_survivors()) {
+    if (detail::shared_deadline_s == 0) detail::shared_deadline_s = 60;
+    detail::ignore_broken_pipes();  // a survivor must not die writing to a dead peer's socket
+  }
   MPI_Comm parent = MPI_COMM_NULL;
   MPI_Comm_get_parent(&parent);
   if (parent != MPI_COMM_NULL) join_survivors(parent);
@@ -165,6 +178,7 @@ LOOM_MPI_DECL void mpi::environment::join_survivors(MPI_Comm parent) {
   detail::joined_world = world;
   detail::joining_as_replacement = true;
   detail::restore_event_polling_after_failure();
+  detail::ignore_broken_pipes();
   // The survivors' job has dead processes: MPI_Finalize's fence may never end (as after a
   // recovery).
   detail::recovered = true;
@@ -197,6 +211,7 @@ LOOM_MPI_DECL const boost::mpi::communicator& mpi_comm::boost_communicator() con
 
 LOOM_MPI_DECL void mpi_comm::watch_for_failures(double deadline_s) {
   if (watch_ && watch_->ctl != MPI_COMM_NULL) return set_deadline(deadline_s);
+  detail::ignore_broken_pipes();
   auto w = std::make_shared<detail::mpi_watch>();
   detail::check_mpi(MPI_Comm_dup(comm_, &w->ctl), "watch_for_failures", rank_);
   MPI_Comm_set_errhandler(w->ctl, MPI_ERRORS_RETURN);
