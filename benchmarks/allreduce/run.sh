@@ -25,6 +25,13 @@
 #                         each as time over a raw MPI_Allreduce of the same buffer in the same run
 #                         (a reduce-scatter moves half of it: 0.5 is the goal); --cluster: 2 hosts
 #                         x 1 rank of the multi-host harness over TCP, as cluster.
+#   run.sh split-gradient [flags of bench_split_gradient, e.g. --rounds 5 --pieces 1,2,4,8,16]
+#                         issue 13's question for the mlp: its first layer's weight-gradient
+#                         product computed whole then one blocking allreduce of every gradient
+#                         (what data_parallel does), against the product in k blocks of rows, each
+#                         block's MPI_Iallreduce started as it is done; per k the step time, the
+#                         time after the last block (exposed), and the step time over the whole's
+#                         (benchmarks/allreduce/split_gradient.cpp; RANKS ranks, 1 thread each).
 #   run.sh print FILE...  the tables again from the raw lines of earlier runs.
 # Environment: LOOM_BUILD_DIR (default build/; if configuring or building there fails,
 # build-bench/ with LOOM_BUILD_TESTS=OFF), LOOM_JOBS (default 2), RANKS (default 2), RESULTS
@@ -499,6 +506,7 @@ mode=all
 case ${1:-} in
   all | table | memory | algorithms | malloc | cluster) mode=$1; shift ;;
   reduce-scatter) mode=reduce_scatter; shift ;;
+  split-gradient) mode=split_gradient; shift ;;
   print) shift; print_files "$@"; exit 0 ;;
   -h | --help) sed -n '3,/^set -e/{/^set -e/!s/^# \{0,1\}//p}' "$0"; exit 0 ;;
 esac
@@ -511,6 +519,10 @@ case $mode in
   table) table "$@" ;;
   cluster) cluster "$@" ;;
   reduce_scatter) reduce_scatter "$@" ;;
+  split_gradient)
+    build bench_split_gradient
+    header "split weight-gradient product, $ranks ranks over shared memory"
+    "${strip_env[@]}" "${mpi[@]}" -np "$ranks" --bind-to none "$build_dir/benchmarks/allreduce/bench_split_gradient" "$@" ;;
   memory) memory ;;
   algorithms) algorithms ;;
   malloc) malloc_sweep ;;
