@@ -260,3 +260,56 @@ TEST_CASE("checkpoint: keep K deletes older ones only after a newer one is commi
   CHECK(all[1].step == 8);
   fs::remove_all(dir);
 }
+
+TEST_CASE("checkpoint: a completed checkpoint's writing time is known, and the same on every rank", "[checkpoint]") {
+  // fit's checkpoint deadline is derived from it (docs/fault-tolerance.md, "The protocol"): 0
+  // until a checkpoint completed, then the longest rank's time from its writer's start to its
+  // files written (rank 0: to the commit).
+  const fs::path dir = fresh_dir("seconds");
+  const std::vector<loom::io::tensor_description> tensors{{.name = "w", .shape = {64, 256}, .offset = 0, .count = 16384},
+                                                          {.name = "b", .shape = {64}, .offset = 16384, .count = 64}};
+  static const loom::shard_piece whole{.whole_offset = 0, .local_offset = 0, .count = 16448};
+  std::vector<float> values(16448, 0.5f);
+  std::mutex m;
+  std::vector<double> before_wait, after_async, after_sync;
+  loom::local_world(2).run([&](loom::local_comm& comm) {
+    loom::comm_collectives<loom::local_comm> c(comm);
+    auto snapshot = [&] {
+      loom::io::rank_snapshot s;
+      s.map = {.replica = comm.rank(), .replicas = 2, .whole_count = 16448, .local_count = 16448,
+               .pieces = std::span<const loom::shard_piece>(&whole, 1)};
+      s.params = values;
+      return s;
+    };
+    auto record = [&](std::size_t step) {
+      loom::io::trainer_record r;
+      r.step = step;
+      r.network = "test";
+      r.ranks = 2;
+      r.replicas = 2;
+      r.parameter_count = 16448;
+      return r;
+    };
+    loom::io::checkpointer w;
+    w.start(c, dir, tensors, snapshot(), record(1), {}, /*async=*/true, 0, 60);
+    const double a = w.last_seconds();
+    w.wait(c);
+    const double b = w.last_seconds();
+    w.start(c, dir, tensors, snapshot(), record(2), {}, /*async=*/false, 0, 60);
+    const double s = w.last_seconds();
+    std::lock_guard<std::mutex> lock(m);
+    before_wait.push_back(a);
+    after_async.push_back(b);
+    after_sync.push_back(s);
+  });
+  REQUIRE(before_wait.size() == 2);
+  CHECK(before_wait[0] == 0);  // started, not completed
+  CHECK(before_wait[1] == 0);
+  CHECK(after_async[0] > 0);
+  CHECK(after_async[0] == after_async[1]);
+  CHECK(after_sync[0] > 0);  // a synchronous checkpoint completes in start
+  CHECK(after_sync[0] == after_sync[1]);
+  CHECK(fs::is_directory(dir / "step-1"));
+  CHECK(fs::is_directory(dir / "step-2"));
+  fs::remove_all(dir);
+}

@@ -49,9 +49,15 @@ struct fault_options {
   /// SIGTERM after a death, is seen at once anyway.
   double min_deadline_without_recovery_s = 30;
   /// The deadline before enough steps are measured (start, the first steps after a recovery,
-  /// whose new batch shapes compile new kernels), and the least one from a checkpoint to the
-  /// end of the next step (the peers of the rank that writes the most wait for it).
+  /// whose new batch shapes compile new kernels), and the least one of a checkpoint's
+  /// collectives until a checkpoint's time is measured (the peers of the rank that writes the
+  /// most wait for it).
   double startup_deadline_s = 60;
+  /// The deadline of a checkpoint's collectives once a checkpoint's time is measured:
+  /// deadline_steps times the longest checkpoint seen (the longest any rank took to write its
+  /// part, rank 0 to commit), at least this (a write's time on shared storage varies far more
+  /// than a step's) and at least the step deadline.
+  double min_checkpoint_deadline_s = 10;
   /// When no recovery is possible (plain mpirun, which kills the survivors a second after a
   /// rank dies; SIGTERM), a survivor that holds a whole replica writes an emergency checkpoint
   /// of the last step every rank finished, so that no step is lost (needs a checkpoint

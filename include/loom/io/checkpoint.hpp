@@ -326,12 +326,18 @@ class checkpointer {
   bool busy() const noexcept { return static_cast<bool>(state_); }
   /// The path of the last checkpoint this rank saw committed (rank 0; empty elsewhere).
   const std::filesystem::path& last_committed() const noexcept { return last_committed_; }
+  /// How long the last checkpoint that wait() completed took, the same on every rank: the
+  /// longest any rank's writer took from its start to its files written (rank 0's: to the
+  /// commit, which waits for every rank's files). 0 before one completed. What the peers of
+  /// the slowest writer may wait in a checkpoint's collectives (fit's checkpoint deadline).
+  double last_seconds() const noexcept { return last_seconds_; }
 
  private:
   struct shared_state {
     std::atomic<bool> files_done{false}, abort{false};
     std::string files_error, commit_error;
     std::filesystem::path committed;
+    double seconds = 0;  // this rank's writer: start to files written (rank 0: to the commit)
   };
   struct job {
     std::filesystem::path dir, partial;
@@ -364,6 +370,7 @@ class checkpointer {
   std::optional<detail::world_map> map_, state_map_;
   detail::write_plan plan_, state_plan_;
   std::filesystem::path last_committed_;
+  double last_seconds_ = 0;
 };
 
 /// What a rank read of a checkpoint: its parameters and optimizer buffers (laid out as it holds

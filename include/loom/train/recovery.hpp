@@ -73,10 +73,25 @@ class step_clock {
     std::nth_element(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(k / 2), t.begin() + static_cast<std::ptrdiff_t>(k));
     return std::max(floor_s_, f_.deadline_steps * t[k / 2]);
   }
-  /// The deadline of a checkpoint's collectives and of the step after it: a checkpoint takes
-  /// longer than a step on the rank that writes the most, and its peers' next collectives wait
-  /// for that rank (startup_deadline_s, or the usual deadline when that is longer).
-  double checkpoint_deadline() const { return std::max(deadline(), f_.startup_deadline_s); }
+  /// Adds a checkpoint's times: how long this rank spent in it (`here_s`: its collectives,
+  /// waiting for the previous one to finish, writing when it is not asynchronous), and the
+  /// writers' job-wide time of the last checkpoint completed (io::checkpointer::last_seconds,
+  /// 0 before one completed).
+  void add_checkpoint(double here_s, double job_s) {
+    checkpoint_s_ = std::max({checkpoint_s_, here_s, job_s});
+    if (job_s > 0) checkpoint_measured_ = true;
+  }
+  /// The deadline of a checkpoint's collectives: a checkpoint takes longer than a step on the
+  /// rank that writes the most, and its peers wait for that rank. Until a checkpoint has
+  /// completed and its time is known, startup_deadline_s; then deadline_steps times the
+  /// longest checkpoint seen, at least min_checkpoint_deadline_s (a write's time on shared
+  /// storage varies far more than a step's); never less than the step deadline.
+  double checkpoint_deadline() const {
+    if (!checkpoint_measured_) return std::max(deadline(), f_.startup_deadline_s);
+    return std::max({deadline(), f_.min_checkpoint_deadline_s, f_.deadline_steps * checkpoint_s_});
+  }
+  /// After a recovery: the step times are measured again (new batch shapes); the checkpoint
+  /// times are kept (deadline_steps covers a writer's larger share on fewer ranks).
   void restart() { n_ = 0; }
 
  private:
@@ -84,6 +99,8 @@ class step_clock {
   double floor_s_;
   std::array<double, 16> times_{};
   std::size_t n_ = 0;
+  double checkpoint_s_ = 0;
+  bool checkpoint_measured_ = false;
 };
 
 /// What a recovery needs from the trainer that runs it: the parts that depend on its network,

@@ -551,6 +551,10 @@ LOOM_DECL void checkpointer::wait(collectives& c) {
   if (thread_.joinable()) thread_.join();
   state_.reset();
   const std::string commit = c.agree_on_errors(all.empty() ? st->commit_error : "");
+  // 3. How long it took, the longest rank's (microseconds, one small allreduce per checkpoint).
+  std::uint64_t us = static_cast<std::uint64_t>(std::max(0.0, st->seconds) * 1e6);
+  c.max(&us, 1);
+  last_seconds_ = static_cast<double>(us) * 1e-6;
   if (!all.empty() || !commit.empty())
     throw io_error("loom::checkpoint step-" + std::to_string(step) + " failed, and the previous checkpoint stays the "
                    "newest: " + (all.empty() ? commit : all));
@@ -569,11 +573,14 @@ LOOM_DECL long long checkpointer::abandon() {
 
 LOOM_DECL void checkpointer::run(job& j) {
   shared_state& st = *j.state;
+  const auto began = std::chrono::steady_clock::now();
+  auto took = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count(); };
   try {
     write_files(j);
   } catch (const std::exception& e) {
     st.files_error = e.what();
   }
+  st.seconds = took();
   st.files_done.store(true);
   if (j.rank != 0) return;
   if (!st.files_error.empty()) {
@@ -588,6 +595,7 @@ LOOM_DECL void checkpointer::run(job& j) {
     std::error_code ec;
     std::filesystem::remove_all(j.partial, ec);
   }
+  st.seconds = took();  // read by wait() after the join
 }
 
 LOOM_DECL void checkpointer::write_files(job& j) {

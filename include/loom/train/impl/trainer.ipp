@@ -5,7 +5,11 @@
 // or compiled once in src/loom.cpp (LOOM_SEPARATE_COMPILATION; see loom/core/config.hpp).
 
 #include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <thread>
+#include <utility>
 
 #include "loom/train/trainer.hpp"
 
@@ -25,6 +29,26 @@ LOOM_DECL void slow_checkpoint_for_tests() {
     return v && *v ? std::strtod(v, nullptr) : 0.0;
   }();
   if (s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(s));
+}
+
+/// For the test of the deadline of a checkpoint's collectives (tests/fault/checkpoint_hang.sh):
+/// $LOOM_TEST_STOP_AT_CHECKPOINT = "K:R" makes rank R stop itself (SIGSTOP, a hang) as its K-th
+/// periodic checkpoint of this process begins, after saying so on stderr with the time. Unset
+/// (always, outside that test): nothing.
+LOOM_DECL void stop_at_checkpoint_for_tests(int rank) {
+  static const std::pair<long, long> at = [] {
+    const char* v = std::getenv("LOOM_TEST_STOP_AT_CHECKPOINT");
+    long k = 0, r = -1;
+    if (v && *v && std::sscanf(v, "%ld:%ld", &k, &r) != 2) k = 0;
+    return std::pair<long, long>(k, r);
+  }();
+  static long seen = 0;
+  if (at.first <= 0 || rank != at.second || ++seen != at.first) return;
+  const double unix_s = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  std::fprintf(stderr, "loom: test: rank %d stops itself (SIGSTOP) as checkpoint %ld begins (unix time %.3f)\n", rank,
+               at.first, unix_s);
+  std::fflush(stderr);
+  std::raise(SIGSTOP);
 }
 
 LOOM_DECL void check_fit_options(const fit_options& opts, std::size_t samples) {
@@ -277,13 +301,22 @@ LOOM_DECL fit_result trainer_core::run_fit(fit_host& h, const fit_options& opts,
         if (agree_each_step) coll->max(flags, 2);
         due = due || flags[1] || flags[0];
         if (due) {
-          // Until the next step ends: the peers of the rank that writes the most wait for it.
+          // The checkpoint's collectives: the peers of the rank that writes the most wait for
+          // it (and, here, for the previous checkpoint's writers). Every rank leaves save_current
+          // after its last collective, and an asynchronous write goes on beside the steps
+          // without holding any collective of theirs: the next step has the step deadline.
           set_deadline(steps_timed.checkpoint_deadline());
-          monitor::span writing(monitor::span_kind::checkpoint);
-          if (h.rank() == 0) slow_checkpoint_for_tests();
-          h.save_current(*coll, opts, /*async=*/co.async && !flags[0]);
+          const auto saving = monitor::clock::now();
+          {
+            monitor::span writing(monitor::span_kind::checkpoint);
+            if (h.rank() == 0) slow_checkpoint_for_tests();
+            stop_at_checkpoint_for_tests(h.rank());
+            h.save_current(*coll, opts, /*async=*/co.async && !flags[0]);
+          }
           saved_step = step_;
           last_checkpoint_time = monitor::clock::now();
+          steps_timed.add_checkpoint(monitor::seconds_between(saving, last_checkpoint_time), h.ckpt().last_seconds());
+          set_deadline(steps_timed.deadline());
         }
         if (flags[0]) {
           r.preempted = true;
