@@ -20,7 +20,7 @@ cluster_hostfile "$CLUSTER_DIR/hosts" 2
 w=$CLUSTER_DIR
 through=()
 for a in "${CLUSTER_MCA[@]}"; do through+=(--mpirun-arg "$a"); done
-(exec ip netns exec "$(cluster_ns 0)" "$loomrun" -np 4 --hostfile "$w/hosts" --recovery-timeout 30 "${through[@]}" -- \
+(cluster_exec 0 "$loomrun" -np 4 --hostfile "$w/hosts" --recovery-timeout 30 "${through[@]}" -- \
    "$program" "${flags[@]}" --max-steps "$total" --checkpoint-dir "$w/ck" --checkpoint-every "$every" \
    > "$w/run.out" 2> "$w/run.err") &
 job=$!

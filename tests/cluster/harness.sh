@@ -9,7 +9,7 @@
 #   cluster_down            remove everything cluster_up made (also run from a trap on EXIT/INT/TERM)
 #   cluster_hostfile F S    write an Open MPI hostfile F: every host with S slots
 #   cluster_mpirun ARGS...  mpirun inside host 0 with the harness's options (cluster_mca_args)
-#   cluster_exec I CMD...   run CMD inside host I's namespace
+#   cluster_exec I CMD...   run CMD inside host I's namespace (hostname: the namespace's name)
 #   cluster_kill_host I     kill -9 every process whose network namespace is host I's
 #   cluster_link I up|down  bring host I's link up or down (down: a partition)
 #   cluster_limit I RATE [BURST]  limit host I's link to RATE (tc tbf), e.g. 100mbit
@@ -83,7 +83,10 @@ cluster_up() {
   done
   CLUSTER_HOSTS=$hosts
   # The rsh agent: Open MPI calls it as `agent HOST COMMAND...` (HOST an address of the hostfile)
-  # and it runs COMMAND, a shell command line, inside that host's namespace.
+  # and it runs COMMAND, a shell command line, inside that host's namespace — and its own UTS
+  # namespace, whose hostname is the namespace's name: each host has a name of its own, as real
+  # hosts do, so that what loom decides by hostname (a peer on this host, whose death /proc
+  # shows at once and which a survivor may fence) holds only inside one host.
   {
     echo '#!/bin/sh'
     echo 'host=$1; shift'
@@ -91,7 +94,7 @@ cluster_up() {
     for ((i = 0; i < hosts; i++)); do echo "  $(cluster_addr $i)) ns=$(cluster_ns $i) ;;"; done
     echo '  *) echo "rsh agent: no host $host in this cluster" >&2; exit 255 ;;'
     echo 'esac'
-    echo 'exec ip netns exec "$ns" sh -c "$*"'
+    echo 'exec ip netns exec "$ns" unshare --uts sh -c '"'"'hostname "$0" && exec sh -c "$1"'"'"' "$ns" "$*"'
   } > "$CLUSTER_DIR/rsh-agent"
   chmod +x "$CLUSTER_DIR/rsh-agent"
   # mpi_yield_when_idle: the hosts share this machine's cores, so a hostfile's slots (2 per host)
@@ -114,10 +117,10 @@ cluster_hostfile() {
   for ((i = 0; i < CLUSTER_HOSTS; i++)); do echo "$(cluster_addr $i) slots=$slots" >> "$file"; done
 }
 
-cluster_exec() {
+cluster_exec() {  # inside host I's network namespace, with its hostname (as the rsh agent)
   local i=$1
   shift
-  ip netns exec "$(cluster_ns "$i")" "$@"
+  ip netns exec "$(cluster_ns "$i")" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$(cluster_ns "$i")" "$@"
 }
 
 cluster_mpirun() {

@@ -26,7 +26,7 @@ mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 "$program" "${fl
 grep "^result:" "$w/full.out"
 
 echo "== loomrun across 2 hosts, host 1 killed after step-$every's checkpoint"
-(exec ip netns exec "$(cluster_ns 0)" "$loomrun" -np 2 --hostfile "$w/hosts" --recovery-timeout 10 "${through[@]}" -- \
+(cluster_exec 0 "$loomrun" -np 2 --hostfile "$w/hosts" --recovery-timeout 10 "${through[@]}" -- \
    "$program" "${flags[@]}" --max-steps "$total" --checkpoint-dir "$w/ck" --checkpoint-every "$every" \
    --save-weights "$w/resumed.safetensors" > "$w/run.out" 2> "$w/run.err") &
 job=$!
