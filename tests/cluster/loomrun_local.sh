@@ -32,6 +32,9 @@ check_bad "unknown option '--frobnicate'" -np 2 --frobnicate -- true
 check_bad "cannot read the hostfile '$work/none'" -np 2 --hostfile "$work/none" -- true
 check_bad "-np N is required" -- true
 check_bad "no program" -np 2 --
+check_bad "--world-sizes needs world sizes >= 1 separated by commas (or 'ask'), not '0,2'" -np 2 --world-sizes 0,2 -- true
+check_bad "-np 3 is not a world size the job trains on (--world-sizes: 2 4)" -np 3 --world-sizes 2,4 -- true
+check_bad "--world-sizes ask: 'true --print-valid-world-sizes' ended with status 0 and printed no 'valid_world_sizes: N ...' line" -np 2 --world-sizes ask -- true
 "$loomrun" --help | grep -q "^usage: loomrun" || fail "loomrun --help prints no usage"
 
 echo "== an mpirun that ends with status 1 after the job finished: done, no restart"
