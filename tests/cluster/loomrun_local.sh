@@ -6,7 +6,9 @@
 # sees every rank fail after mpirun's failure notice and restarts the job on the same host with
 # the same NP, from the newest checkpoint; it must end with status 0 and
 # weights byte for byte those of a clean run. Then --max-restarts 0 gives up with its message
-# and mpirun's non-zero status, and bad arguments exit 2 with theirs.
+# and mpirun's non-zero status, and bad arguments exit 2 with theirs. Stand-in mpiruns check how
+# loomrun reads the ranks' status files (finished, failed by itself, failed after a peer's
+# failure, none).
 # usage: loomrun_local.sh LOOMRUN MPIEXEC NP PROGRAM WORKDIR TOTAL EVERY -- flags...
 set -u
 loomrun=$1 mpiexec=$2 np=$3 program=$4 work=$5 total=$6 every=$7
@@ -95,6 +97,37 @@ grep "^loomrun" "$work/noroute.err"
 [ "$status" -eq 0 ] || { cat "$work/noroute.err"; fail "loomrun ended with status $status; the restart finished"; }
 grep -q "^loomrun: restart 1 of .*Open MPI's runtime ended every process itself (no route to a lost daemon)" "$work/noroute.err" ||
   { cat "$work/noroute.err"; fail "loomrun did not restart (or did not say why) after Open MPI's runtime ended the job with status 0"; }
+
+echo "== every rank fails by itself, and mpirun notices their ends: the program's own error, no restart"
+# Seen with the pipeline example restarted on 3 ranks, which it refuses: each rank wrote
+# "failed 1", mpirun printed a notice of the first non-zero exit, and loomrun restarted it until
+# --max-restarts. With a peer's failure in a status (the process saw one), it is restarted.
+cat > "$work/mpirun-ownerror" <<'FAKE'
+#!/usr/bin/env bash
+job=""
+for a in "$@"; do [ "$a" = --enable-recovery ] && job=1; done
+[ -n "$job" ] || exit 0  # a host probe
+if [ "$LOOM_RESTART" = 0 ]; then
+  for r in 0 1; do echo "failed 1$FAKE_SUFFIX" > "$LOOM_STATUS_DIR/rank-$r.status"; done
+  echo "mpirun noticed that process rank 0 with PID 1 on node vm exited on signal 6 (Aborted)." >&2
+  exit 0
+fi
+for r in 0 1; do echo finished > "$LOOM_STATUS_DIR/rank-$r.status"; done
+exit 0
+FAKE
+chmod +x "$work/mpirun-ownerror"
+"$loomrun" -np 2 --mpirun "$work/mpirun-ownerror" -- true > "$work/own.out" 2> "$work/own.err"
+status=$?
+grep "^loomrun" "$work/own.err"
+[ "$status" -eq 1 ] || { cat "$work/own.err"; fail "loomrun ended with status $status after every rank failed by itself, not the program's 1"; }
+grep -q "^loomrun: restart" "$work/own.err" && fail "loomrun restarted a job whose every rank failed by itself"
+grep -q "none lost and none after a peer's failure: the program's own error, not restarting" "$work/own.err" ||
+  fail "loomrun did not say why it does not restart"
+FAKE_SUFFIX=" after a peer's failure" "$loomrun" -np 2 --mpirun "$work/mpirun-ownerror" -- true > "$work/peer.out" 2> "$work/peer.err"
+status=$?
+grep "^loomrun" "$work/peer.err"
+[ "$status" -eq 0 ] || { cat "$work/peer.err"; fail "loomrun ended with status $status; the restart after a peer's failure finished"; }
+grep -q "^loomrun: restart 1 of " "$work/peer.err" || fail "loomrun did not restart a job whose ranks failed after a peer's failure"
 
 echo "== a program that is not loom's (no status files) and ends normally: done, no restart"
 "$loomrun" -np 2 --mpirun "$mpiexec" --mpirun-arg --oversubscribe -- true > "$work/true.out" 2> "$work/true.err"

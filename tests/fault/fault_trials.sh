@@ -173,11 +173,12 @@ for t in $(seq 1 "$trials"); do
     # The one documented way out (docs/fault-tolerance.md, Limits): the second rank died after
     # the round decided to rebuild and before MPI_Comm_create_group finished, which it blocks;
     # the watchdog ends every survivor with status 75, for the launcher to restart the job from
-    # its checkpoint. Never a live rank left out: every status file must say "failed 75".
-    n75=$(cat "$d/status"/rank-*.status 2> /dev/null | grep -cx "failed 75")
+    # its checkpoint. Never a live rank left out: every status file must say "failed 75" (after
+    # a peer's failure, which each of them saw).
+    n75=$(cat "$d/status"/rank-*.status 2> /dev/null | grep -cx "failed 75 after a peer's failure")
     nall=$(ls "$d/status"/rank-*.status 2> /dev/null | wc -l)
     { [ "$n75" -eq "$expect" ] && [ "$nall" -eq "$expect" ]; } ||
-      { cat "$d/err"; fail "trial $t: the rebuild watchdog ended the job, but $n75 of $nall status files say 'failed 75' (expected $expect of $expect)"; }
+      { cat "$d/err"; fail "trial $t: the rebuild watchdog ended the job, but $n75 of $nall status files say 'failed 75 after a peer's failure' (expected $expect of $expect)"; }
     echo "trial $t: the second failure landed in the rebuild: every survivor ended with status 75 (the documented window; loomrun restarts from the checkpoint)"
     windowed=$((windowed + 1))
     continue

@@ -8,6 +8,7 @@
 
 #include <csignal>
 #include <cstdint>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -156,10 +157,17 @@ inline bool joining_as_replacement = false;
 /// When this replacement process started MPI (unix time), for its report.
 inline double replacement_started_unix = 0;
 
+/// Set once this process has seen a peer fail (a loom::rank_failure was made: a deadline, a
+/// dead peer, a recovery, the runtime's SIGTERM): a failed end of this process is then told to
+/// the launcher as a consequence of that failure, not as the program's own error.
+inline std::atomic<bool> peer_failure_seen{false};
+
 /// Records how this process ends for a launcher (loomrun exports LOOM_STATUS_DIR; under
 /// `mpirun --enable-recovery` mpirun's own exit status is 0 whatever the ranks do): writes
-/// `<dir>/rank-<world rank>.status` holding `what` ("finished", "failed <code>", "left"); the
-/// first call wins. Never throws.
+/// `<dir>/rank-<world rank>.status` holding `what` ("finished", "failed <code>", "left"), and
+/// after "failed ..." " after a peer's failure" where this process saw one (peer_failure_seen:
+/// loomrun restarts such a job, and does not restart one whose every rank failed by itself).
+/// The first call wins. Never throws.
 /// The name of this process in those files instead of its world rank (a replacement of a lost
 /// rank, whose MPI_COMM_WORLD is its own: "replacement-<pid>").
 inline std::string exit_status_name;
@@ -171,8 +179,9 @@ inline void write_exit_status(const std::string& what) noexcept {
   const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
   const std::string name = !exit_status_name.empty() ? exit_status_name : rank && *rank ? rank : "0";
   const std::string path = std::string(dir) + "/rank-" + name + ".status";
+  const bool failed = what.rfind("failed", 0) == 0;
   if (std::FILE* f = std::fopen(path.c_str(), "w")) {
-    std::fprintf(f, "%s\n", what.c_str());
+    std::fprintf(f, "%s%s\n", what.c_str(), failed && peer_failure_seen.load() ? " after a peer's failure" : "");
     std::fclose(f);
   }
 }
@@ -235,7 +244,9 @@ class rank_failure : public communication_error {
  public:
   enum class kind { deadline, peer_gone, peer_recovery, mpi_error, terminating };
   rank_failure(kind k, std::string op, double waited_s, int peer, const std::string& message)
-      : communication_error(message), kind_(k), op_(std::move(op)), waited_s_(waited_s), peer_(peer) {}
+      : communication_error(message), kind_(k), op_(std::move(op)), waited_s_(waited_s), peer_(peer) {
+    detail::peer_failure_seen.store(true);
+  }
   kind why() const noexcept { return kind_; }
   /// The operation that was waiting ("allreduce", "iallreduce", "recv", ...).
   const std::string& operation() const noexcept { return op_; }
