@@ -24,12 +24,7 @@ for a in "${CLUSTER_MCA[@]}"; do through+=(--mpirun-arg "$a"); done
    "$program" "${flags[@]}" --max-steps "$total" --checkpoint-dir "$w/ck" --checkpoint-every "$every" \
    > "$w/run.out" 2> "$w/run.err") &
 job=$!
-for _ in $(seq 1 6000); do
-  [ -d "$w/ck/step-$every" ] && break
-  kill -0 $job 2> /dev/null || break
-  sleep 0.01
-done
-[ -d "$w/ck/step-$every" ] || { cat "$w/run.err"; fail "no checkpoint step-$every appeared"; }
+cluster_wait_for "$w/ck/step-$every" $job || { cat "$w/run.err"; fail "no checkpoint step-$every appeared"; }
 n=$(cluster_kill_host 1)
 echo "kill -9 of the $n processes of host 1 after step-$every's checkpoint"
 wait $job

@@ -10,6 +10,7 @@
 #   cluster_hostfile F S    write an Open MPI hostfile F: every host with S slots
 #   cluster_mpirun ARGS...  mpirun inside host 0 with the harness's options (cluster_mca_args)
 #   cluster_exec I CMD...   run CMD inside host I's namespace (hostname: the namespace's name)
+#   cluster_wait_for P PID  wait until path P exists or process PID ended (60 s at most)
 #   cluster_kill_host I     kill -9 every process whose network namespace is host I's
 #   cluster_link I up|down  bring host I's link up or down (down: a partition)
 #   cluster_limit I RATE [BURST]  limit host I's link to RATE (tc tbf), e.g. 100mbit
@@ -36,6 +37,9 @@ cluster_down() {
     rm -rf "/etc/netns/$ns"
   done
   [ -d /etc/netns ] && rmdir /etc/netns 2>/dev/null
+  # Open MPI's session directories of the hosts (named by their hostnames), which a killed
+  # host's daemon leaves behind.
+  rm -rf "${TMPDIR:-/tmp}/ompi.${CLUSTER_PREFIX}-h"[0-9]*
   if [ -n "$CLUSTER_DIR" ] && [ -d "$CLUSTER_DIR" ]; then rm -rf "$CLUSTER_DIR"; fi
   CLUSTER_HOSTS=0
   return 0
@@ -125,6 +129,18 @@ cluster_exec() {  # inside host I's network namespace, with its hostname (as the
 
 cluster_mpirun() {
   cluster_exec 0 mpirun --allow-run-as-root "${CLUSTER_MCA[@]}" "$@"
+}
+
+# Waits until PATH exists (a checkpoint's directory) or process PID has ended, 60 s at most;
+# returns 0 when PATH exists.
+cluster_wait_for() {
+  local _
+  for _ in $(seq 1 6000); do
+    [ -e "$1" ] && return 0
+    kill -0 "$2" 2> /dev/null || break
+    sleep 0.01
+  done
+  [ -e "$1" ]
 }
 
 cluster_kill_host() {

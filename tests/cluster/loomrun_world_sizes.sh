@@ -21,20 +21,21 @@ w=$CLUSTER_DIR
 printf '%s slots=2\n%s slots=1\n%s slots=1\n' "$(cluster_addr 0)" "$(cluster_addr 1)" "$(cluster_addr 2)" > "$w/hosts"
 through=()
 for a in "${CLUSTER_MCA[@]}"; do through+=(--mpirun-arg "$a"); done
-(cluster_exec 0 "$loomrun" -np 4 --hostfile "$w/hosts" --world-sizes ask --recovery-timeout 10 "${through[@]}" -- \
-   "$program" "${flags[@]}" --max-steps "$total" --checkpoint-dir "$w/ck" --checkpoint-every "$every" \
-   > "$w/run.out" 2> "$w/run.err") &
-job=$!
-for _ in $(seq 1 6000); do
-  [ -d "$w/ck/step-$every" ] && break
-  kill -0 $job 2> /dev/null || break
-  sleep 0.01
-done
-[ -d "$w/ck/step-$every" ] || { cat "$w/run.err"; fail "no checkpoint step-$every appeared"; }
-n=$(cluster_kill_host 2)
-echo "kill -9 of the $n processes of host 2 after step-$every's checkpoint"
-wait $job
-status=$?
+# run_losing_host2 NAME WORLD-SIZES: loomrun's job (stdout NAME.out, stderr NAME.err, checkpoints
+# NAME.ck); host 2 killed once the first checkpoint is committed. Sets status to loomrun's.
+run_losing_host2() {
+  local name=$1 sizes=$2 job n
+  (cluster_exec 0 "$loomrun" -np 4 --hostfile "$w/hosts" --world-sizes "$sizes" --recovery-timeout 10 "${through[@]}" -- \
+     "$program" "${flags[@]}" --max-steps "$total" --checkpoint-dir "$w/$name.ck" --checkpoint-every "$every" \
+     > "$w/$name.out" 2> "$w/$name.err") &
+  job=$!
+  cluster_wait_for "$w/$name.ck/step-$every" $job || { cat "$w/$name.err"; fail "$name: no checkpoint step-$every appeared"; }
+  n=$(cluster_kill_host 2)
+  echo "$name: kill -9 of the $n processes of host 2 after step-$every's checkpoint"
+  wait $job
+  status=$?
+}
+run_losing_host2 run ask
 grep -E "^loomrun|resumed from" "$w/run.err"
 [ "$status" -eq 0 ] || { tail -20 "$w/run.err"; fail "loomrun ended with status $status, not 0"; }
 grep -q "^loomrun: restart 1 of 3: .*, 2 ranks (the largest world size the job trains on within 3 slot(s)) on $(cluster_addr 0) $(cluster_addr 1) (excluded: $(cluster_addr 2) (.*)), from the newest checkpoint" "$w/run.err" ||
@@ -43,19 +44,7 @@ grep -q "^loom: resumed from [^ ]*step-[0-9]*" "$w/run.err" || fail "the restart
 grep "^result: .* ranks=2 " "$w/run.out" || fail "no result line with ranks=2"
 
 echo "== a list that no slot count left fits: loomrun gives up and says why"
-(cluster_exec 0 "$loomrun" -np 4 --hostfile "$w/hosts" --world-sizes 4 --recovery-timeout 10 "${through[@]}" -- \
-   "$program" "${flags[@]}" --max-steps "$total" --checkpoint-dir "$w/ck2" --checkpoint-every "$every" \
-   > "$w/none.out" 2> "$w/none.err") &
-job=$!
-for _ in $(seq 1 6000); do
-  [ -d "$w/ck2/step-$every" ] && break
-  kill -0 $job 2> /dev/null || break
-  sleep 0.01
-done
-[ -d "$w/ck2/step-$every" ] || { cat "$w/none.err"; fail "no checkpoint step-$every appeared in the second run"; }
-cluster_kill_host 2 > /dev/null
-wait $job
-status=$?
+run_losing_host2 none 4
 grep "^loomrun: giving up" "$w/none.err"
 [ "$status" -ne 0 ] || fail "loomrun ended with status 0 although no world size fits"
 grep -q "^loomrun: giving up: .*0 rank(s) left on the hosts that remain .*(no world size the job trains on (4) fits in 3 slot(s)), fewer than --min-ranks 1" "$w/none.err" ||

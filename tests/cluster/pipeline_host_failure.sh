@@ -30,12 +30,7 @@ echo "== loomrun across 2 hosts, host 1 killed after step-$every's checkpoint"
    "$program" "${flags[@]}" --max-steps "$total" --checkpoint-dir "$w/ck" --checkpoint-every "$every" \
    --save-weights "$w/resumed.safetensors" > "$w/run.out" 2> "$w/run.err") &
 job=$!
-for _ in $(seq 1 6000); do
-  [ -d "$w/ck/step-$every" ] && break
-  kill -0 $job 2> /dev/null || break
-  sleep 0.01
-done
-[ -d "$w/ck/step-$every" ] || { cat "$w/run.err"; fail "no checkpoint step-$every appeared"; }
+cluster_wait_for "$w/ck/step-$every" $job || { cat "$w/run.err"; fail "no checkpoint step-$every appeared"; }
 ip netns pids "$(cluster_ns 1)" | xargs -r ps -o pid=,args= -p | cut -c1-60 | sed 's/^/host 1: /'
 killed_at=$(date +%s.%N)
 n=$(cluster_kill_host 1)
