@@ -6,9 +6,9 @@
 // roll call. The detection and the recovery protocol are loom/comm/mpi_watch.hpp and
 // loom/comm/mpi_recovery.hpp; the trainer drives them (docs/fault-tolerance.md).
 
+#include <atomic>
 #include <csignal>
 #include <cstdint>
-#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
