@@ -39,20 +39,24 @@ check_bad "-np 3 is not a world size the job trains on (--world-sizes: 2 4)" -np
 check_bad "--world-sizes ask: 'true --print-valid-world-sizes' ended with status 0 and printed no 'valid_world_sizes: N ...' line" -np 2 --world-sizes ask -- true
 "$loomrun" --help | grep -q "^usage: loomrun" || fail "loomrun --help prints no usage"
 
+# standin FILE: a stand-in for mpirun whose job (the run with --enable-recovery) is the script
+# on stdin; its host probes succeed.
+standin() {
+  { printf '%s\n' '#!/usr/bin/env bash' 'job=""' 'for a in "$@"; do [ "$a" = --enable-recovery ] && job=1; done' \
+      '[ -n "$job" ] || exit 0  # a host probe'
+    cat; } > "$1"
+  chmod +x "$1"
+}
+
 echo "== an mpirun that ends with status 1 after the job finished: done, no restart"
 # (Seen once under --enable-recovery after the runtime refused a replacement.) A stand-in for
 # mpirun: host probes succeed; the job (the one run with --enable-recovery) writes every rank's
 # "finished" status and exits 1.
-cat > "$work/mpirun-status1" <<'FAKE'
-#!/usr/bin/env bash
-job=""
-for a in "$@"; do [ "$a" = --enable-recovery ] && job=1; done
-[ -n "$job" ] || exit 0  # a host probe
+standin "$work/mpirun-status1" <<'FAKE'
 for r in 0 1; do echo finished > "$LOOM_STATUS_DIR/rank-$r.status"; done
 echo "fake mpirun: the job finished; exiting with status 1" >&2
 exit 1
 FAKE
-chmod +x "$work/mpirun-status1"
 "$loomrun" -np 2 --mpirun "$work/mpirun-status1" -- true > "$work/status1.out" 2> "$work/status1.err"
 status=$?
 grep "^loomrun" "$work/status1.err"
@@ -65,11 +69,7 @@ echo "== Open MPI's runtime ends every process itself (status 0, no rank's statu
 # in CI after the first checkpoint): mpirun finds no route to the lost daemon, kills the
 # survivors and exits 0. The stand-in prints what Open MPI 4.1.4 printed then; the restart
 # (LOOM_RESTART=1) finishes.
-cat > "$work/mpirun-noroute" <<'FAKE'
-#!/usr/bin/env bash
-job=""
-for a in "$@"; do [ "$a" = --enable-recovery ] && job=1; done
-[ -n "$job" ] || exit 0  # a host probe
+standin "$work/mpirun-noroute" <<'FAKE'
 if [ "$LOOM_RESTART" = 0 ]; then
   cat >&2 <<'ORTE'
 [vm:21917] [[14691,0],0] ACTIVATE JOB [14691,1] STATE RUNNING AT ../../../../../orte/mca/state/base/state_base_fns.c:692
@@ -90,7 +90,6 @@ for r in 0 1; do echo finished > "$LOOM_STATUS_DIR/rank-$r.status"; done
 echo "[vm:1] [[2455,0],0] ACTIVATE JOB [2455,1] STATE NORMALLY TERMINATED AT state_base_fns.c:459" >&2
 exit 0
 FAKE
-chmod +x "$work/mpirun-noroute"
 "$loomrun" -np 2 --mpirun "$work/mpirun-noroute" -- true > "$work/noroute.out" 2> "$work/noroute.err"
 status=$?
 grep "^loomrun" "$work/noroute.err"
@@ -102,11 +101,7 @@ echo "== every rank fails by itself, and mpirun notices their ends: the program'
 # Seen with the pipeline example restarted on 3 ranks, which it refuses: each rank wrote
 # "failed 1", mpirun printed a notice of the first non-zero exit, and loomrun restarted it until
 # --max-restarts. With a peer's failure in a status (the process saw one), it is restarted.
-cat > "$work/mpirun-ownerror" <<'FAKE'
-#!/usr/bin/env bash
-job=""
-for a in "$@"; do [ "$a" = --enable-recovery ] && job=1; done
-[ -n "$job" ] || exit 0  # a host probe
+standin "$work/mpirun-ownerror" <<'FAKE'
 if [ "$LOOM_RESTART" = 0 ]; then
   for r in 0 1; do echo "failed 1$FAKE_SUFFIX" > "$LOOM_STATUS_DIR/rank-$r.status"; done
   echo "mpirun noticed that process rank 0 with PID 1 on node vm exited on signal 6 (Aborted)." >&2
@@ -115,7 +110,6 @@ fi
 for r in 0 1; do echo finished > "$LOOM_STATUS_DIR/rank-$r.status"; done
 exit 0
 FAKE
-chmod +x "$work/mpirun-ownerror"
 "$loomrun" -np 2 --mpirun "$work/mpirun-ownerror" -- true > "$work/own.out" 2> "$work/own.err"
 status=$?
 grep "^loomrun" "$work/own.err"

@@ -28,9 +28,7 @@ job=$!
 stopped=""
 for _ in $(seq 1 30000); do
   kill -0 $job 2> /dev/null || break
-  if [ -z "$stopped" ]; then
-    stopped=$(sed -n 's/^loom: test: rank [0-9]* stops itself.*/x/p' "$work/err" | head -1)
-  fi
+  [ -z "$stopped" ] && grep -q "^loom: test: rank [0-9]* stops itself" "$work/err" && stopped=1
   if [ -n "$stopped" ] && grep -q "^result: " "$work/out"; then
     for p in $(pgrep -P $job); do
       [ "$(awk '{print $3}' /proc/$p/stat 2> /dev/null)" = T ] && kill -9 "$p" 2> /dev/null

@@ -413,8 +413,7 @@ namespace detail {
 
 /// The checks of fit's options, on every rank alike before anything is communicated.
 LOOM_DECL void check_fit_options(const fit_options& opts, std::size_t samples);
-LOOM_DECL void slow_checkpoint_for_tests();
-LOOM_DECL void stop_at_checkpoint_for_tests(int rank);
+LOOM_DECL void checkpoint_hooks_for_tests(int rank);
 
 /// fault_options::replace where the policy cannot have it: `watch` (the policy recovers on
 /// fewer ranks) and `replace` (it can also merge new processes in) say what it has.

@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
-#include <utility>
 
 #include "loom/train/trainer.hpp"
 
@@ -20,33 +19,31 @@ LOOM_DECL bool restarted_by_launcher() {
   return v && *v && std::strtoul(v, nullptr, 10) > 0;
 }
 
-/// For the tests of the deadlines around checkpoints (tests/fault): rank 0 takes
-/// $LOOM_TEST_SLOW_CHECKPOINT_S seconds more to write each periodic checkpoint, as a slow disk
-/// would. Unset (always, outside those tests): nothing.
-LOOM_DECL void slow_checkpoint_for_tests() {
-  static const double s = [] {
-    const char* v = std::getenv("LOOM_TEST_SLOW_CHECKPOINT_S");
-    return v && *v ? std::strtod(v, nullptr) : 0.0;
-  }();
-  if (s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(s));
-}
-
-/// For the test of the deadline of a checkpoint's collectives (tests/fault/checkpoint_hang.sh):
-/// $LOOM_TEST_STOP_AT_CHECKPOINT = "K:R" makes rank R stop itself (SIGSTOP, a hang) as its K-th
-/// periodic checkpoint of this process begins, after saying so on stderr with the time. Unset
-/// (always, outside that test): nothing.
-LOOM_DECL void stop_at_checkpoint_for_tests(int rank) {
-  static const std::pair<long, long> at = [] {
-    const char* v = std::getenv("LOOM_TEST_STOP_AT_CHECKPOINT");
-    long k = 0, r = -1;
-    if (v && *v && std::sscanf(v, "%ld:%ld", &k, &r) != 2) k = 0;
-    return std::pair<long, long>(k, r);
+/// For the tests of the deadlines of a checkpoint's collectives (tests/fault), as a checkpoint
+/// begins on this rank; with neither variable set (always, outside those tests) nothing:
+/// - $LOOM_TEST_SLOW_CHECKPOINT_S: rank 0 takes that many seconds more for each periodic
+///   checkpoint, as a slow disk would (slow_checkpoint.sh);
+/// - $LOOM_TEST_STOP_AT_CHECKPOINT = "K:R": rank R stops itself (SIGSTOP, a hang) as its K-th
+///   periodic checkpoint begins, after saying so on stderr with the time (checkpoint_hang.sh).
+LOOM_DECL void checkpoint_hooks_for_tests(int rank) {
+  struct hooks {
+    double slow_s = 0;
+    long stop_at = 0, stop_rank = -1;
+  };
+  static const hooks h = [] {
+    hooks r;
+    if (const char* v = std::getenv("LOOM_TEST_SLOW_CHECKPOINT_S"); v && *v) r.slow_s = std::strtod(v, nullptr);
+    if (const char* v = std::getenv("LOOM_TEST_STOP_AT_CHECKPOINT");
+        v && *v && std::sscanf(v, "%ld:%ld", &r.stop_at, &r.stop_rank) != 2)
+      r.stop_at = 0;
+    return r;
   }();
   static long seen = 0;
-  if (at.first <= 0 || rank != at.second || ++seen != at.first) return;
+  if (rank == 0 && h.slow_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(h.slow_s));
+  if (h.stop_at <= 0 || rank != h.stop_rank || ++seen != h.stop_at) return;
   const double unix_s = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   std::fprintf(stderr, "loom: test: rank %d stops itself (SIGSTOP) as checkpoint %ld begins (unix time %.3f)\n", rank,
-               at.first, unix_s);
+               h.stop_at, unix_s);
   std::fflush(stderr);
   std::raise(SIGSTOP);
 }
@@ -309,8 +306,7 @@ LOOM_DECL fit_result trainer_core::run_fit(fit_host& h, const fit_options& opts,
           const auto saving = monitor::clock::now();
           {
             monitor::span writing(monitor::span_kind::checkpoint);
-            if (h.rank() == 0) slow_checkpoint_for_tests();
-            stop_at_checkpoint_for_tests(h.rank());
+            checkpoint_hooks_for_tests(h.rank());
             h.save_current(*coll, opts, /*async=*/co.async && !flags[0]);
           }
           saved_step = step_;
