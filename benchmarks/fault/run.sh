@@ -13,7 +13,9 @@
 #             without it (--no-fault-detection), median ratio of samples/s (target >= 0.99): data
 #             parallel (fashion_mnist), a pipeline of 2 stages (examples/pipeline) and tensor
 #             parallelism over 2 slices (examples/tensor_parallel), whose every communicator has
-#             the deadlines too (the job ends after a roll call instead of recovering).
+#             the deadlines too (the job ends after a roll call instead of recovering); and the
+#             hybrid of examples/tensor_parallel on 4 ranks under --enable-recovery, which also
+#             commits each step over the world (docs/fault-tolerance.md, "Hybrids").
 #   after     throughput after a recovery: a 4-rank run that loses a rank early against a clean
 #             3-rank run of the same steps, median ratio of samples/s over ROUNDS pairs; over
 #             shared memory, and with --btl tcp,self over TCP (this host's loopback), the path
@@ -92,19 +94,24 @@ if [[ $parts == *recovery* ]]; then
 fi
 
 if [[ $parts == *deadline* ]]; then
-  for example in fashion_mnist pipeline tensor_parallel; do
+  # tensor_parallel:4 is the hybrid (2 replicas of 2 slices) under mpirun --enable-recovery: its
+  # detection plus the step commit (one 8-byte allreduce over the world per step).
+  for spec in fashion_mnist:2 pipeline:2 tensor_parallel:2 tensor_parallel:4; do
+    example=${spec%:*} n=${spec#*:}
     p=$build_dir/examples/$example/$example
-    : > "$work/deadline-$example.txt"
+    recovery=()
+    [ "$n" -eq 2 ] || recovery=(--enable-recovery)
+    : > "$work/deadline-$spec.txt"
     for r in $(seq 1 "$rounds"); do
       quiet_wait
-      mpi 2 "$p" "${common[@]}" > "$work/on.out" 2>/dev/null
-      mpi 2 "$p" "${common[@]}" --no-fault-detection > "$work/off.out" 2>/dev/null
-      echo "$(sps "$work/on.out") $(sps "$work/off.out")" >> "$work/deadline-$example.txt"
+      mpi "$n" "${recovery[@]}" "$p" "${common[@]}" > "$work/on.out" 2>/dev/null
+      mpi "$n" "${recovery[@]}" "$p" "${common[@]}" --no-fault-detection > "$work/off.out" 2>/dev/null
+      echo "$(sps "$work/on.out") $(sps "$work/off.out")" >> "$work/deadline-$spec.txt"
     done
     echo
-    echo "Failure detection in steady state, $example: 2 ranks, $steps steps, $rounds paired rounds (samples/s)"
-    awk '{ printf "  round %d: on %s, off %s, ratio %.3f\n", NR, $1, $2, $1 / $2 }' "$work/deadline-$example.txt"
-    echo "  median ratio on/off: $(awk '{ print $1 / $2 }' "$work/deadline-$example.txt" | median)"
+    echo "Failure detection in steady state, $example: $n ranks${recovery:+ (a hybrid under --enable-recovery: detection and the step commit)}, $steps steps, $rounds paired rounds (samples/s)"
+    awk '{ printf "  round %d: on %s, off %s, ratio %.3f\n", NR, $1, $2, $1 / $2 }' "$work/deadline-$spec.txt"
+    echo "  median ratio on/off: $(awk '{ print $1 / $2 }' "$work/deadline-$spec.txt" | median)"
   done
 fi
 

@@ -37,7 +37,8 @@ int train(const example::flags& f, typename Optimizer::options opt) {
   if (example::after_fit(program, f, t, fit)) return 0;
   const auto eval = t.evaluate(test_set);
   const double l2 = t.parameters_l2();  // collective
-  if (!lead) return 0;
+  // After a recovery (4 ranks: a replica lost a rank and left) the lead may be another process.
+  if (t.rank() != 0) return 0;
   if (!f.quiet) std::cerr << loom::figures_table(fit.figures);
   example::print_result(f, fit, eval, l2, " tensor_parallel=2");
   return 0;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# Data parallel on 2 hosts x 2 ranks under loomrun; once the first checkpoint is committed, every
+# Data parallel on 2 hosts x 2 ranks under loomrun (or a hybrid of 2 replicas of 2 ranks, a
+# replica per host: examples/tensor_parallel); once the first checkpoint is committed, every
 # process of host 1 is killed (kill -9). The survivors on host 0 must continue in the process
 # (the trainer's in-process recovery: a line `loom: recovery ...` on stderr) and finish with
 # ranks=2 and status 0 — without loomrun restarting the job (no `loomrun: restart` line), which

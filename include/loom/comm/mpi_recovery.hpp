@@ -122,7 +122,7 @@ class deadline_watchdog {
 /// or the verdict directory cannot be written.
 LOOM_MPI_DECL recovery_result recover_world(mpi_comm& c, const recovery_request& q);
 
-/// The fencing of a recovery: the first member (lowest rank of c left in) on the host of each
+/// The fencing of a recovery: the first member (lowest rank of c left in, not released) on the host of each
 /// rank that res left out ends that rank's process (SIGKILL, only if it still runs this
 /// program), so that a stopped process cannot come back into a job that went on without it.
 /// Returns the processes this rank ended. recover_world does it before the rebuild; with

@@ -93,7 +93,7 @@ inline bool runtime_keeps_survivors() {
 /// What a rank was doing, in the order of a step.
 enum class fault_phase : std::uint8_t {
   start, data, forward_backward, gradient_allreduce, loss_sums, optimizer, checkpoint, bookkeeping, evaluation,
-  end_of_fit, recovery
+  end_of_fit, recovery, step_commit
 };
 constexpr const char* to_string(fault_phase p) noexcept {
   switch (p) {
@@ -108,6 +108,7 @@ constexpr const char* to_string(fault_phase p) noexcept {
     case fault_phase::evaluation: return "evaluation";
     case fault_phase::end_of_fit: return "end of fit";
     case fault_phase::recovery: return "recovery";
+    case fault_phase::step_commit: return "step commit";
   }
   return "?";
 }
@@ -209,6 +210,11 @@ struct recovery_request {
   /// false: the roll call and the verdict only — no fencing, no new communicator (a job that
   /// cannot go on without the lost ranks: it reports and ends; loom::fence_left_out).
   bool rebuild = true;
+  /// The old communicator is made of consecutive groups of this many ranks that go on only
+  /// whole (a hybrid's model replicas: ranks g*group_size .. (g+1)*group_size-1 hold one
+  /// replica together). A verdict that loses a rank of a group leaves the group's other ranks
+  /// out too (recovery_result::released); 1: every rank stands alone.
+  int group_size = 1;
 };
 
 /// One rank of the old communicator in the roll call of a recovery.
@@ -230,6 +236,9 @@ struct recovery_result {
   std::vector<recovery_roll_entry> roll_call;  // every rank of the old communicator
   std::vector<int> lost;                       // old ranks left out
   bool excluded = false;                       // this rank is left out: it must leave
+  std::vector<int> released;                   // old ranks the verdict kept but whose group lost a
+                                               // rank (recovery_request::group_size): they leave
+  bool no_whole_group = false;                 // every group lost a rank: nobody can go on
   int verdict_by = -1;                         // the old rank whose verdict was taken
   std::filesystem::path verdict;
   std::vector<long> fenced;                    // processes this rank killed (same host, left out)

@@ -179,8 +179,19 @@ class replica_passes {
   /// Not under shard_optimizer_state: a lost rank takes its slice of the optimizer state with
   /// it (the run ends; loomrun resumes it from the last checkpoint). `recoverable` says whether
   /// the code can; can_recover() whether this run can (not where it shards the state).
-  static constexpr bool recoverable = detail::replica_comm_sync<Sync> && !detail::shards_state_v<Sync>;
-  bool can_recover() const noexcept { return recoverable && !shards_state(); }
+  /// A hybrid with tensor parallelism recovers on its data-parallel axis: the replicas that
+  /// lost a rank leave whole (replica_ranks ranks each), the others go on; with one replica
+  /// left there is nothing to go on with.
+  static constexpr bool recoverable = [] {
+    if constexpr (detail::tensor_sync<Sync>) return Sync::recoverable;
+    else return detail::replica_comm_sync<Sync> && !detail::shards_state_v<Sync>;
+  }();
+  bool can_recover() const noexcept { return recoverable && !shards_state() && (!tensor_split || replicas() > 1); }
+  /// Ranks that hold one model replica together (the tensor-parallel width; 1 otherwise).
+  static constexpr int replica_ranks = [] {
+    if constexpr (detail::tensor_sync<Sync>) return static_cast<int>(Sync::width);
+    else return 1;
+  }();
   /// After a recovery replaced the communicator (world_comm()): forgets the operations in
   /// flight on the old one, and moves the gradients and the exchange's buffer to fresh memory,
   /// since those operations may still write into the old.
@@ -476,13 +487,51 @@ class replica_engine : public replica_passes<Network, Loss, Backend, Sync> {
       }
     }
     base::clip_and_close_step(clip);
-    monitor::timed compute(base::figures(), &rank_figures::compute_s);
-    auto& m = base::model();
-    state_.step(m.parameters().data(), m.gradients().data(), model_type::parameter_count, lr);
+    if constexpr (commits_steps) {
+      if (base::sync().commits()) {
+        // The step's last collective: after it no rank may keep the step from being taken
+        // (see finish_committed_step).
+        committed_lr_ = lr;
+        detail::set_phase(fault_phase::step_commit);
+        base::sync().commit();
+        detail::set_phase(fault_phase::optimizer);
+      }
+    }
+    take_step(lr);
+  }
+
+  /// After a failure in a hybrid's step commit (tensor_parallel_sync::commit) that completed on
+  /// another rank: takes the step from the reduced, clipped gradients this rank holds, and
+  /// returns true; false when this rank is not inside a commit.
+  bool finish_committed_step() {
+    if (!committed_lr_) return false;
+    take_step(*committed_lr_);
+    return true;
+  }
+
+  /// See replica_passes::after_recovery; a commit in flight is given up (the step is redone,
+  /// or was finished by finish_committed_step).
+  void after_recovery()
+    requires base::recoverable
+  {
+    committed_lr_.reset();
+    base::after_recovery();
   }
 
  private:
+  static constexpr bool commits_steps = requires(Sync& s) {
+    s.commits();
+    s.commit();
+  };
+  void take_step(float lr) {
+    monitor::timed compute(base::figures(), &rank_figures::compute_s);
+    auto& m = base::model();
+    state_.step(m.parameters().data(), m.gradients().data(), model_type::parameter_count, lr);
+    committed_lr_.reset();
+  }
+
   optimizer_state state_;
+  std::optional<float> committed_lr_;  // inside a step's commit: the step's learning rate
 };
 
 }  // namespace loom

@@ -11,6 +11,9 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <cstddef>
 #include <cstring>
 #include <memory>
@@ -22,6 +25,7 @@
 
 #include "loom/comm/communicator.hpp"
 #include "loom/core/error.hpp"
+#include "loom/core/fault.hpp"
 #include "loom/parallel/data_parallel.hpp"
 #include "loom/parallel/engine.hpp"
 #include "loom/monitor/figures.hpp"
@@ -132,6 +136,53 @@ class tensor_parallel_sync {
   {
     world_.set_deadline(deadline_s);
   }
+
+  /// Whether a recovery can go on without lost ranks (hybrid over a communicator that
+  /// recovers, loom::mpi_comm): whole replicas go on, and the ranks of a replica that lost one
+  /// leave with it (loom::recover_world's group_size, Width).
+  static constexpr bool recoverable = hybrid && requires(Comm& c) {
+    c.watch_as_part_of(c);
+    c.replace_after_recovery(std::move(c));
+  };
+  /// After a recovery replaced the world communicator with whole replicas (slice r % Width
+  /// kept, since whole replicas leave): splits it into tensor and data-parallel groups again,
+  /// watched as part of it, and forgets the gradient buckets in flight on the old ones.
+  /// Collective over the new world.
+  void after_recovery()
+    requires recoverable
+  {
+    const int r = world_.rank(), w = static_cast<int>(Width);
+    group_->comm().replace_after_recovery(world_.split(r / w, r));
+    group_->comm().watch_as_part_of(world_);
+    dp_->comm().replace_after_recovery(world_.split(r % w, r));
+    dp_->comm().watch_as_part_of(world_);
+    dp_->after_recovery();
+    (void)group_->take();  // the time of the failed step's allreduces is not the step's to account
+  }
+  /// The communicator over the replicas of this rank's slice (a recovery shares the slice's
+  /// state over it).
+  Comm& replica_comm()
+    requires hybrid
+  {
+    return dp_->comm();
+  }
+  /// Whether each optimizer step is committed over the world before it is taken (commit):
+  /// under failure detection, with several replicas. The slices of a replica step after their
+  /// own data-parallel groups' allreduces; without a commit a failure could leave one slice
+  /// stepped and another not, which no survivor could mend.
+  bool commits() const noexcept {
+    if constexpr (recoverable) return world_.watch() != nullptr && replicas() > 1;
+    else return false;
+  }
+  /// The step commit: one 8-byte allreduce over the world, after every collective of the step
+  /// (the gradients reduced and clipped) and before the parameters change. If it completed on
+  /// any rank, every rank holds the step's reduced gradients: a survivor that had not taken the
+  /// step takes it in the recovery (replica_engine::finish_committed_step). Collective.
+  void commit() {
+    std::uint64_t one = 1;
+    world_.allreduce(&one, 1, reduce_op::max);
+    commit_hook_for_tests(world_.rank());
+  }
   /// This rank's slice of the tensor-parallel layers, for the model's construction.
   tensor_shard model_shard() const { return {slice(), Width}; }
   /// What this rank holds: slice rank() % Width of the whole network's layout, as replica
@@ -232,6 +283,31 @@ class tensor_parallel_sync {
                 .local_count = rank_network::parameter_count};
     ((S == slice() ? (m.pieces = shards::slice<layout, S>, 0) : 0), ...);
     return m;
+  }
+
+  /// Test hook, $LOOM_TEST_COMMIT_FAULT = "S:D:L": at step S, once the step commit completed,
+  /// rank D dies (SIGKILL) before it steps, and rank L throws rank_failure as if its commit had
+  /// failed: L is left a step behind the others, holding the step's reduced gradients — what a
+  /// death inside the commit's allreduce can leave, made certain (tests/fault/hybrid_recovery.sh).
+  static void commit_hook_for_tests(int rank) {
+    static const std::array<long, 3> at = [] {
+      std::array<long, 3> a{-1, -1, -1};
+      if (const char* v = std::getenv("LOOM_TEST_COMMIT_FAULT"); v && *v && std::sscanf(v, "%ld:%ld:%ld", &a[0], &a[1], &a[2]) != 3)
+        a = {-1, -1, -1};
+      return a;
+    }();
+    if (at[0] < 0 || static_cast<long>(detail::fault_here.step) != at[0]) return;
+    if (rank == at[1]) {
+      std::fprintf(stderr, "loom: test: rank %d dies (SIGKILL) after the commit of step %ld\n", rank, at[0]);
+      std::fflush(stderr);
+      std::raise(SIGKILL);
+    }
+    if (rank == at[2]) {
+      std::fprintf(stderr, "loom: test: rank %d takes the commit of step %ld for failed\n", rank, at[0]);
+      std::fflush(stderr);
+      throw rank_failure(rank_failure::kind::deadline, "allreduce", 0.0, -1,
+                         "loom: test: the step commit's completion taken for a failure on rank " + std::to_string(rank));
+    }
   }
 
   Comm world_;

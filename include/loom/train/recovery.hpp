@@ -121,6 +121,13 @@ class recovery_host {
   virtual fit_position position() const = 0;
   /// What a replacement must share with the survivors: the trainer's job and the fit's options.
   virtual std::string joined_description() const = 0;
+  /// Ranks per model replica: consecutive groups of this many ranks hold one replica together
+  /// and go on only whole (a hybrid's; 1 under data_parallel).
+  virtual int replica_ranks() const { return 1; }
+  /// A hybrid whose step was committed (every rank had its reduced gradients: the step commit
+  /// completed somewhere) but not taken here: takes it from the gradients this rank holds and
+  /// returns true; false when this rank has no committed step pending.
+  virtual bool finish_committed_step() { return false; }
 
  protected:
   ~recovery_host() = default;
@@ -153,6 +160,41 @@ LOOM_DECL std::string recovery_roll(const recovery_result& res, double window);
   std::fflush(stderr);
   write_exit_status("left");
   std::_Exit(0);
+}
+
+/// Every model replica of a hybrid lost a rank in one failure (no_whole_replica_left): a
+/// rank_failure that no recovery can mend, so fit's loop lets it out.
+struct no_replica_left : rank_failure {
+  using rank_failure::rank_failure;
+};
+
+/// This rank's replica lost a rank in the verdict of a recovery (recovery_request::group_size):
+/// the replica cannot go on, and the others train without it; this process says so and leaves
+/// (status 0).
+[[noreturn]] inline void leave_with_replica(int number, int old_rank, const recovery_result& res, const std::string& roll) {
+  std::fprintf(stderr,
+               "loom: recovery %d: rank %d leaves the job with its model replica, which lost %s; the other replicas go "
+               "on without it. Roll call:%s\n",
+               number, old_rank, recovery_lost(res).c_str(), roll.c_str());
+  std::fflush(stderr);
+  write_exit_status("left");
+  std::_Exit(0);
+}
+
+/// Every model replica of a hybrid lost a rank: no survivor holds a whole replica, so the job
+/// ends (loomrun restarts it from the newest checkpoint). The first survivor prints the roll
+/// call; every survivor throws.
+[[noreturn]] inline void no_whole_replica_left(int number, int old_rank, std::size_t step, const recovery_result& res,
+                                               const rank_failure& f, const std::string& roll) {
+  const std::string lost = recovery_lost(res);
+  if (!res.released.empty() && res.released.front() == old_rank)
+    std::fprintf(stderr, "loom: recovery %d at step %zu: lost %s: every model replica lost a rank and none is whole; "
+                 "the job ends. Roll call:%s\nloom: resume from the newest checkpoint (loomrun restarts the job by "
+                 "itself, on the ranks and hosts left)\n", number, step, lost.c_str(), roll.c_str());
+  std::fflush(stderr);
+  throw no_replica_left(f.why(), f.operation(), f.waited_s(), f.peer(), "loom::trainer::fit: rank " + std::to_string(old_rank) + ": the job ends at step " +
+                      std::to_string(step) + ": lost " + lost + " and with them a rank of every model replica; resume " +
+                      "from the newest checkpoint (" + f.what() + ")");
 }
 
 /// The line a recovery prints once the first step after it is good.
@@ -266,26 +308,62 @@ fit_position survive(recovery_host<Comm>& h, const rank_failure& f, const fault_
   const std::size_t step = h.step();
   const recovery_request q{.committed_step = step, .window_s = window,
                            .verdict_dir = verdict_directory(fo, checkpoint_dir),
-                           .rebuild_timeout_s = std::max(5.0, 4 * window)};
+                           .rebuild_timeout_s = std::max(5.0, 4 * window), .group_size = h.replica_ranks()};
   const int old_rank = comm.rank();
   const recovery_result res = recover_world(comm, q);
   const std::string roll = recovery_roll(res, window);
-  if (res.excluded) leave_after_verdict(number, old_rank, res, roll);
+  if (res.no_whole_group) {
+    if constexpr (requires { fence_left_out(comm, res); }) {
+      recovery_result all = res;  // every survivor released: the first on a lost rank's host fences it
+      all.excluded = false;
+      all.released.clear();
+      fence_left_out(comm, all);
+    }
+    no_whole_replica_left(number, old_rank, step, res, f, roll);
+  }
+  if (res.excluded) {
+    if (std::find(res.released.begin(), res.released.end(), old_rank) != res.released.end())
+      leave_with_replica(number, old_rank, res, roll);
+    leave_after_verdict(number, old_rank, res, roll);
+  }
   lost_now = recovery_lost(res);
-  h.after_recovery();
   // The state of the survivor that finished the most steps (the first such): a rank whose
-  // last allreduce finished holds a step the others had not taken yet.
+  // last allreduce finished holds a step the others had not taken yet. A hybrid's ranks that
+  // are a step behind hold that step's reduced gradients (its commit completed somewhere) and
+  // take it themselves, before after_recovery gives the gradients fresh memory.
   std::uint64_t most[2] = {step, 0};
   comm.allreduce(most, 1, reduce_op::max);
+  const bool finished_here = most[0] == step + 1 && h.finish_committed_step();
   most[1] = step == most[0] ? static_cast<std::uint64_t>(comm.size() - comm.rank()) : 0;
   comm.allreduce(most + 1, 1, reduce_op::max);
   const int root = comm.size() - static_cast<int>(most[1]);
+  if (h.replica_ranks() > 1) {
+    // Every rank of a hybrid must now be at the most advanced step: its slice's state is
+    // taken from its own data-parallel group, where every replica has the same.
+    const bool at_most = step == most[0] || finished_here;
+    std::uint64_t behind = at_most ? 0 : 1;
+    comm.allreduce(&behind, 1, reduce_op::max);
+    if (behind)
+      throw communication_error(
+          "loom::trainer::fit: recovery " + std::to_string(number) + ": " +
+          (at_most ? "a rank" : "rank " + std::to_string(comm.rank()) + " (step " + std::to_string(step) + ")") +
+          " is behind the most advanced survivor (step " + std::to_string(most[0]) +
+          ") without the committed gradients to catch up, so the replicas cannot agree on one state; resume from the "
+          "newest checkpoint");
+  }
+  h.after_recovery();
   h.broadcast_state(comm, root);
   const fit_position p = h.position();
   report = recovery_report(number, h.step(), res, f, failed_at, root, step, 
                            monitor::seconds_between(t0, monitor::clock::now()) - res.agree_s - res.rebuild_s, roll);
+  if (finished_here) {
+    std::fprintf(stderr, "loom: recovery %d: rank %d (was %d) finished step %llu from its reduced gradients (the step's "
+                 "commit had completed on another rank)\n", number, comm.rank(), old_rank,
+                 static_cast<unsigned long long>(most[0]));
+    std::fflush(stderr);
+  }
   if constexpr (can_spawn_replacements<Comm>)
-    if (fo.replace && !res.lost.empty()) bring_replacements(h, res, fo, number, report, replacement_began);
+    if (fo.replace && !res.lost.empty() && h.replica_ranks() == 1) bring_replacements(h, res, fo, number, report, replacement_began);
   return p;
 }
 

@@ -449,6 +449,9 @@ class fit_host {
   /// (can_detect: deadlines on every communicator, then a roll call, and the job ends) — the
   /// loss on every rank holding samples (per_epoch_sums).
   bool can_watch = false, can_replace = false, can_detect = false, per_epoch_sums = true;
+  /// Whether a failure the run does not recover from ends with a roll call (end_after_failure)
+  /// rather than an emergency checkpoint: a hybrid, none of whose ranks holds a whole replica.
+  bool ends_without_recovery = false;
 
   // The engine (loom::engine).
   virtual int rank() const = 0;
@@ -847,8 +850,14 @@ class trainer_body : private trainer_core, private state_host {
     if (sharded_state())
       return "the optimizer state is sharded over the ranks (loom::shard_optimizer_state), and the lost ranks' "
              "slices are gone";
-    if (engine_.replicas() > 1)
-      return "loom recovers in place under data_parallel only, not yet on a hybrid's data-parallel axis";
+    if (engine_.replicas() > 1) {
+      if constexpr (can_watch)
+        return "recovery is off (the runtime ends the survivors under plain mpirun: run under loomrun or mpirun "
+               "--enable-recovery), and no rank holds a whole model replica to write an emergency checkpoint";
+      else
+        return "loom recovers in place under data_parallel and on a tensor-parallel hybrid's data-parallel axis, not "
+               "yet on a pipeline hybrid's";
+    }
     return "the lost ranks held the only copy of their part of the model (a pipeline stage or a tensor slice)";
   }
   /// Whether the engine keeps the optimizer state of its own slices only (shard_optimizer_state).
@@ -1035,10 +1044,18 @@ class trainer_body : private trainer_core, private state_host {
     fence_left_out(e.world_comm(), r);
   };
 
+  /// Ranks that hold one model replica together: a hybrid's tensor-parallel width (its
+  /// replicas go on or leave whole), 1 otherwise.
+  static constexpr int replica_ranks = [] {
+    if constexpr (requires { engine_type::replica_ranks; }) return engine_type::replica_ranks;
+    else return 1;
+  }();
+
   /// Whether a recovery can also merge new processes in (fault_options::replace): recovery
-  /// over loom::mpi_comm (the spawn, the merge and the newcomers' detector are MPI's).
+  /// over loom::mpi_comm (the spawn, the merge and the newcomers' detector are MPI's), under
+  /// data_parallel (a hybrid would need a whole replica of new processes).
   static constexpr bool can_replace = [] {
-    if constexpr (can_watch)
+    if constexpr (can_watch && replica_ranks == 1)
       return requires(engine_type& e, const std::vector<std::string>& hosts) {
         spawn_replacements(e.world_comm(), hosts, 1.0);
         e.world_comm().watch_deadlines_only(1.0);
@@ -1056,6 +1073,7 @@ class trainer_body : private trainer_core, private state_host {
       can_replace = t.replaces();
       can_detect = trainer_body::can_detect && !can_watch;
       per_epoch_sums = trainer_body::per_epoch_sums;
+      ends_without_recovery = trainer_body::can_detect && replica_ranks > 1;
     }
     int rank() const override { return t_.engine_.rank(); }
     int world() const override { return t_.engine_.world(); }
@@ -1138,6 +1156,11 @@ class trainer_body : private trainer_core, private state_host {
     std::size_t step() const override { return t_.step_; }
     detail::fit_position position() const override { return t_.continue_from(); }
     std::string joined_description() const override { return t_.joined_description(); }
+    int replica_ranks() const override { return trainer_body::replica_ranks; }
+    bool finish_committed_step() override {
+      if constexpr (requires { t_.engine_.finish_committed_step(); }) return t_.engine_.finish_committed_step();
+      else return false;
+    }
 
    private:
     trainer_body& t_;
@@ -1184,9 +1207,17 @@ class trainer_body : private trainer_core, private state_host {
                        static_cast<double>(cur_.batch), static_cast<double>(cur_.batches),
                        cur_.sums[0], cur_.sums[1], cur_.sums[2], static_cast<double>(last_lr_)};
     comm.broadcast(head, 10, root);
-    comm.broadcast(engine_.local_parameters(), engine_.local_count(), root);
     auto bufs = engine_.optimizer().buffers();
-    comm.broadcast(bufs.data(), bufs.size(), root);
+    if constexpr (requires { engine_.sync().replica_comm(); }) {
+      // A hybrid: each slice's parameters and optimizer state over the replicas of that slice
+      // (the recovery has brought them all to the same step).
+      auto& replicas = engine_.sync().replica_comm();
+      replicas.broadcast(engine_.local_parameters(), engine_.local_count(), 0);
+      replicas.broadcast(bufs.data(), bufs.size(), 0);
+    } else {
+      comm.broadcast(engine_.local_parameters(), engine_.local_count(), root);
+      comm.broadcast(bufs.data(), bufs.size(), root);
+    }
     step_ = static_cast<std::size_t>(head[0]);
     engine_.optimizer().set_steps(static_cast<std::size_t>(head[1]));
     cur_ = {.valid = head[2] != 0, .epoch = static_cast<std::size_t>(head[3]), .batch = static_cast<std::size_t>(head[4]),
@@ -1218,7 +1249,9 @@ class trainer_body : private trainer_core, private state_host {
       std::fflush(stderr);
       return;
     }
-    if constexpr (can_watch) write_emergency_checkpoint(*this, opts, rank());
+    // (A hybrid ends with a roll call instead, fit_host::ends_without_recovery: no rank holds
+    // a whole replica.)
+    if constexpr (can_watch && replica_ranks == 1) write_emergency_checkpoint(*this, opts, rank());
   }
 
   trainer_facts<optimizer_options> facts_;

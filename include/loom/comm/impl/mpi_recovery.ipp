@@ -55,9 +55,10 @@ LOOM_MPI_DECL std::vector<long> fence_left_out(const mpi_comm& c, const recovery
   const int me = c.rank();
   for (const int lost : res.lost) {
     const auto& peer = w->peers[static_cast<std::size_t>(lost)];
-    int first_here = -1;  // the first member on its host
+    int first_here = -1;  // the first member on its host (released ranks leave before the fencing)
     for (int m = 0; m < c.size() && first_here < 0; ++m)
       if (std::find(res.lost.begin(), res.lost.end(), m) == res.lost.end() &&
+          std::find(res.released.begin(), res.released.end(), m) == res.released.end() &&
           w->peers[static_cast<std::size_t>(m)].host == peer.host)
         first_here = m;
     if (first_here == me && detail::runs_this_program(peer.pid) && ::kill(static_cast<pid_t>(peer.pid), SIGKILL) == 0)
@@ -208,6 +209,20 @@ LOOM_MPI_DECL recovery_result recover_world(mpi_comm& c, const recovery_request&
                                 ">', found '" + verdict.substr(0, 80) + "')");
     for (int r = 0; r < n; ++r)
       if (std::find(members.begin(), members.end(), r) == members.end()) res.lost.push_back(r);
+    // Groups that go on only whole (a hybrid's replicas): a member whose group lost a rank is
+    // released. Every member derives the same from the same verdict.
+    if (q.group_size > 1) {
+      std::vector<int> whole;
+      for (const int m : members) {
+        const int first = m / q.group_size * q.group_size;
+        bool complete = first + q.group_size <= n;
+        for (int k = first; complete && k < first + q.group_size; ++k)
+          complete = std::find(members.begin(), members.end(), k) != members.end();
+        (complete ? whole : res.released).push_back(m);
+      }
+      members = std::move(whole);
+      res.no_whole_group = members.empty();
+    }
     res.agree_s = std::chrono::duration<double>(clock::now() - t0).count();
     res.excluded = std::find(members.begin(), members.end(), me) == members.end();
     if (res.excluded) break;
@@ -295,6 +310,7 @@ LOOM_MPI_DECL recovery_result recover_world(mpi_comm& c, const recovery_request&
     res.epoch = w->generation + 1;
     res.roll_call.clear();
     res.lost.clear();
+    res.released.clear();
   }
   if (res.excluded || !q.rebuild) return res;
   detail::recovered = true;

@@ -53,7 +53,11 @@ LOOM_DECL std::string recovery_report(int number, std::size_t step, const recove
                 number, step, lost.empty() ? "no rank lost (all answered: a deadline expired on a slow peer)" : ("lost " + lost).c_str(),
                 res.new_size, res.old_size, f.operation().c_str(), how, f.waited_s(), to_string(failed_at).c_str(), res.agree_s,
                 res.rebuild_s, root, step, behind, exchange_s);
+  std::string released;
+  for (const int l : res.released)
+    released += (released.empty() ? "" : ", ") + recovery_who(res.roll_call[static_cast<std::size_t>(l)]);
   return text + (res.fenced.empty() ? std::string() : "; fenced (killed) the left-out process on this host") +
+         (released.empty() ? std::string() : "; left with their replica, which lost a rank: " + released) +
          ". Roll call:" + roll;
 }
 

@@ -362,7 +362,7 @@ LOOM_DECL fit_result trainer_core::run_fit(fit_host& h, const fit_options& opts,
       failure_seen = monitor::clock::now() - std::chrono::duration_cast<monitor::clock::duration>(
                                                  std::chrono::duration<double>(f.waited_s()));
       if (!recovering) {
-        if (detecting) h.end_after_failure(f, opts);
+        if (detecting || h.ends_without_recovery) h.end_after_failure(f, opts);
         h.emergency_checkpoint(opts);
         throw;
       }
@@ -382,6 +382,8 @@ LOOM_DECL fit_result trainer_core::run_fit(fit_host& h, const fit_options& opts,
         try {
           from = h.survive(f, opts, ++recoveries, recovery_report);
           break;
+        } catch (const detail::no_replica_left&) {
+          throw;  // a hybrid with no whole replica left: the job ends
         } catch (const rank_failure& again) {
           earlier += "loom: recovery " + std::to_string(recoveries) + " at step " + std::to_string(step_) + ": lost " +
                      (interrupted_lost_.empty() ? std::string("no rank") : interrupted_lost_) +
