@@ -1,11 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 // Pipeline model parallelism: the main example's networks cut into stages, one MPI rank each
 // (`mpirun -np S`, S = 2 or 4), every step's batch split into micro-batches that flow through
-// the stages under the GPipe or the 1F1B schedule. Takes the main example's flags plus
-// --micro-batches and --schedule, and ends with the same `result:` line; with the same seed,
+// the stages under the GPipe or the 1F1B schedule; with --stages 2 on an even number of ranks
+// from 4, a hybrid: that many / 2 data-parallel replicas of a 2-stage pipeline. Takes the main
+// example's flags plus --micro-batches, --schedule and --stages, and ends with the same
+// `result:` line; with the same seed,
 // batch and steps its params_l2 (over the whole model) equals the main example's one-rank
 // figure. Rank 0 prints each stage's figures: compute, bubble (waiting on its neighbours),
 // peak activation bytes and parameter bytes.
+
+#include <algorithm>
+#include <type_traits>
 
 #include "../common/example.hpp"
 
@@ -20,53 +25,60 @@ constexpr const char* program = "pipeline";
 constexpr const char* usage_head = R"(usage: mpirun -np S pipeline [flags]      (S = 2 or 4 stages, one rank each)
   --micro-batches M      micro-batches per step: 1, 2, 4 or 8 (default 4)
   --schedule gpipe|1f1b  (default 1f1b)
+  --stages 2|4           stages (default: one per rank); --stages 2 on 4, 6, ... ranks trains
+                         that many / 2 replicas of a 2-stage pipeline (loom::hybrid)
 )";
 
 struct pipeline_flags {
   std::size_t micro_batches = 4;
   std::string schedule = "1f1b";
+  std::size_t stages = 0;  // 0: one stage per rank
 };
 
-template <class Net, class Pipeline, class Optimizer>
+template <class Net, class Pipeline, class Optimizer, bool Hybrid>
 int train(const example::flags& f, const pipeline_flags& p, typename Optimizer::options opt) {
-  using policy = loom::model_parallel<Pipeline, loom::mpi_comm>;
+  using pipeline_policy = loom::model_parallel<Pipeline, loom::mpi_comm>;
+  using policy = std::conditional_t<Hybrid, loom::hybrid<loom::data_parallel<loom::mpi_comm>, Pipeline>, pipeline_policy>;
+  constexpr std::size_t stages = pipeline_policy::stages;
   auto train_set = example::load(f, loom::data::split::train);
   auto test_set = example::load(f, loom::data::split::test);
   loom::trainer<Net, loom::softmax_cross_entropy, Optimizer, policy> t{opt, {.seed = f.seed, .threads = f.threads}};
   const bool lead = t.rank() == 0;
-  using plan = typename policy::template partition<Net>;
+  using plan = typename pipeline_policy::template partition<Net>;
   if (!f.quiet && lead) {
-    std::cerr << program << ": " << f.model << " (" << Net::parameter_count << " parameters) in " << policy::stages
+    std::cerr << program << ": " << f.model << " (" << Net::parameter_count << " parameters) in " << stages
               << " stages (first layers:";
-    for (std::size_t s = 0; s < policy::stages; ++s) std::cerr << ' ' << plan::bounds[s];
-    std::cerr << "), " << p.micro_batches << " micro-batches, " << p.schedule << ", " << train_set.size()
-              << " training images, " << loom::threads() << " thread(s) per rank\n";
+    for (std::size_t s = 0; s < stages; ++s) std::cerr << ' ' << plan::bounds[s];
+    std::cerr << "), " << p.micro_batches << " micro-batches, " << p.schedule << ", ";
+    if (Hybrid) std::cerr << t.ranks() / static_cast<int>(stages) << " data-parallel replicas, ";
+    std::cerr << train_set.size() << " training images, " << loom::threads() << " thread(s) per rank\n";
   }
   example::load_weights(f, t);
   const auto fit = t.fit(train_set, example::fit_options_of(f));
   if (example::after_fit(program, f, t, fit)) return 0;
   const auto eval = t.evaluate(test_set);
   const double l2 = t.parameters_l2();  // collective
-  if (!lead) return 0;
+  // After a recovery (a hybrid: a replica lost a rank and left) the lead may be another process.
+  if (t.rank() != 0) return 0;
   if (!f.quiet) std::cerr << loom::stage_figures_table(fit.figures);
   example::print_result(f, fit, eval, l2,
-                        " stages=" + std::to_string(policy::stages) + " micro_batches=" + std::to_string(p.micro_batches) +
+                        " stages=" + std::to_string(stages) + " micro_batches=" + std::to_string(p.micro_batches) +
                             " schedule=" + p.schedule);
   return 0;
 }
 
-template <class Net, std::size_t S, std::size_t M, class Schedule>
+template <class Net, std::size_t S, std::size_t M, class Schedule, bool Hybrid>
 int with_optimizer(const example::flags& f, const pipeline_flags& p) {
   using pipe = loom::pipeline<S, loom::micro_batches<M>, Schedule>;
-  if (f.optimizer == "adam") return train<Net, pipe, loom::adam>(f, p, {.lr = f.lr});
-  return train<Net, pipe, loom::sgd>(f, p, {.lr = f.lr, .momentum = f.momentum});
+  if (f.optimizer == "adam") return train<Net, pipe, loom::adam, Hybrid>(f, p, {.lr = f.lr});
+  return train<Net, pipe, loom::sgd, Hybrid>(f, p, {.lr = f.lr, .momentum = f.momentum});
 }
 
-template <class Net, std::size_t S>
+template <class Net, std::size_t S, bool Hybrid = false>
 int with_stages(const example::flags& f, const pipeline_flags& p) {
   auto pick = [&]<std::size_t M>(std::integral_constant<std::size_t, M>) {
-    return p.schedule == "gpipe" ? with_optimizer<Net, S, M, loom::gpipe>(f, p)
-                                 : with_optimizer<Net, S, M, loom::one_f_one_b>(f, p);
+    return p.schedule == "gpipe" ? with_optimizer<Net, S, M, loom::gpipe, Hybrid>(f, p)
+                                 : with_optimizer<Net, S, M, loom::one_f_one_b, Hybrid>(f, p);
   };
   switch (p.micro_batches) {
     case 1: return pick(std::integral_constant<std::size_t, 1>{});
@@ -76,26 +88,35 @@ int with_stages(const example::flags& f, const pipeline_flags& p) {
   }
 }
 
-/// The world sizes of the stage counts this program builds (2 and 4) that train the job.
+/// The world sizes this program trains the job on: one rank per stage for 2 and 4 stages, or
+/// with --stages 2 the 2-stage pipeline and its hybrids (every even size).
 template <class Net>
-std::vector<std::size_t> valid_world_sizes(const example::flags& f) {
+std::vector<std::size_t> valid_world_sizes(const example::flags& f, const pipeline_flags& p) {
   std::vector<std::size_t> out;
-  auto add = [&]<std::size_t S>(std::integral_constant<std::size_t, S>) {
-    using rules = loom::world_size_rules<Net, loom::model_parallel<loom::pipeline<S>, loom::mpi_comm>>;
-    for (std::size_t w : rules::list(f.batch, f.deterministic_chunk)) out.push_back(w);
+  auto add = [&]<class Policy>(std::type_identity<Policy>) {
+    for (std::size_t w : loom::world_size_rules<Net, Policy>::list(f.batch, f.deterministic_chunk))
+      if (std::find(out.begin(), out.end(), w) == out.end()) out.push_back(w);
   };
-  add(std::integral_constant<std::size_t, 2>{});
-  add(std::integral_constant<std::size_t, 4>{});
+  if (p.stages == 2) {
+    add(std::type_identity<loom::hybrid<loom::data_parallel<loom::mpi_comm>, loom::pipeline<2>>>{});
+  } else {
+    add(std::type_identity<loom::model_parallel<loom::pipeline<2>, loom::mpi_comm>>{});
+    add(std::type_identity<loom::model_parallel<loom::pipeline<4>, loom::mpi_comm>>{});
+  }
+  std::sort(out.begin(), out.end());
   return out;
 }
 
 template <class Net>
 int with_model(const example::flags& f, const pipeline_flags& p) {
   const int ranks = loom::mpi_comm::world().size();
-  if (ranks == 2) return with_stages<Net, 2>(f, p);
-  if (ranks == 4) return with_stages<Net, 4>(f, p);
-  throw loom::invalid_argument("pipeline: the number of stages is the number of ranks and must be 2 or 4, got " +
-                               std::to_string(ranks) + " (start it with mpirun -np 2 or -np 4)");
+  const std::size_t stages = p.stages ? p.stages : static_cast<std::size_t>(ranks);
+  if (stages == static_cast<std::size_t>(ranks) && ranks == 2) return with_stages<Net, 2>(f, p);
+  if (stages == static_cast<std::size_t>(ranks) && ranks == 4) return with_stages<Net, 4>(f, p);
+  if (stages == 2 && ranks >= 4 && ranks % 2 == 0) return with_stages<Net, 2, /*Hybrid=*/true>(f, p);
+  throw loom::invalid_argument("pipeline: " + std::to_string(stages) + " stages on " + std::to_string(ranks) +
+                               " ranks: it runs one rank per stage on 2 or 4 ranks, or --stages 2 on an even number of "
+                               "ranks from 4 (data-parallel replicas of 2 stages)");
 }
 
 }  // namespace
@@ -109,6 +130,9 @@ int main(int argc, char** argv) {
       p.micro_batches = parser.number<std::size_t>(name, value);
       if (p.micro_batches != 1 && p.micro_batches != 2 && p.micro_batches != 4 && p.micro_batches != 8)
         parser.fail("--micro-batches must be 1, 2, 4 or 8, got " + std::string(value));
+    } else if (name == "stages") {
+      p.stages = parser.number<std::size_t>(name, value);
+      if (p.stages != 2 && p.stages != 4) parser.fail("--stages must be 2 or 4, got " + std::string(value));
     } else if (name == "schedule") {
       p.schedule = value;
       if (p.schedule != "gpipe" && p.schedule != "1f1b") parser.fail("--schedule must be gpipe or 1f1b, got '" + p.schedule + "'");
@@ -118,8 +142,8 @@ int main(int argc, char** argv) {
     return true;
   });
   if (f.print_valid_world_sizes) {
-    // The stage count, micro-batches and schedule do not change which worlds train: one rank a stage.
-    example::print_valid_world_sizes(f.model == "cnn" ? valid_world_sizes<example::cnn>(f) : valid_world_sizes<example::mlp>(f));
+    // Micro-batches and the schedule do not change which worlds train; --stages does.
+    example::print_valid_world_sizes(f.model == "cnn" ? valid_world_sizes<example::cnn>(f, p) : valid_world_sizes<example::mlp>(f, p));
     return 0;
   }
   return example::guarded(program, [&] {

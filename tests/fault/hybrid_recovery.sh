@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # In-process recovery on a hybrid's data-parallel axis (docs/fault-tolerance.md, "Hybrids"):
-# examples/tensor_parallel on 4 ranks is loom::hybrid<data_parallel, tensor_parallel<2>>, 2 model
-# replicas of 2 ranks each (ranks 0-1 and 2-3), under `mpirun --enable-recovery`. Modes:
+# PROGRAM on 4 ranks is 2 model replicas of 2 ranks each (ranks 0-1 and 2-3) under
+# `mpirun --enable-recovery`: examples/tensor_parallel (loom::hybrid<data_parallel,
+# tensor_parallel<2>>), or examples/pipeline with --stages 2 among the flags (loom::hybrid<
+# data_parallel, pipeline<2>>); on 2 ranks the same flags run the one replica. Modes:
 #   kill    per trial, kill -9 of a random rank (rank 0 included) a random moment after the first
 #           checkpoint. Requires: exit status 0; the `result:` line says ranks=2; the report
 #           "loom: recovery 1 at step X" names the killed process as lost and the other rank of its
@@ -101,17 +103,28 @@ case $mode in
         sleep "0.$((RANDOM % 9 + 1))"
         victim=$((RANDOM % 4))
         kill -9 "${pids[$victim]}"
+        killed_at=$(now)
         echo "trial $t: kill -9 of rank $victim (pid ${pids[$victim]})"
       else
         echo "trial $t: LOOM_TEST_COMMIT_FAULT=$s:$victim:$lagging (rank $victim dies after the commit of step $s, rank $lagging takes it for failed)"
       fi
       wait $job
       check_recovered "$d" "$victim" $?
+      if [ "$mode" = kill ]; then
+        good=$(sed -n 's/^loom: recovery: first good step .*(unix time \([0-9.]*\)).*/\1/p' "$d/err" | head -1)
+        [ -n "$good" ] || { cat "$d/err"; fail "no 'first good step' line"; }
+        took=$(awk "BEGIN { printf \"%.3f\", $good - $killed_at }")
+        echo "kill -9 -> first good step: $took s"
+        echo "$took" >> "$work/first_good_step.txt"
+      fi
       if [ "$mode" = commit ]; then
         grep -m1 "^loom: recovery 1: rank [0-9]* (was $lagging) finished step $((s + 1)) from its reduced gradients" "$d/err" ||
           { cat "$d/err"; fail "rank $lagging did not finish step $((s + 1)) from its reduced gradients"; }
       fi
     done
+    if [ "$mode" = kill ]; then
+      echo "kill -9 -> first good step over $trials trial(s): median $(sort -g "$work/first_good_step.txt" | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }') s, max $(sort -g "$work/first_good_step.txt" | tail -1) s"
+    fi
     echo "PASS: $trials trial(s) of $mode: the hybrid went on with its whole replica, to the weights of the run that lost nothing"
     ;;
   both)

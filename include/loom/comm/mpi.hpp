@@ -835,7 +835,8 @@ class mpi_comm::request {
 
   void finish() noexcept {
     if (next_ >= parts_.size()) return;
-    if (watch_ && (watch_->broken || watch_->generation != generation_)) return abandon();
+    if (watch_ && (watch_->broken || (watch_->whole && watch_->whole->broken) || watch_->generation != generation_))
+      return abandon();
     try {
       wait();
     } catch (const std::exception& e) {

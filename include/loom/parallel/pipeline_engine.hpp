@@ -39,6 +39,7 @@
 #include "loom/monitor/timeline.hpp"
 #include "loom/parallel/pipeline_plan.hpp"
 #include "loom/parallel/shard_map.hpp"
+#include "loom/parallel/step_commit.hpp"
 
 namespace loom {
 
@@ -310,6 +311,62 @@ class pipeline_stages {
     requires requires(Comm& c) { c.watch_as_part_of(c); }
   {
     world_.set_deadline(deadline_s);
+  }
+
+  /// Whether a recovery can go on without lost ranks (hybrid over a communicator that recovers,
+  /// loom::mpi_comm): whole replicas go on, and the ranks of a replica that lost one leave with
+  /// it (loom::recover_world's group_size, the stage count). can_recover(): this run can (more
+  /// than one replica).
+  static constexpr bool recoverable = hybrid && requires(Comm& c) {
+    c.watch_as_part_of(c);
+    c.replace_after_recovery(std::move(c));
+  };
+  bool can_recover() const noexcept { return recoverable && replicas_ > 1; }
+  /// Ranks that hold one model replica together: the stages (1 without data parallelism, where
+  /// nothing recovers).
+  static constexpr int replica_ranks = hybrid ? static_cast<int>(stages) : 1;
+  /// After a recovery replaced the world with whole replicas (a rank keeps its stage, r % S):
+  /// splits it into pipeline and data-parallel groups again, watched as parts of it; forgets
+  /// the gradient buckets in flight on the old groups; leaks the activation slots, whose
+  /// abandoned sends and receives may still read or write them; moves the gradients to fresh
+  /// memory. Collective over the new world.
+  void after_recovery()
+    requires recoverable
+  {
+    const int r = world_.rank(), s = static_cast<int>(stages);
+    if (r % s != stage_)
+      throw communication_error("loom::pipeline: internal error: after a recovery rank " + std::to_string(r) +
+                                " would run stage " + std::to_string(r % s) + ", not its own " + std::to_string(stage_));
+    replica_ = r / s;
+    replicas_ = world_.size() / s;
+    pipe_.replace_after_recovery(world_.split(replica_, r));
+    pipe_.watch_as_part_of(world_);
+    with_stage([&](auto& st, auto& m) {
+      st.dp->comm().replace_after_recovery(world_.split(stage_, r));
+      st.dp->comm().watch_as_part_of(world_);
+      st.dp->after_recovery();
+      static auto* abandoned = new std::vector<std::unique_ptr<typename std::remove_cvref_t<decltype(st)>::slot>>();
+      for (auto& sl : st.slots) abandoned->push_back(std::move(sl));
+      st.slots.clear();
+      std::fill(st.slot_of.begin(), st.slot_of.end(), std::remove_cvref_t<decltype(st)>::none);
+      m.renew_gradients();
+    });
+    held_bytes_ = 0;
+    grads_written_ = false;
+    figures_.replica = replica_;
+  }
+  /// The communicator over the replicas of this rank's stage (a recovery shares the stage's
+  /// state over it).
+  Comm& replica_comm()
+    requires hybrid
+  {
+    return std::visit([](auto& st) -> Comm& { return st.dp->comm(); }, states_);
+  }
+  /// Whether each optimizer step is committed over the world before it is taken
+  /// (detail::step_commit): under failure detection, with several replicas.
+  bool commits() const noexcept {
+    if constexpr (recoverable) return world_.watch() != nullptr && replicas_ > 1;
+    else return false;
   }
 
   models_type& models() noexcept { return models_; }
@@ -794,12 +851,37 @@ class pipeline_engine
   void optimizer_step(float lr, double clip) {
     monitor::span span(monitor::span_kind::optimizer);
     base::clip_gradients(clip);
-    monitor::timed compute(base::figures(), &rank_figures::compute_s);
-    state_.step(base::parameters(), base::gradients(), base::parameter_count(), lr);
+    if (base::commits()) commit_.commit(base::world_comm(), lr);  // the step's last collective
+    take_step(lr);
+  }
+
+  /// After a failure in a hybrid's step commit that completed on another rank: takes the step
+  /// from the reduced, clipped gradients this rank holds, and returns true; false when this
+  /// rank is not inside a commit.
+  bool finish_committed_step() {
+    if (!commit_.pending()) return false;
+    take_step(*commit_.pending());
+    return true;
+  }
+
+  /// See pipeline_stages::after_recovery; a commit in flight is given up (the step is redone,
+  /// or was finished by finish_committed_step).
+  void after_recovery()
+    requires base::recoverable
+  {
+    commit_.taken();
+    base::after_recovery();
   }
 
  private:
+  void take_step(float lr) {
+    monitor::timed compute(base::figures(), &rank_figures::compute_s);
+    state_.step(base::parameters(), base::gradients(), base::parameter_count(), lr);
+    commit_.taken();
+  }
+
   optimizer_state state_;
+  detail::step_commit commit_;
 };
 
 }  // namespace loom

@@ -30,6 +30,7 @@
 #include "loom/parallel/chunked_steps.hpp"
 #include "loom/parallel/engine.hpp"
 #include "loom/parallel/shard_map.hpp"
+#include "loom/parallel/step_commit.hpp"
 
 namespace loom {
 
@@ -187,6 +188,13 @@ class replica_passes {
     else return detail::replica_comm_sync<Sync> && !detail::shards_state_v<Sync>;
   }();
   bool can_recover() const noexcept { return recoverable && !shards_state() && (!tensor_split || replicas() > 1); }
+  /// The communicator over the replicas of this rank's slice (a hybrid's recovery shares the
+  /// slice's state over it).
+  decltype(auto) replica_comm()
+    requires requires(Sync& s) { s.replica_comm(); }
+  {
+    return sync_.replica_comm();
+  }
   /// Ranks that hold one model replica together (the tensor-parallel width; 1 otherwise).
   static constexpr int replica_ranks = [] {
     if constexpr (detail::tensor_sync<Sync>) return static_cast<int>(Sync::width);
@@ -487,16 +495,8 @@ class replica_engine : public replica_passes<Network, Loss, Backend, Sync> {
       }
     }
     base::clip_and_close_step(clip);
-    if constexpr (commits_steps) {
-      if (base::sync().commits()) {
-        // The step's last collective: after it no rank may keep the step from being taken
-        // (see finish_committed_step).
-        committed_lr_ = lr;
-        detail::set_phase(fault_phase::step_commit);
-        base::sync().commit();
-        detail::set_phase(fault_phase::optimizer);
-      }
-    }
+    if constexpr (commits_steps)
+      if (base::sync().commits()) commit_.commit(base::sync().world_comm(), lr);  // the step's last collective
     take_step(lr);
   }
 
@@ -504,8 +504,8 @@ class replica_engine : public replica_passes<Network, Loss, Backend, Sync> {
   /// another rank: takes the step from the reduced, clipped gradients this rank holds, and
   /// returns true; false when this rank is not inside a commit.
   bool finish_committed_step() {
-    if (!committed_lr_) return false;
-    take_step(*committed_lr_);
+    if (!commit_.pending()) return false;
+    take_step(*commit_.pending());
     return true;
   }
 
@@ -514,24 +514,21 @@ class replica_engine : public replica_passes<Network, Loss, Backend, Sync> {
   void after_recovery()
     requires base::recoverable
   {
-    committed_lr_.reset();
+    commit_.taken();
     base::after_recovery();
   }
 
  private:
-  static constexpr bool commits_steps = requires(Sync& s) {
-    s.commits();
-    s.commit();
-  };
+  static constexpr bool commits_steps = requires(Sync& s) { s.commits(); };
   void take_step(float lr) {
     monitor::timed compute(base::figures(), &rank_figures::compute_s);
     auto& m = base::model();
     state_.step(m.parameters().data(), m.gradients().data(), model_type::parameter_count, lr);
-    committed_lr_.reset();
+    commit_.taken();
   }
 
   optimizer_state state_;
-  std::optional<float> committed_lr_;  // inside a step's commit: the step's learning rate
+  detail::step_commit commit_;
 };
 
 }  // namespace loom

@@ -11,9 +11,6 @@
 #include <array>
 #include <chrono>
 #include <cmath>
-#include <csignal>
-#include <cstdio>
-#include <cstdlib>
 #include <cstddef>
 #include <cstring>
 #include <memory>
@@ -25,7 +22,6 @@
 
 #include "loom/comm/communicator.hpp"
 #include "loom/core/error.hpp"
-#include "loom/core/fault.hpp"
 #include "loom/parallel/data_parallel.hpp"
 #include "loom/parallel/engine.hpp"
 #include "loom/monitor/figures.hpp"
@@ -166,22 +162,11 @@ class tensor_parallel_sync {
   {
     return dp_->comm();
   }
-  /// Whether each optimizer step is committed over the world before it is taken (commit):
-  /// under failure detection, with several replicas. The slices of a replica step after their
-  /// own data-parallel groups' allreduces; without a commit a failure could leave one slice
-  /// stepped and another not, which no survivor could mend.
+  /// Whether each optimizer step is committed over the world before it is taken
+  /// (detail::step_commit): under failure detection, with several replicas.
   bool commits() const noexcept {
     if constexpr (recoverable) return world_.watch() != nullptr && replicas() > 1;
     else return false;
-  }
-  /// The step commit: one 8-byte allreduce over the world, after every collective of the step
-  /// (the gradients reduced and clipped) and before the parameters change. If it completed on
-  /// any rank, every rank holds the step's reduced gradients: a survivor that had not taken the
-  /// step takes it in the recovery (replica_engine::finish_committed_step). Collective.
-  void commit() {
-    std::uint64_t one = 1;
-    world_.allreduce(&one, 1, reduce_op::max);
-    commit_hook_for_tests(world_.rank());
   }
   /// This rank's slice of the tensor-parallel layers, for the model's construction.
   tensor_shard model_shard() const { return {slice(), Width}; }
@@ -283,31 +268,6 @@ class tensor_parallel_sync {
                 .local_count = rank_network::parameter_count};
     ((S == slice() ? (m.pieces = shards::slice<layout, S>, 0) : 0), ...);
     return m;
-  }
-
-  /// Test hook, $LOOM_TEST_COMMIT_FAULT = "S:D:L": at step S, once the step commit completed,
-  /// rank D dies (SIGKILL) before it steps, and rank L throws rank_failure as if its commit had
-  /// failed: L is left a step behind the others, holding the step's reduced gradients — what a
-  /// death inside the commit's allreduce can leave, made certain (tests/fault/hybrid_recovery.sh).
-  static void commit_hook_for_tests(int rank) {
-    static const std::array<long, 3> at = [] {
-      std::array<long, 3> a{-1, -1, -1};
-      if (const char* v = std::getenv("LOOM_TEST_COMMIT_FAULT"); v && *v && std::sscanf(v, "%ld:%ld:%ld", &a[0], &a[1], &a[2]) != 3)
-        a = {-1, -1, -1};
-      return a;
-    }();
-    if (at[0] < 0 || static_cast<long>(detail::fault_here.step) != at[0]) return;
-    if (rank == at[1]) {
-      std::fprintf(stderr, "loom: test: rank %d dies (SIGKILL) after the commit of step %ld\n", rank, at[0]);
-      std::fflush(stderr);
-      std::raise(SIGKILL);
-    }
-    if (rank == at[2]) {
-      std::fprintf(stderr, "loom: test: rank %d takes the commit of step %ld for failed\n", rank, at[0]);
-      std::fflush(stderr);
-      throw rank_failure(rank_failure::kind::deadline, "allreduce", 0.0, -1,
-                         "loom: test: the step commit's completion taken for a failure on rank " + std::to_string(rank));
-    }
   }
 
   Comm world_;

@@ -1208,10 +1208,10 @@ class trainer_body : private trainer_core, private state_host {
                        cur_.sums[0], cur_.sums[1], cur_.sums[2], static_cast<double>(last_lr_)};
     comm.broadcast(head, 10, root);
     auto bufs = engine_.optimizer().buffers();
-    if constexpr (requires { engine_.sync().replica_comm(); }) {
-      // A hybrid: each slice's parameters and optimizer state over the replicas of that slice
-      // (the recovery has brought them all to the same step).
-      auto& replicas = engine_.sync().replica_comm();
+    if constexpr (requires { engine_.replica_comm(); }) {
+      // A hybrid: each slice's (stage's) parameters and optimizer state over the replicas of
+      // it (the recovery has brought them all to the same step).
+      auto& replicas = engine_.replica_comm();
       replicas.broadcast(engine_.local_parameters(), engine_.local_count(), 0);
       replicas.broadcast(bufs.data(), bufs.size(), 0);
     } else {

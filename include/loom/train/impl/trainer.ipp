@@ -152,6 +152,8 @@ LOOM_DECL fit_result trainer_core::run_fit(fit_host& h, const fit_options& opts,
   // Under failure detection every rank keeps the whole batch's loss sums, step by step, so that
   // a survivor's position (and an emergency checkpoint) has them without a collective.
   global_sums_ = !h.per_epoch_sums || watching_;
+  // Under failure detection the step's sums come before its optimizer step (see the loop).
+  const bool sums_before_step = global_sums_ && (h.per_epoch_sums || watching_);
   // Where this fit starts: where a loaded checkpoint stopped, or at the beginning.
   const position start_at = std::exchange(resume_, position{});
   cur_ = start_at;
@@ -247,7 +249,7 @@ LOOM_DECL fit_result trainer_core::run_fit(fit_host& h, const fit_options& opts,
       // Under failure detection the sums come before the optimizer step, so that a rank's
       // state after its step (parameters, step count, position, sums) has no collective inside.
       detail::set_phase(fault_phase::loss_sums);
-      if (h.per_epoch_sums && global_sums_) h.sum(step_sums, 3);
+      if (sums_before_step) h.sum(step_sums, 3);
       detail::set_phase(fault_phase::optimizer);
       const float lr = opts.schedule(step_, base_lr);
       h.optimizer_step(lr, opts.clip_grad_norm);
@@ -256,7 +258,7 @@ LOOM_DECL fit_result trainer_core::run_fit(fit_host& h, const fit_options& opts,
       global_samples += step_global;
       last_lr_ = lr;
       detail::set_phase(fault_phase::bookkeeping);
-      if (!h.per_epoch_sums) h.sum(step_sums, 3);
+      if (!h.per_epoch_sums && !sums_before_step) h.sum(step_sums, 3);
       for (int i = 0; i < 3; ++i) sums[i] += step_sums[i];
       cur_ = {.valid = true, .epoch = epoch, .batch = k, .batches = batches, .sums = {sums[0], sums[1], sums[2]}};
       const auto step_end = monitor::clock::now();
