@@ -16,11 +16,15 @@
 #             the deadlines too (the job ends after a roll call instead of recovering); and the
 #             hybrid of examples/tensor_parallel on 4 ranks under --enable-recovery, which also
 #             commits each step over the world (docs/fault-tolerance.md, "Hybrids").
+#   commit    the steady-state cost of the hybrids' step commit alone: ROUNDS paired runs of 4
+#             ranks (2 replicas of tensor_parallel<2>, and of a 2-stage pipeline), both with
+#             failure detection, under --enable-recovery (the fit recovers: each step committed)
+#             and under plain mpirun (no commit); median ratio of samples/s (target >= 0.99).
 #   after     throughput after a recovery: a 4-rank run that loses a rank early against a clean
 #             3-rank run of the same steps, median ratio of samples/s over ROUNDS pairs; over
 #             shared memory, and with --btl tcp,self over TCP (this host's loopback), the path
 #             ranks on different hosts take.
-#   run.sh [--part recovery,deadline,after] [--trials 10] [--rounds 5] [--steps 1500] [--btl LIST]
+#   run.sh [--part recovery,deadline,commit,after] [--trials 10] [--rounds 5] [--steps 1500] [--btl LIST]
 # Environment: LOOM_BUILD_DIR (default build/), LOOM_JOBS (default 1), QUIET_WAIT (see lib.sh).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -30,7 +34,7 @@ source "$repo/benchmarks/common/lib.sh"
 case ${1:-} in -h | --help) sed -n '3,/^set -e/{/^set -e/!s/^# \{0,1\}//p}' "$0"; exit 0 ;; esac
 args=("$@")
 flag() { local i; for ((i = 0; i + 1 < ${#args[@]}; i++)); do [ "${args[i]}" != "--$1" ] || { echo "${args[i + 1]}"; return; }; done; echo "$2"; }
-parts=$(flag part recovery,deadline,after)
+parts=$(flag part recovery,deadline,commit,after)
 trials=$(flag trials 10)
 rounds=$(flag rounds 5)
 steps=$(flag steps 1500)
@@ -112,6 +116,25 @@ if [[ $parts == *deadline* ]]; then
     echo "Failure detection in steady state, $example: $n ranks${recovery:+ (a hybrid under --enable-recovery: detection and the step commit)}, $steps steps, $rounds paired rounds (samples/s)"
     awk '{ printf "  round %d: on %s, off %s, ratio %.3f\n", NR, $1, $2, $1 / $2 }' "$work/deadline-$spec.txt"
     echo "  median ratio on/off: $(awk '{ print $1 / $2 }' "$work/deadline-$spec.txt" | median)"
+  done
+fi
+
+if [[ $parts == *commit* ]]; then
+  for spec in tensor_parallel pipeline; do
+    p=$build_dir/examples/$spec/$spec
+    extra=()
+    [ "$spec" = pipeline ] && extra=(--stages 2)
+    : > "$work/commit-$spec.txt"
+    for r in $(seq 1 "$rounds"); do
+      quiet_wait
+      mpi 4 --enable-recovery "$p" "${common[@]}" "${extra[@]}" > "$work/on.out" 2>/dev/null
+      mpi 4 "$p" "${common[@]}" "${extra[@]}" > "$work/off.out" 2>/dev/null
+      echo "$(sps "$work/on.out") $(sps "$work/off.out")" >> "$work/commit-$spec.txt"
+    done
+    echo
+    echo "The step commit, $spec hybrid: 4 ranks (2 replicas), failure detection on in both, $steps steps, $rounds paired rounds (samples/s, with the commit under --enable-recovery / without under plain mpirun)"
+    awk '{ printf "  round %d: commit %s, none %s, ratio %.3f\n", NR, $1, $2, $1 / $2 }' "$work/commit-$spec.txt"
+    echo "  median ratio commit/none: $(awk '{ print $1 / $2 }' "$work/commit-$spec.txt" | median)"
   done
 fi
 

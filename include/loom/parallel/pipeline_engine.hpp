@@ -362,8 +362,9 @@ class pipeline_stages {
   {
     return std::visit([](auto& st) -> Comm& { return st.dp->comm(); }, states_);
   }
-  /// Whether each optimizer step is committed over the world before it is taken
-  /// (detail::step_commit): under failure detection, with several replicas.
+  /// Whether each optimizer step can be committed over the world before it is taken
+  /// (detail::step_commit, where the fit recovers): under failure detection, with several
+  /// replicas.
   bool commits() const noexcept {
     if constexpr (recoverable) return world_.watch() != nullptr && replicas_ > 1;
     else return false;
@@ -851,9 +852,12 @@ class pipeline_engine
   void optimizer_step(float lr, double clip) {
     monitor::span span(monitor::span_kind::optimizer);
     base::clip_gradients(clip);
-    if (base::commits()) commit_.commit(base::world_comm(), lr);  // the step's last collective
+    if (commit_.enabled() && base::commits()) commit_.commit(base::world_comm(), lr);  // the step's last collective
     take_step(lr);
   }
+
+  /// Whether this fit commits each step (loom::trainer: where it recovers in the process).
+  void set_step_commit(bool on) noexcept { commit_.enable(on); }
 
   /// After a failure in a hybrid's step commit that completed on another rank: takes the step
   /// from the reduced, clipped gradients this rank holds, and returns true; false when this

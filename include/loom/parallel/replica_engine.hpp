@@ -496,11 +496,14 @@ class replica_engine : public replica_passes<Network, Loss, Backend, Sync> {
     }
     base::clip_and_close_step(clip);
     if constexpr (commits_steps)
-      if (base::sync().commits()) commit_.commit(base::sync().world_comm(), lr);  // the step's last collective
+      if (commit_.enabled() && base::sync().commits()) commit_.commit(base::sync().world_comm(), lr);  // the step's last collective
     take_step(lr);
   }
 
-  /// After a failure in a hybrid's step commit (tensor_parallel_sync::commit) that completed on
+  /// Whether this fit commits each step (loom::trainer: where it recovers in the process).
+  void set_step_commit(bool on) noexcept { commit_.enable(on); }
+
+  /// After a failure in a hybrid's step commit (detail::step_commit) that completed on
   /// another rank: takes the step from the reduced, clipped gradients this rank holds, and
   /// returns true; false when this rank is not inside a commit.
   bool finish_committed_step() {

@@ -50,9 +50,12 @@ inline void commit_hook_for_tests(int rank) {
 
 /// The step commit of one engine: commit() runs it over the world and remembers the step's
 /// learning rate until the step is taken (taken()); pending() is that rate while a commit is
-/// in flight or failed.
+/// in flight or failed. enabled(): whether this fit recovers in the process (the trainer says;
+/// where a failure ends the job, as under plain mpirun, a commit would buy nothing).
 class step_commit {
  public:
+  void enable(bool on) noexcept { on_ = on; }
+  bool enabled() const noexcept { return on_; }
   template <class Comm>
   void commit(Comm& world, float lr) {
     lr_ = lr;
@@ -67,6 +70,7 @@ class step_commit {
 
  private:
   std::optional<float> lr_;
+  bool on_ = false;
 };
 
 }  // namespace loom::detail

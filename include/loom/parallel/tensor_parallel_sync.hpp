@@ -162,8 +162,9 @@ class tensor_parallel_sync {
   {
     return dp_->comm();
   }
-  /// Whether each optimizer step is committed over the world before it is taken
-  /// (detail::step_commit): under failure detection, with several replicas.
+  /// Whether each optimizer step can be committed over the world before it is taken
+  /// (detail::step_commit, where the fit recovers): under failure detection, with several
+  /// replicas.
   bool commits() const noexcept {
     if constexpr (recoverable) return world_.watch() != nullptr && replicas() > 1;
     else return false;

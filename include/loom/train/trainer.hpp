@@ -467,6 +467,9 @@ class fit_host {
                                 std::uint64_t salt) = 0;
   virtual void sum(double* v, std::size_t n) = 0;
   virtual void optimizer_step(float lr, double clip_grad_norm) = 0;
+  /// Whether the engine commits each step over the world (a hybrid that recovers in the
+  /// process: detail::step_commit); a no-op for the others.
+  virtual void set_step_commit(bool on) = 0;
   // The failure detector of the engine's communicators (can_watch or can_detect).
   virtual void watch_for_failures(double deadline_s) = 0;
   virtual void set_deadline(double deadline_s) = 0;
@@ -1090,6 +1093,9 @@ class trainer_body : private trainer_core, private state_host {
     }
     void sum(double* v, std::size_t n) override { t_.engine_.sum(v, n); }
     void optimizer_step(float lr, double clip) override { t_.engine_.optimizer_step(lr, clip); }
+    void set_step_commit(bool on) override {
+      if constexpr (requires { t_.engine_.set_step_commit(on); }) t_.engine_.set_step_commit(on);
+    }
     void watch_for_failures(double deadline_s) override {
       if constexpr (trainer_body::can_detect) t_.engine_.watch_for_failures(deadline_s);
       else if constexpr (trainer_body::can_watch) t_.engine_.world_comm().watch_for_failures(deadline_s);

@@ -146,6 +146,8 @@ LOOM_DECL fit_result trainer_core::run_fit(fit_host& h, const fit_options& opts,
   if (detecting) h.watch_for_failures(fo.deadline_s > 0 ? fo.deadline_s : fo.startup_deadline_s);
   const bool recovering = watching_ && (fo.recovery == recovery_mode::on ||
                                         (fo.recovery == recovery_mode::automatic && runtime_keeps_survivors()));
+  // A hybrid that recovers commits each step over the world (docs/fault-tolerance.md, "Hybrids").
+  h.set_step_commit(recovering);
   if (fo.replace && !recovering && h.rank() == 0 && h.world() > 1 && !joining) {
     detail::warn_replace_without_recovery(fo, watching_);
   }
