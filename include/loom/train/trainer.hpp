@@ -858,8 +858,8 @@ class trainer_body : private trainer_core, private state_host {
         return "recovery is off (the runtime ends the survivors under plain mpirun: run under loomrun or mpirun "
                "--enable-recovery), and no rank holds a whole model replica to write an emergency checkpoint";
       else
-        return "loom recovers in place under data_parallel and on a tensor-parallel hybrid's data-parallel axis, not "
-               "yet on a pipeline hybrid's";
+        return "this communicator cannot rebuild itself over the survivors (the hybrids recover in place over "
+               "loom::mpi_comm)";
     }
     return "the lost ranks held the only copy of their part of the model (a pipeline stage or a tensor slice)";
   }
@@ -1047,8 +1047,8 @@ class trainer_body : private trainer_core, private state_host {
     fence_left_out(e.world_comm(), r);
   };
 
-  /// Ranks that hold one model replica together: a hybrid's tensor-parallel width (its
-  /// replicas go on or leave whole), 1 otherwise.
+  /// Ranks that hold one model replica together: a hybrid's tensor-parallel width or pipeline
+  /// stages (its replicas go on or leave whole), 1 otherwise.
   static constexpr int replica_ranks = [] {
     if constexpr (requires { engine_type::replica_ranks; }) return engine_type::replica_ranks;
     else return 1;

@@ -155,7 +155,7 @@ LOOM_DECL fit_result trainer_core::run_fit(fit_host& h, const fit_options& opts,
   // a survivor's position (and an emergency checkpoint) has them without a collective.
   global_sums_ = !h.per_epoch_sums || watching_;
   // Under failure detection the step's sums come before its optimizer step (see the loop).
-  const bool sums_before_step = global_sums_ && (h.per_epoch_sums || watching_);
+  const bool sums_before_step = watching_;
   // Where this fit starts: where a loaded checkpoint stopped, or at the beginning.
   const position start_at = std::exchange(resume_, position{});
   cur_ = start_at;
