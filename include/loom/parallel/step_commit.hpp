@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// The step commit of a hybrid's engines under failure detection (docs/fault-tolerance.md,
-// "Hybrids"): the slices or stages of one model replica step separately, each after its own
+// The step commit of a hybrid's engines where the fit recovers in the process
+// (docs/fault-tolerance.md, "Hybrids"): the slices or stages of one model replica step separately, each after its own
 // data-parallel group's gradient allreduce, so a failure could leave one part of a surviving
 // replica stepped and another not. Every rank therefore joins one 8-byte allreduce over the
 // world after every collective of its step and before its parameters change; if it completed
