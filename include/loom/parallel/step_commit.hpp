@@ -10,12 +10,14 @@
 // loom::replica_engine (tensor-parallel hybrids) and loom::pipeline_engine (pipeline hybrids).
 
 #include <array>
+#include <chrono>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "loom/comm/communicator.hpp"
 #include "loom/core/fault.hpp"
@@ -41,6 +43,11 @@ inline void commit_hook_for_tests(int rank) {
     std::raise(SIGKILL);
   }
   if (rank == at[2]) {
+    // The commit completed here; the others' completes when their last messages arrive (an
+    // allreduce may complete on one rank before another). Wait for that before the roll call
+    // this failure starts could interrupt their waits: otherwise no rank has stepped and the
+    // step is redone — correct, but not the case this hook is for.
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
     std::fprintf(stderr, "loom: test: rank %d takes the commit of step %ld for failed\n", rank, at[0]);
     std::fflush(stderr);
     throw rank_failure(rank_failure::kind::deadline, "allreduce", 0.0, -1,
