@@ -117,8 +117,8 @@ parser& parser::with_weights_flags() {
 parser& parser::with_zero_flag() {
   zero_ = true;
   usage_ +=
-      "  --zero                 shard the optimizer state over the ranks (ZeRO stage 1,\n"
-      "                         loom::shard_optimizer_state; data parallel)\n";
+      "  --zero                 shard the optimizer state over the data-parallel replicas\n"
+      "                         (ZeRO stage 1, loom::shard_optimizer_state)\n";
   return *this;
 }
 

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Tensor (Megatron-style) model parallelism: the main example's mlp with its two hidden layers
 // as a column-parallel then a row-parallel linear, each rank holding half of their weights
-// (`mpirun -np 2`; with -np 4, 2 data-parallel replicas of 2 tensor-parallel ranks). Takes the
-// main example's flags (the mlp only) and ends with the same `result:` line; with the same
+// (`mpirun -np 2`; with -np 4, 2 data-parallel replicas of 2 tensor-parallel ranks, and with
+// --zero each slice's optimizer state sharded over its 2 replicas). Takes the main example's
+// flags (the mlp only) and ends with the same `result:` line; with the same
 // seed, batch and steps its params_l2 (over the whole model) equals the main example's
 // one-rank mlp figure: split or not, the layers start from the same values.
 
@@ -56,12 +57,13 @@ int main(int argc, char** argv) {
   loom::mpi::environment env{argc, argv};
   const example::flags f = example::parser(program, std::string("usage: mpirun -np 2|4 tensor_parallel [flags]\n") +
                                                         example::common_usage)
+                               .with_zero_flag()
                                .parse(argc, argv);
   if (f.print_valid_world_sizes) {
-    // What this program builds: tensor_parallel<2> on 2 ranks, 2 replicas of it on 4.
+    // What this program builds: tensor_parallel<2> on 2 ranks, 2 replicas of it on 4 (--zero: 4 only).
     std::vector<std::size_t> sizes;
-    if (loom::world_size_rules<tp_mlp, loom::model_parallel<loom::tensor_parallel<2>, loom::mpi_comm>>::accepts(
-            2, f.batch, f.deterministic_chunk))
+    if (!f.zero && loom::world_size_rules<tp_mlp, loom::model_parallel<loom::tensor_parallel<2>, loom::mpi_comm>>::accepts(
+                       2, f.batch, f.deterministic_chunk))
       sizes.push_back(2);
     if (loom::world_size_rules<tp_mlp, loom::hybrid<loom::data_parallel<loom::mpi_comm>, loom::tensor_parallel<2>>>::accepts(
             4, f.batch, f.deterministic_chunk))
@@ -70,12 +72,18 @@ int main(int argc, char** argv) {
     return 0;
   }
   return example::guarded(program, [&] {
-    if (f.model != "mlp") throw loom::invalid_argument("tensor_parallel: only --model mlp is split by tensor parallelism");
+    if (f.model != "mlp") throw loom::invalid_argument("only --model mlp is split by tensor parallelism");
     const int ranks = loom::mpi_comm::world().size();
+    if (f.zero && ranks != 4)
+      throw loom::invalid_argument("--zero shards the optimizer state over data-parallel replicas; "
+                                   "on " + std::to_string(ranks) + " ranks there is one replica (run with mpirun -np 4)");
     if (ranks == 2) return with_optimizer<loom::model_parallel<loom::tensor_parallel<2>, loom::mpi_comm>>(f);
+    if (ranks == 4 && f.zero)
+      return with_optimizer<
+          loom::hybrid<loom::data_parallel<loom::mpi_comm, loom::shard_optimizer_state>, loom::tensor_parallel<2>>>(f);
     if (ranks == 4)
       return with_optimizer<loom::hybrid<loom::data_parallel<loom::mpi_comm>, loom::tensor_parallel<2>>>(f);
-    throw loom::invalid_argument("tensor_parallel: needs 2 ranks (tensor parallel) or 4 (2 replicas x 2), got " +
+    throw loom::invalid_argument("needs 2 ranks (tensor parallel) or 4 (2 replicas x 2), got " +
                                  std::to_string(ranks) + " (start it with mpirun -np 2)");
   });
 }

@@ -10,6 +10,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdlib>
@@ -112,6 +113,41 @@ static_assert(mlp_1f1b::parameter_bytes ==
 // World rank r of a hybrid is stage r % S.
 static_assert(loom::memory_plan<mlp, loom::sgd, local_hybrid_pipeline<2>>::for_rank(3) ==
               loom::memory_plan<mlp, loom::sgd, local_hybrid_pipeline<2>>::for_rank(1));
+// ZeRO under the pipeline hybrid: each stage's, as data_parallel's over the stage's replicas;
+// the mlp's stages are one bucket each, so a stage's largest shard is exactly ceil(P_s / R).
+using zero_two_stages = loom::hybrid<loom::data_parallel<loom::local_comm, loom::shard_optimizer_state>,
+                                     loom::pipeline<2, loom::micro_batches<4>, loom::one_f_one_b>>;
+using mlp_zero_stages = loom::memory_plan<mlp, loom::adam, zero_two_stages>;
+using mlp_plain_stages = loom::memory_plan<mlp, loom::adam, local_hybrid_pipeline<2, loom::micro_batches<4>, loom::one_f_one_b>>;
+constexpr auto stage_p = loom::stage_partition<mlp, loom::pipeline<2, loom::micro_batches<4>, loom::one_f_one_b>>::parameter_counts;
+static_assert(stage_p[0] + stage_p[1] == mlp_p && stage_p[0] > 0 && stage_p[1] > 0);
+static_assert(mlp_zero_stages::for_rank(0).optimizer_state_bytes == 0 && mlp_zero_stages::for_rank(1).optimizer_state_bytes == 0);
+static_assert(mlp_zero_stages::for_rank(0).shard_buckets == 1 && mlp_zero_stages::for_rank(1).shard_buckets == 1);
+// One replica: the whole stage's state, as unsharded.
+static_assert(mlp_zero_stages::for_rank(0).optimizer_state_bytes_on(1) == mlp_plain_stages::for_rank(0).optimizer_state_bytes &&
+              mlp_zero_stages::for_rank(1).optimizer_state_bytes_on(1) == mlp_plain_stages::for_rank(1).optimizer_state_bytes);
+static_assert(mlp_zero_stages::for_rank(0).optimizer_state_bytes_on(2) == 2 * f32 * ((stage_p[0] + 1) / 2) &&
+              mlp_zero_stages::for_rank(1).optimizer_state_bytes_on(3) == 2 * f32 * ((stage_p[1] + 2) / 3));
+static_assert(mlp_zero_stages::optimizer_state_bytes_on(2) ==
+              2 * f32 * ((std::max(stage_p[0], stage_p[1]) + 1) / 2));
+// exp_avg, exp_avg_sq and the summed gradients of the shard; parameters and gradients stay the stage's.
+static_assert(mlp_zero_stages::for_rank(1).sharded_bytes(2) == 3 * f32 * ((stage_p[1] + 1) / 2));
+static_assert(mlp_zero_stages::for_rank(0).parameter_bytes == mlp_plain_stages::for_rank(0).parameter_bytes &&
+              mlp_zero_stages::for_rank(0).gradient_bytes == mlp_plain_stages::for_rank(0).gradient_bytes);
+static_assert(mlp_zero_stages::for_rank(0).bytes(64, 2) ==
+              mlp_plain_stages::for_rank(0).bytes(64, 2) - 2 * f32 * stage_p[0] + 3 * f32 * ((stage_p[0] + 1) / 2));
+static_assert(mlp_zero_stages::for_rank(1).bytes(64, 3) ==
+              mlp_plain_stages::for_rank(1).bytes(64, 3) - 2 * f32 * stage_p[1] + 3 * f32 * ((stage_p[1] + 2) / 3));
+static_assert(mlp_zero_stages::for_rank(3) == mlp_zero_stages::for_rank(1));
+// A run's options decide the state (SGD with momentum: one value per value of the shard).
+static_assert(loom::rank_memory_for<mlp, loom::sgd, zero_two_stages>({.momentum = 0.9f}, 2).sharded_bytes(2) ==
+              2 * f32 * ((stage_p[0] + 1) / 2));
+// compress<bf16>: the stage's gradients' 16-bit copy, and the shard's reduced values' too.
+static_assert(loom::memory_plan<mlp, loom::adam,
+                                loom::hybrid<loom::data_parallel<loom::local_comm, loom::shard_optimizer_state,
+                                                                 loom::compress<loom::bf16>>,
+                                             loom::pipeline<2>>>::for_rank(1)
+                  .sharded_bytes(2) == (3 * f32 + 2) * ((stage_p[1] + 1) / 2));
 // The first stage reads the samples, the last the labels.
 static_assert(mlp_1f1b::for_rank(0).input_bytes_per_sample == f32 * 784 &&
               mlp_1f1b::for_rank(1).input_bytes_per_sample == 4);

@@ -203,3 +203,54 @@ TEST_CASE("Each policy's shard map places the rank's parameters where the whole 
     check_shards_place_parameters<tp_mlp, loom::hybrid<loom::data_parallel<lc>, loom::tensor_parallel<2>>>(4, 2, 1, 2);
   }
 }
+
+TEST_CASE("compose: a slice's blocks cut by ZeRO's ranges map every value of the shard where the slice has it",
+          "[parallel][shard]") {
+  // small_tp's slice 1 of 2: a row_parallel weight's column block (strided rows), its shared
+  // bias, a replicated layer, a column_parallel block. Cut into every split of its buffer into
+  // three ranges (the shards of 3 replicas, each range placed in a buffer of its own), the
+  // composed blocks must put each value of each shard where the slice's blocks put it in the
+  // whole layout — value by value — and keep `shared`.
+  using layout = loom::tensor_parallel_layout<small_tp, 2>;
+  constexpr auto slice = loom::shards::slice<layout, 1>;
+  constexpr std::size_t n = loom::shards::local_size(slice);
+  // The slice's own map: local index -> whole index, and whether shared.
+  std::vector<std::size_t> whole_of(n);
+  std::vector<bool> shared_of(n);
+  for (const loom::shard_piece& p : slice)
+    for (std::size_t i = 0; i < p.rows; ++i)
+      for (std::size_t k = 0; k < p.count; ++k) {
+        whole_of[p.local_offset + i * p.local_stride + k] = p.whole_offset + i * p.whole_stride + k;
+        shared_of[p.local_offset + i * p.local_stride + k] = p.shared;
+      }
+  std::size_t cuts = 0, wrong = 0, pieces = 0;
+  for (std::size_t a = 0; a <= n; ++a)
+    for (std::size_t b = a; b <= n; b += 3) {
+      // The middle range [a, b) as one ZeRO shard of two slices of buckets: [a, m) and [m, b).
+      const std::size_t m = a + (b - a) / 3;
+      std::vector<loom::shard_piece> inner;
+      if (m > a) inner.push_back({.whole_offset = a, .local_offset = 0, .count = m - a});
+      if (b > m) inner.push_back({.whole_offset = m, .local_offset = m - a, .count = b - m});
+      const auto out = loom::compose(slice, inner);
+      std::vector<int> seen(b - a, 0);
+      for (const loom::shard_piece& p : out) {
+        ++pieces;
+        for (std::size_t i = 0; i < p.rows; ++i)
+          for (std::size_t k = 0; k < p.count; ++k) {
+            const std::size_t at = p.local_offset + i * p.local_stride + k;
+            if (at >= b - a) {
+              ++wrong;
+              continue;
+            }
+            ++seen[at];
+            wrong += whole_of[a + at] != p.whole_offset + i * p.whole_stride + k;
+            wrong += shared_of[a + at] != p.shared;
+          }
+      }
+      for (int s : seen) wrong += s != 1;
+      ++cuts;
+    }
+  INFO(cuts << " cuts, " << pieces << " composed blocks");
+  CHECK(wrong == 0);
+  CHECK(cuts > 100);
+}

@@ -8,7 +8,8 @@
 // r / P. Consecutive ranks form one model-parallel group — the traffic-heavy group stays on one
 // machine when ranks are placed by slot (mpirun's default). The world communicator is split by
 // colour twice: model-parallel groups (colour r / P) carry pipeline messages or tensor-parallel
-// allreduces; data-parallel groups (colour r % P) carry only the gradient allreduce.
+// allreduces; data-parallel groups (colour r % P) carry only the gradient allreduce (under
+// shard_optimizer_state, its reduce-scatter and the parameters' allgather).
 
 #include <cstddef>
 #include <type_traits>
@@ -36,10 +37,6 @@ struct hybrid {
   static_assert(is_pipeline_v<Parallelism> || is_tensor_parallel_v<Parallelism>,
                 "loom::hybrid<DataParallel, Parallelism>: Parallelism must be loom::pipeline<Stages, ...> or "
                 "loom::tensor_parallel<Width>");
-  static_assert(!detail::shards_state_of_v<DataParallel>,
-                "loom::hybrid<loom::data_parallel<Comm, loom::shard_optimizer_state>, ...>: sharding the optimizer "
-                "state over the replicas of a hybrid is not built yet; drop shard_optimizer_state (it works under "
-                "plain loom::data_parallel)");
   static_assert(!detail::chooses_at_run_time_v<DataParallel>,
                 "loom::hybrid<loom::data_parallel<Comm, loom::choose_at_run_time>, ...>: the run-time choice of the "
                 "wire format and ZeRO is built for plain loom::data_parallel only; name the options (compress<H>) "

@@ -461,6 +461,23 @@ template <class DataParallel, class RankNetwork>
 inline constexpr std::size_t wire_bytes_of =
     std::is_void_v<typename DataParallel::wire_type> ? 0 : RankNetwork::parameter_count * 2;
 
+/// The data-parallel buffers of a rank that holds RankNetwork (the whole network, or a
+/// tensor slice) under DataParallel: the 16-bit copy of compress<>, and under
+/// shard_optimizer_state (ZeRO) the state and the reduced gradients of the shard (and the
+/// reduced values' 16-bit copy under compress<>), each one value per value of the shard.
+/// loom's optimizers step the shard's parameters where they lie (step_part): no copy of them.
+template <class RankNetwork, class DataParallel>
+constexpr void add_data_parallel_buffers(rank_memory& m, std::size_t state_values) {
+  constexpr std::size_t wire = wire_bytes_of<DataParallel, RankNetwork>;
+  m.communication_bytes += wire;
+  if constexpr (DataParallel::shards_state) {
+    m.optimizer_state_bytes = 0;
+    m.shard_state_bytes_per_value = state_values * scalar_bytes;
+    m.shard_bytes_per_value = (state_values + 1) * scalar_bytes + (wire ? 2 : 0);
+    m.shard_buckets = bucket_plan<RankNetwork, float, DataParallel::bucket_cap_bytes>::count;
+  }
+}
+
 template <class Network, class Comm, class... O>
 struct policy_facts<Network, data_parallel<Comm, O...>> : replica_facts<Network, Network, 1> {
   static constexpr bool replicated = true;
@@ -470,16 +487,7 @@ struct policy_facts<Network, data_parallel<Comm, O...>> : replica_facts<Network,
       largest_bucket_of<Network, data_parallel<Comm, O...>::bucket_cap_bytes>();
   static constexpr std::array<rank_memory, 1> ranks(std::size_t state_values) {
     auto r = replica_facts<Network, Network, 1>::ranks(state_values);
-    r[0].communication_bytes += wire;
-    if constexpr (data_parallel<Comm, O...>::shards_state) {
-      // ZeRO: the state and the reduced gradients of the shard (and the reduced values' 16-bit
-      // copy under compress<>), each one value per value of the shard. loom's optimizers step
-      // the shard's parameters where they lie (step_part): no copy of them.
-      r[0].optimizer_state_bytes = 0;
-      r[0].shard_state_bytes_per_value = state_values * scalar_bytes;
-      r[0].shard_bytes_per_value = (state_values + 1) * scalar_bytes + (wire ? 2 : 0);
-      r[0].shard_buckets = bucket_plan<Network, float, data_parallel<Comm, O...>::bucket_cap_bytes>::count;
-    }
+    add_data_parallel_buffers<Network, data_parallel<Comm, O...>>(r[0], state_values);
     return r;
   }
 };
@@ -501,7 +509,7 @@ struct policy_facts<Network, hybrid<data_parallel<Comm, O...>, tensor_parallel<W
       largest_bucket_of<tensor_parallel_network<Network, W>, data_parallel<Comm, O...>::bucket_cap_bytes>();
   static constexpr std::array<rank_memory, W> ranks(std::size_t state_values) {
     auto r = replica_facts<Network, tensor_parallel_network<Network, W>, W>::ranks(state_values);
-    for (auto& m : r) m.communication_bytes += wire_bytes_of<data_parallel<Comm, O...>, tensor_parallel_network<Network, W>>;
+    for (auto& m : r) add_data_parallel_buffers<tensor_parallel_network<Network, W>, data_parallel<Comm, O...>>(m, state_values);
     return r;
   }
 };
@@ -549,9 +557,12 @@ struct policy_facts<Network, hybrid<data_parallel<Comm, O...>, pipeline<S, PO...
   using base = pipeline_facts<Network, pipeline<S, PO...>>;
   static constexpr std::array<rank_memory, S> ranks(std::size_t state_values) {
     auto r = base::ranks(state_values);
-    if constexpr (base::network_fits && !std::is_void_v<typename data_parallel<Comm, O...>::wire_type>) {
+    if constexpr (base::network_fits) {
+      // Each stage's data-parallel buffers over the stage's replicas, as data_parallel's over the
+      // whole network: under ZeRO a rank holds the state and reduced gradients of its stage's shard.
       [&]<std::size_t... I>(std::index_sequence<I...>) {
-        ((r[I].communication_bytes += base::part::template stage_network<I>::parameter_count * 2), ...);
+        (add_data_parallel_buffers<typename base::part::template stage_network<I>, data_parallel<Comm, O...>>(r[I], state_values),
+         ...);
       }(std::make_index_sequence<S>{});
     }
     return r;

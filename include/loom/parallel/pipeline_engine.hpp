@@ -135,6 +135,17 @@ constexpr std::size_t saved_elements(std::index_sequence<K...>) {
 /// same order on both ends, which NCCL, carrying no tags, needs). Messages of no samples go
 /// through host memory on both ends. Scalars (loss sums, norms, job checks) and
 /// gather_parameters go through host copies.
+///
+/// ZeRO stage 1 (hybrid<data_parallel<Comm, ..., shard_optimizer_state>, pipeline<...>>): each
+/// stage's gradients are reduce-scattered over the stage's replicas (its data-parallel group),
+/// bucket by bucket during the last backward, into this rank's slices (state_shard()); the
+/// optimizer state holds those slices only, about 1/replicas of the stage's. The step clips
+/// with the whole model's norm (every rank's slice squares summed over the world: the slices
+/// of a stage's replicas hold each of its parameters once), steps the slices where they lie,
+/// and leaves the parameters' allgathers in flight; the step's first forward waits for each
+/// layer's gather as it reaches it (so that on later stages the wait overlaps the one for
+/// activations), and everything else that reads or writes the parameters settles them first.
+/// A lost rank takes its slices with it: such a run is not recovered in place (can_recover).
 template <class Network, class Loss, class Backend, class Pipeline, class Comm,
           class DataParallel = detail::no_data_parallel>
 class pipeline_stages {
@@ -155,6 +166,9 @@ class pipeline_stages {
   using partition = stage_partition<Network, Pipeline>;
   static constexpr std::size_t stages = Pipeline::stages;
   static constexpr bool hybrid = !std::is_same_v<DataParallel, detail::no_data_parallel>;
+  /// ZeRO stage 1: the hybrid's data_parallel names loom::shard_optimizer_state (a hybrid
+  /// fixes it at compile time: no run-time choice).
+  static constexpr bool may_shard_state = hybrid && detail::shards_state_of_v<DataParallel>;
   using request = typename Comm::request;
 
   /// Stage I's model type: its own network, initialised as layers bounds[I].. of the whole.
@@ -261,6 +275,7 @@ class pipeline_stages {
     figures_.stage = stage_;
     figures_.replica = replica_;
     broadcast_parameters();
+    if constexpr (may_shard_state) bind_shard();
   }
 
   /// The pipeline's own fields of the job description (every rank must agree on them).
@@ -290,6 +305,33 @@ class pipeline_stages {
   bool reads_labels() const { return last_stage(); }
   /// This rank's stage of the whole network's layout (shards::stage), as its replica.
   shard_map shard() const { return shard_of(std::make_index_sequence<stages>{}); }
+  /// Whether the optimizer state holds this rank's slices of its stage only (ZeRO stage 1).
+  bool shards_state() const noexcept { return may_shard_state; }
+  /// What this rank holds of the optimizer state: the same as shard(), or under ZeRO its
+  /// slices of the stage (one block per bucket, at their places in the whole network's layout),
+  /// every rank as replica 0 of 1: together the stage's replicas hold the one copy.
+  shard_map state_shard() const {
+    shard_map m = shard();
+    if constexpr (may_shard_state) {
+      m.replica = 0;
+      m.replicas = 1;
+      m.local_count = state_count();
+      m.pieces = state_pieces_;
+    }
+    return m;
+  }
+  /// Values per buffer of the optimizer state: the stage's parameters, or under ZeRO the
+  /// values of this rank's slices.
+  std::size_t state_count() const {
+    if constexpr (may_shard_state) return std::visit([](const auto& st) { return st.dp->zero().shard_count; }, states_);
+    else return parameter_count();
+  }
+  /// ZeRO: waits for the parameters' allgathers the last optimizer step left in flight (a
+  /// no-op when none are, and without ZeRO). Every method here that reads or writes the
+  /// parameters, but the training forward (which waits layer by layer), calls it first.
+  void settle() {
+    if constexpr (may_shard_state) std::visit([](auto& st) { st.dp->settle(); }, states_);
+  }
   /// Stage I's blocks of the whole layout, at compile time.
   template <std::size_t I>
   static constexpr auto pieces_of = shards::stage<partition, I>;
@@ -316,8 +358,9 @@ class pipeline_stages {
   /// Whether a recovery can go on without lost ranks (hybrid over a communicator that recovers,
   /// loom::mpi_comm): whole replicas go on, and the ranks of a replica that lost one leave with
   /// it (loom::recover_world's group_size, the stage count). can_recover(): this run can (more
-  /// than one replica).
-  static constexpr bool recoverable = hybrid && requires(Comm& c) {
+  /// than one replica). Not under ZeRO (shard_optimizer_state): a lost rank takes its slices of
+  /// the optimizer state with it (the run ends; loomrun resumes it from the last checkpoint).
+  static constexpr bool recoverable = hybrid && !may_shard_state && requires(Comm& c) {
     c.watch_as_part_of(c);
     c.replace_after_recovery(std::move(c));
   };
@@ -370,9 +413,14 @@ class pipeline_stages {
     else return false;
   }
 
-  models_type& models() noexcept { return models_; }
+  /// The stage's model, its parameters complete (settle()). The const ones do not wait: fit
+  /// settles before it returns, so only a fit in progress can have gathers in flight.
+  models_type& models() {
+    settle();
+    return models_;
+  }
   const models_type& models() const noexcept { return models_; }
-  models_type& model() noexcept { return models_; }
+  models_type& model() { return models(); }
   const models_type& model() const noexcept { return models_; }
 
   /// Calls f(state, model) with this rank's stage (state's type knows the stage at compile time).
@@ -390,9 +438,12 @@ class pipeline_stages {
   T* local_parameters() { return parameters(); }
   std::size_t local_count() const { return parameter_count(); }
 
-  /// This stage's parameter count, and its flat parameter and gradient buffers.
+  /// This stage's parameter count, and its flat parameter (complete: settle()) and gradient
+  /// buffers. Under ZeRO the gradients are this rank's own after a step's backward (their sum
+  /// over the replicas is only in its slices, shard_gradients()).
   std::size_t parameter_count() const { return partition::parameter_counts[static_cast<std::size_t>(stage_)]; }
   T* parameters() {
+    settle();
     return std::visit([](auto& m) { return m.parameters().data(); }, models_);
   }
   T* gradients() {
@@ -415,6 +466,7 @@ class pipeline_stages {
 
   /// Under hybrid: every replica of this stage starts from replica 0's parameters. Collective.
   void broadcast_parameters() {
+    settle();
     with_stage([&](auto& st, auto& m) {
       if constexpr (hybrid) st.dp->broadcast_parameters(m.parameters().data(), m.parameters().size());
     });
@@ -438,6 +490,7 @@ class pipeline_stages {
   /// Forward only (evaluation mode) of one batch through the pipeline: returns the loss sums
   /// on the last stage, zero elsewhere. Collective over the pipeline group.
   loss_value evaluate_batch(const batch_view& b, std::uint64_t seed, std::uint64_t step) {
+    settle();
     return with_stage([&](auto& st, auto& m) { return run_evaluation(st, m, b, seed, step); });
   }
 
@@ -447,17 +500,83 @@ class pipeline_stages {
   }
 
   /// Clips the gradient norm of the whole model to clip (0: no clipping; the squares summed
-  /// over the stages, collective over the pipeline group).
+  /// over the stages, collective over the pipeline group). Under ZeRO it clips this rank's
+  /// slices of the summed gradients (shard_gradients()), collective over the world.
   void clip_gradients(double clip) {
-    if (clip > 0) scale_to_norm<Backend>(gradients(), parameter_count(), std::sqrt(gradient_squared_norm()), clip);
+    if (clip <= 0) return;
+    if constexpr (may_shard_state) {
+      const double norm = std::sqrt(gradient_squared_norm());
+      if (const std::size_t n = state_count()) scale_to_norm<Backend>(gshard_.data(), n, norm, clip);
+    } else {
+      scale_to_norm<Backend>(gradients(), parameter_count(), std::sqrt(gradient_squared_norm()), clip);
+    }
   }
 
   /// The squared L2 norm of the gradients of the whole model (one replica), summed over the
-  /// stages. Collective over the pipeline group.
+  /// stages. Collective over the pipeline group; under ZeRO over the world: each rank's slice
+  /// squares, which the replicas of a stage hold once between them.
   double gradient_squared_norm() {
-    double sq = Backend::sum(parameter_count(), detail::squared_term<T>{gradients()});
-    timed_allreduce(&sq, 1);
-    return sq;
+    if constexpr (may_shard_state) {
+      const std::size_t n = state_count();
+      double sq = n ? Backend::sum(n, detail::squared_term<T>{gshard_.data()}) : 0.0;
+      monitor::timed wait(figures_, &rank_figures::wait_s);
+      world_.allreduce(&sq, 1, reduce_op::sum);
+      return sq;
+    } else {
+      double sq = Backend::sum(parameter_count(), detail::squared_term<T>{gradients()});
+      timed_allreduce(&sq, 1);
+      return sq;
+    }
+  }
+
+  /// ZeRO: this rank's slices of the stage's gradients summed over the replicas (state_count()
+  /// values in the backend's memory, in the order of state_shard()'s pieces), complete after
+  /// the last micro-step of a step.
+  T* shard_gradients() noexcept
+    requires may_shard_state
+  {
+    return gshard_.data();
+  }
+
+  /// Whether an optimizer state steps part of itself (step_part, end_step: loom's optimizers
+  /// do); ZeRO steps one that does not on a contiguous copy of the slices' parameters.
+  template <class State>
+  static constexpr bool steps_in_place = requires(State& s, T* p, const T* g, std::size_t n, float lr) {
+    s.step_part(p, g, n, n, lr);
+    s.end_step();
+  };
+
+  /// ZeRO: clips the whole model's gradient norm to clip (0: none), steps this rank's slices
+  /// with `state` (the slices' optimizer state) at learning rate lr, and starts the allgathers
+  /// of every replica's stepped slices into the stage's parameters, which the next forward
+  /// completes (see the class comment). Collective over the world (the norm, when clipping) and
+  /// the stage's data-parallel group (the gathers).
+  template <class State>
+  void sharded_step(State& state, float lr, double clip)
+    requires may_shard_state
+  {
+    clip_gradients(clip);
+    with_stage([&](auto& st, auto& m) {
+      const auto& z = st.dp->zero();
+      T* params = m.parameters().data();  // complete: the forward settled them
+      const T* g = gshard_.data();
+      {
+        monitor::timed compute(figures_, &rank_figures::compute_s);
+        if constexpr (steps_in_place<State>) {
+          // Each slice where it lies: no copy of the parameters.
+          for (const shard_piece& q : z.pieces) state.step_part(params + q.whole_offset, g + q.local_offset, q.local_offset, q.count, lr);
+          state.end_step();
+        } else {
+          if (pshard_.size() != gshard_.size()) pshard_ = buffer<T, space>(gshard_.size());
+          T* p = pshard_.data();
+          for (const shard_piece& q : z.pieces) Backend::copy(p + q.local_offset, params + q.whole_offset, q.count);
+          state.step(p, g, z.shard_count, lr);
+          for (const shard_piece& q : z.pieces) Backend::copy(params + q.whole_offset, p + q.local_offset, q.count);
+        }
+      }
+      // In flight until the next forward reaches each unit's layers (or settle()).
+      st.dp->start_gather_parameters(params);
+    });
   }
 
   /// The L2 norm of the whole model's parameters (one replica). Collective over the pipeline group.
@@ -470,6 +589,7 @@ class pipeline_stages {
   /// The whole model's parameters in the whole network's flat layout, on every rank.
   /// Collective over the pipeline group.
   std::vector<T> gather_parameters() {
+    settle();
     constexpr std::size_t width = [] {
       std::size_t w = 0;
       for (std::size_t c : partition::parameter_counts) w = c > w ? c : w;
@@ -560,6 +680,38 @@ class pipeline_stages {
                                ") or use loom::hybrid<loom::data_parallel<...>, loom::pipeline<...>> for more");
     }
     return world.rank() % s;
+  }
+
+  /// ZeRO: the buffer of this rank's slices of the summed gradients, given to the stage's
+  /// reduce-scatters, and the slices' blocks of the whole network's layout (state_shard()).
+  void bind_shard()
+    requires may_shard_state
+  {
+    with_stage([&](auto& st, auto&) {
+      constexpr std::size_t s = std::remove_cvref_t<decltype(st)>::index;
+      const auto& z = st.dp->zero();
+      gshard_ = buffer<T, space>(std::max<std::size_t>(1, z.shard_count));
+      st.dp->bind_shard(gshard_.data());
+      state_pieces_.assign(z.pieces.begin(), z.pieces.end());  // the stage's layout -> the shard
+      for (shard_piece& q : state_pieces_) q.whole_offset += partition::parameter_offsets[s];
+    });
+  }
+
+  /// A training forward of micro-batch slot sl (n samples). Under ZeRO the step's first
+  /// forward may find the parameters' gathers in flight: each layer first waits for its unit's
+  /// (zero_layout::gather_unit), and the rest are completed after it.
+  template <class State>
+  activation<T, Backend> forward_awaiting_parameters(State& st, typename State::slot& sl, const run_context& ctx,
+                                                     const T* params, std::size_t n) {
+    if constexpr (may_shard_state) {
+      if (st.dp->gathering()) {
+        const auto y = sl.seq.forward(ctx, params, activation<const T, Backend>{sl.x}, n,
+                                      [&](std::size_t layer) { st.dp->await_layer(layer); });
+        st.dp->settle();  // a unit of layers the forward never reached (none in a chain)
+        return y;
+      }
+    }
+    return sl.seq.forward(ctx, params, activation<const T, Backend>{sl.x}, n);
   }
 
   states_type make_state_from_world() {
@@ -686,9 +838,13 @@ class pipeline_stages {
           if constexpr (State::first) sl.x = b.x + lo * State::in_size;
           sl.y = nullptr;
           if (n > 0) {
+            // Under ZeRO this forward may wait for the parameters' gathers: exposed
+            // communication (the data-parallel figures'), taken out of the compute time.
+            double exposed_before = 0;
+            if constexpr (may_shard_state) exposed_before = st.dp->figures().comm_exposed_s;
             monitor::timed compute(figures_, &rank_figures::compute_s);
             monitor::span fw(monitor::span_kind::forward, static_cast<std::int32_t>(m));
-            const auto y = sl.seq.forward(ctx, params, activation<const T, Backend>{sl.x}, n);
+            const auto y = forward_awaiting_parameters(st, sl, ctx, params, n);
             sl.y_format = y.format;
             sl.y = sl.conv.template to_plain<T, typename State::out_shape>(y.data, y.format, n);
             if constexpr (State::last) {
@@ -699,6 +855,9 @@ class pipeline_stages {
             }
             fw.stop();
             compute.stop();
+            if constexpr (may_shard_state) figures_.compute_s -= st.dp->figures().comm_exposed_s - exposed_before;
+          } else {
+            settle();  // no samples here: nothing reads the parameters, but they must be whole
           }
           break;
         }
@@ -814,6 +973,11 @@ class pipeline_stages {
   bool grads_written_ = false;
   std::size_t held_bytes_ = 0, peak_bytes_ = 0;
   T empty_{};
+  // ZeRO (shard_optimizer_state): this rank's slices of the summed gradients, of the
+  // parameters for an optimizer that cannot step them where they lie (steps_in_place), and
+  // the slices' blocks of the whole layout (state_shard()).
+  buffer<T, space> gshard_, pshard_;
+  std::vector<shard_piece> state_pieces_;
 };
 
 /// Runs one rank's stage of Network cut by Pipeline (a loom::pipeline<S, ...>) with Loss and
@@ -843,17 +1007,21 @@ class pipeline_engine
   /// the table's.
   pipeline_engine(Comm world, const engine_setup<optimizer_options>& setup, detail::pipeline_run_table table)
       : base(std::move(world), setup.seed, setup.math, setup.job, std::move(table)),
-        state_(setup.optimizer, base::parameter_count()) {}
+        state_(setup.optimizer, base::state_count()) {}
 
   optimizer_state& optimizer() noexcept { return state_; }
 
   /// Clips the gradient norm of the whole model and steps this stage's optimizer on its own
-  /// buffers.
+  /// buffers (under ZeRO on this rank's slices: pipeline_stages::sharded_step).
   void optimizer_step(float lr, double clip) {
     monitor::span span(monitor::span_kind::optimizer);
-    base::clip_gradients(clip);
-    if (commit_.enabled() && base::commits()) commit_.commit(base::world_comm(), lr);  // the step's last collective
-    take_step(lr);
+    if constexpr (base::may_shard_state) {
+      base::sharded_step(state_, lr, clip);
+    } else {
+      base::clip_gradients(clip);
+      if (commit_.enabled() && base::commits()) commit_.commit(base::world_comm(), lr);  // the step's last collective
+      take_step(lr);
+    }
   }
 
   /// Whether this fit commits each step (loom::trainer: where it recovers in the process).

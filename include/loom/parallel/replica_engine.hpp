@@ -107,11 +107,14 @@ class replica_passes {
     if constexpr (may_shard_state) {
       if (shards_state()) {
         // One copy of the state, spread over every rank: to a checkpoint, they are one replica.
+        // (A tensor slice's shard: its pieces of the slice's blocks, a shared one written by
+        // slice 0's ranks.)
         const auto& z = sync_.zero();
         m.replica = 0;
         m.replicas = 1;
         m.local_count = z.shard_count;
-        m.pieces = z.pieces;
+        if constexpr (tensor_split) m.pieces = sync_.state_pieces();
+        else m.pieces = z.pieces;
       }
     }
     return m;
@@ -310,16 +313,21 @@ class replica_passes {
     const T* grads = model_.gradients().data();
     auto& fig = sync_.figures();
     double sq = 0;  // the squared norm: the whole model's, or this shard's part of it
-    {
-      monitor::timed compute(fig, &rank_figures::compute_s);
-      if (chunks_)
-        for (const shard_piece& q : z.pieces) Backend::copy(g + q.local_offset, grads + q.whole_offset, q.count);
-      if (clip > 0) {
-        if (chunks_) sq = Backend::sum(model_type::parameter_count, detail::squared_term<T>{grads});
-        else if (z.shard_count) sq = Backend::sum(z.shard_count, detail::squared_term<T>{g});
+    if constexpr (tensor_split) {
+      // A slice's shard: split and shared values apart, over both groups.
+      if (clip > 0) sq = sync_.template sharded_squares<Backend>(g);
+    } else {
+      {
+        monitor::timed compute(fig, &rank_figures::compute_s);
+        if (chunks_)
+          for (const shard_piece& q : z.pieces) Backend::copy(g + q.local_offset, grads + q.whole_offset, q.count);
+        if (clip > 0) {
+          if (chunks_) sq = Backend::sum(model_type::parameter_count, detail::squared_term<T>{grads});
+          else if (z.shard_count) sq = Backend::sum(z.shard_count, detail::squared_term<T>{g});
+        }
       }
+      if (clip > 0 && !chunks_) sync_.sum(&sq, 1);
     }
-    if (clip > 0 && !chunks_) sync_.sum(&sq, 1);
     {
       monitor::timed compute(fig, &rank_figures::compute_s);
       if (clip > 0 && z.shard_count) scale_to_norm<Backend>(g, z.shard_count, std::sqrt(sq), clip);

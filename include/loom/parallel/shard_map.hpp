@@ -9,9 +9,11 @@
 // are laid out as the parameters (SGD's momentum, Adam's two moments) are described by the
 // same blocks. No communication here.
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <span>
+#include <vector>
 
 namespace loom {
 
@@ -65,6 +67,45 @@ void copy_from_whole(const shard_map& map, const T* whole, T* local) {
     for (std::size_t i = 0; i < p.rows; ++i)
       for (std::size_t k = 0; k < p.count; ++k)
         local[p.local_offset + i * p.local_stride + k] = whole[p.whole_offset + i * p.whole_stride + k];
+}
+
+/// The blocks `outer` (the whole layout -> a rank's buffer L: a tensor slice's, a pipeline
+/// stage's) seen through `inner` (plain ranges of L -> a smaller buffer B: ZeRO's shard of L,
+/// zero_layout::pieces): where each value of B lies in the whole layout, as blocks of B. Each
+/// outer block must be one run of L (one row, or rows laid end to end: local_stride = count),
+/// as every loom shard's are; a block's `shared` carries over. A row_parallel weight's column
+/// block cut by a range becomes at most three blocks: a partial row, whole rows, a partial row.
+inline std::vector<shard_piece> compose(std::span<const shard_piece> outer, std::span<const shard_piece> inner) {
+  std::vector<shard_piece> out;
+  for (const shard_piece& q : inner) {
+    const std::size_t q0 = q.whole_offset, q1 = q0 + q.count * q.rows;
+    for (const shard_piece& p : outer) {
+      const std::size_t p0 = p.local_offset, p1 = p0 + p.size();
+      const std::size_t a = std::max(p0, q0), b = std::min(p1, q1);
+      if (a >= b) continue;
+      const auto in_b = [&](std::size_t x) { return q.local_offset + (x - q0); };
+      if (p.rows == 1) {
+        out.push_back({.whole_offset = p.whole_offset + (a - p0), .local_offset = in_b(a), .count = b - a, .shared = p.shared});
+        continue;
+      }
+      const std::size_t c = p.count;
+      const auto at = [&](std::size_t x) { return p.whole_offset + (x - p0) / c * p.whole_stride + (x - p0) % c; };
+      std::size_t x = a;
+      if ((x - p0) % c != 0) {  // the end of a row
+        const std::size_t e = std::min(b, p0 + ((x - p0) / c + 1) * c);
+        out.push_back({.whole_offset = at(x), .local_offset = in_b(x), .count = e - x, .shared = p.shared});
+        x = e;
+      }
+      if (const std::size_t rows = (b - x) / c; rows > 0) {  // whole rows
+        out.push_back({.whole_offset = at(x), .local_offset = in_b(x), .count = c, .rows = rows,
+                       .whole_stride = p.whole_stride, .local_stride = c, .shared = p.shared});
+        x += rows * c;
+      }
+      if (x < b)  // the start of a row
+        out.push_back({.whole_offset = at(x), .local_offset = in_b(x), .count = b - x, .shared = p.shared});
+    }
+  }
+  return out;
 }
 
 namespace shards {

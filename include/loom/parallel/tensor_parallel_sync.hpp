@@ -15,6 +15,7 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -94,6 +95,12 @@ class tensor_parallel_sync {
   static constexpr std::size_t width = Width;
   /// Whether the gradient average over replicas travels compressed (loom::compress<>).
   static constexpr bool compressed = detail::compresses_v<dp_engine>;
+  /// ZeRO stage 1 over the replicas (hybrid<data_parallel<Comm, shard_optimizer_state>,
+  /// tensor_parallel<W>>, as Megatron-LM's distributed optimizer): each slice's gradients are
+  /// reduce-scattered over its data-parallel group, each rank steps its part of its slice
+  /// (zero(): in the slice's own flat layout), and the parameters are all-gathered over the group.
+  static constexpr bool sharded = detail::shards_state_v<dp_engine>;
+  static constexpr bool may_shard = detail::may_shard_state_v<dp_engine>;
 
   /// Splits world into tensor groups (and data-parallel groups for hybrid). Collective.
   /// Throws: loom::invalid_argument when world's size is not Width (model_parallel) or not a
@@ -135,8 +142,10 @@ class tensor_parallel_sync {
 
   /// Whether a recovery can go on without lost ranks (hybrid over a communicator that
   /// recovers, loom::mpi_comm): whole replicas go on, and the ranks of a replica that lost one
-  /// leave with it (loom::recover_world's group_size, Width).
-  static constexpr bool recoverable = hybrid && requires(Comm& c) {
+  /// leave with it (loom::recover_world's group_size, Width). Not under ZeRO (sharded): a lost
+  /// rank takes its slices of the optimizer state with it (the run ends; loomrun resumes it
+  /// from the last checkpoint).
+  static constexpr bool recoverable = hybrid && !may_shard && requires(Comm& c) {
     c.watch_as_part_of(c);
     c.replace_after_recovery(std::move(c));
   };
@@ -169,6 +178,58 @@ class tensor_parallel_sync {
     if constexpr (recoverable) return world_.watch() != nullptr && replicas() > 1;
     else return false;
   }
+  /// ZeRO (sharded): see gradient_allreduce — the slice's layout cut over the data-parallel
+  /// group, where its reduced gradients go, the parameters' allgathers after the step.
+  bool sharding() const noexcept {
+    if constexpr (may_shard) return dp_->sharding();
+    else return false;
+  }
+  const zero_layout& zero() const noexcept
+    requires may_shard
+  {
+    return dp_->zero();
+  }
+  /// Also makes the state's blocks of the whole layout (state_pieces) for the world as it is.
+  void bind_shard(T* where)
+    requires may_shard
+  {
+    dp_->bind_shard(where);
+    state_pieces_ = compose(shard().pieces, dp_->zero().pieces);
+  }
+  void start_gather_parameters(T* params)
+    requires may_shard
+  {
+    dp_->start_gather_parameters(params);
+  }
+  bool gathering() const noexcept {
+    if constexpr (may_shard) return dp_->gathering();
+    else return false;
+  }
+  void await_layer(std::size_t layer) {
+    if constexpr (may_shard) dp_->await_layer(layer);
+  }
+  void settle() {
+    if constexpr (may_shard) dp_->settle();
+  }
+  /// ZeRO: the blocks of the whole layout this rank's shard holds (its slice's blocks cut by
+  /// zero().pieces; a shared block — a replicated layer, a row_parallel bias — stays shared).
+  std::span<const shard_piece> state_pieces() const noexcept { return state_pieces_; }
+  /// ZeRO: the whole model's squared gradient norm from this rank's shard of reduced
+  /// gradients: the shard's squares of split and of shared values summed over the
+  /// data-parallel group (its slice's), the split ones then over the tensor group (shared ones
+  /// counted once, as l2). Collective over both groups.
+  template <class Backend>
+  double sharded_squares(const T* shard)
+    requires may_shard
+  {
+    std::array<double, 2> s{0, 0};
+    for (const shard_piece& p : state_pieces_)
+      s[p.shared ? 1 : 0] += Backend::sum(p.size(), detail::squared_term<T>{shard + p.local_offset});
+    dp_->sum(s.data(), 2);
+    if constexpr (Width > 1) tensor_comm().allreduce(s.data(), 1, reduce_op::sum);
+    return s[0] + s[1];
+  }
+
   /// This rank's slice of the tensor-parallel layers, for the model's construction.
   tensor_shard model_shard() const { return {slice(), Width}; }
   /// What this rank holds: slice rank() % Width of the whole network's layout, as replica
@@ -275,6 +336,7 @@ class tensor_parallel_sync {
   std::unique_ptr<comm_tensor_group<Comm>> group_;
   std::optional<dp_engine> dp_;
   rank_figures figures_;
+  std::vector<shard_piece> state_pieces_;  // ZeRO: see state_pieces()
 };
 
 }  // namespace loom
