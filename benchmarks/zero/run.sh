@@ -9,7 +9,10 @@
 # rank 0's optimizer-state bytes (from the memory plan: mem_MB/plan_MB are printed too) and
 # the CPU it ran on.
 #   run.sh [--rounds 3] [--rate 1gbit] [--models mlp,cnn] [--ranks 2,4] [--optimizer adam]
-#          [--baseline PROGRAM] [--variants LIST]
+#          [--baseline PROGRAM] [--variants LIST] [--program fashion_mnist|tensor_parallel|pipeline]
+# --program: the example to run. tensor_parallel (2 replicas x tensor_parallel<2> on 4 ranks)
+# and pipeline (--stages 2 --micro-batches 4: 2 replicas x 2 stages on 4 ranks) measure ZeRO
+# over a hybrid's replicas; give them --models mlp --ranks 4 --variants plain,zero.
 # --baseline: also runs --zero with PROGRAM (the example built from another commit, e.g. to
 # measure a change of ZeRO itself), as variant zero-base, interleaved with the others.
 # --variants: the variants to run (default: plain zero bf16, or with Adam plain zero plain-sgd
@@ -20,7 +23,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 build_dir=${LOOM_BUILD_DIR:-$repo/build}
-rounds=3 rate=1gbit models=mlp,cnn ranks=2,4 optimizer=adam baseline="" only=""
+rounds=3 rate=1gbit models=mlp,cnn ranks=2,4 optimizer=adam baseline="" only="" example=fashion_mnist
 while [ $# -gt 0 ]; do
   case $1 in
     --rounds) rounds=$2; shift 2 ;;
@@ -30,11 +33,16 @@ while [ $# -gt 0 ]; do
     --optimizer) optimizer=$2; shift 2 ;;
     --baseline) baseline=$2; shift 2 ;;
     --variants) only=${2//,/ }; shift 2 ;;
+    --program) example=$2; shift 2 ;;
     -h | --help) sed -n '3,/^set -e/{/^set -e/!s/^# \{0,1\}//p}' "$0"; exit 0 ;;
     *) echo "run.sh: unknown flag $1" >&2; exit 2 ;;
   esac
 done
-program=$build_dir/examples/fashion_mnist/fashion_mnist
+case $example in
+  fashion_mnist | tensor_parallel | pipeline) ;;
+  *) echo "run.sh: --program takes fashion_mnist, tensor_parallel or pipeline, got $example" >&2; exit 2 ;;
+esac
+program=$build_dir/examples/$example/$example
 [ -x "$program" ] || { echo "run.sh: build fashion_mnist first ($program)" >&2; exit 2; }
 [ -z "$baseline" ] || [ -x "$baseline" ] || { echo "run.sh: --baseline $baseline is not an executable" >&2; exit 2; }
 isa=$(grep -qw avx512f /proc/cpuinfo && echo AVX-512 || { grep -qw avx2 /proc/cpuinfo && echo AVX2 || echo "no AVX2"; })
@@ -53,6 +61,7 @@ flags_of() {  # flags_of VARIANT MODEL
   local steps=400
   [ "$2" = cnn ] && steps=60
   local f=(--model "$2" --batch 64 --max-steps $steps --threads 1 --test-samples 100)
+  [ "$example" = pipeline ] && f+=(--stages 2 --micro-batches 4)
   case $1 in
     plain) f+=(--optimizer "$optimizer" --lr "$(lr "$optimizer")") ;;
     zero | zero-base) f+=(--optimizer "$optimizer" --lr "$(lr "$optimizer")" --zero) ;;
@@ -77,8 +86,14 @@ run_set() {  # run_set WHERE LAUNCH...: every model, rank count and variant, int
           local sps exposed fit mem plan
           sps=$(sed -n 's/^result: .* samples_per_s=\([0-9.]*\) .*/\1/p' "$out")
           exposed=$(sed -n 's/^result: .* comm_exposed_s=\([0-9.]*\).*/\1/p' "$out")
-          # rank 0's row of the per-rank table: compute_s comm_s exposed_s wait_s data_s mem_MB plan_MB sent_MB samples/s
-          read -r _ c _ e w d mem plan _ _ < <(grep -E '^ +0 ' "$out" | head -1)
+          if [ "$example" = pipeline ]; then
+            # rank 0's row of the stage table: stage replica compute_s bubble_s bubble% exposed_s act_peak_MB params_MB mem_MB plan_MB sent_MB
+            read -r _ _ _ c w _ e _ _ mem plan _ < <(grep -E '^ +0 ' "$out" | head -1)
+            d=0
+          else
+            # rank 0's row of the per-rank table: compute_s comm_s exposed_s wait_s data_s mem_MB plan_MB sent_MB samples/s
+            read -r _ c _ e w d mem plan _ _ < <(grep -E '^ +0 ' "$out" | head -1)
+          fi
           fit=$(awk -v c="$c" -v e="$e" -v w="$w" -v d="$d" 'BEGIN { printf "%.3f", c + e + w + d }')
           echo "run: where=$where i=$r model=$m ranks=$n variant=$v samples_per_s=$sps exposed_s=$exposed step_s=$fit mem_MB=$mem plan_MB=$plan"
           rm -f "$out"

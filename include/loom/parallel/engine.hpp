@@ -10,6 +10,7 @@
 // hybrid; loom/parallel/replica_engine.hpp) and loom::pipeline_engine (pipelines and their
 // hybrid; loom/parallel/pipeline_engine.hpp).
 
+#include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "loom/core/error.hpp"
+#include "loom/core/memory.hpp"
 #include "loom/core/math_mode.hpp"
 #include "loom/monitor/figures.hpp"
 #include "loom/monitor/timeline.hpp"
@@ -170,6 +172,35 @@ inline constexpr bool may_shard_state_v = [] {
   if constexpr (requires { X::may_shard; }) return X::may_shard;
   else return false;
 }();
+
+/// Whether an optimizer state steps part of itself (step_part, end_step: loom's optimizers do).
+template <class State, class T>
+concept steps_in_place = requires(State& s, T* p, const T* g, std::size_t n, float lr) {
+  s.step_part(p, g, n, n, lr);
+  s.end_step();
+};
+
+/// ZeRO's step of a rank's slices (replica_engine and pipeline_stages): the blocks z.pieces of
+/// params (the rank's own flat layout) stepped with their reduced gradients g (the shard,
+/// z.shard_count values) and `state` (the shard's) at learning rate lr — where they lie when
+/// the state steps in place, else on a contiguous copy in `copy` (sized here). Backend's
+/// memory; z a loom::zero_layout.
+template <class Backend, class T, class State, class ZeroLayout>
+void step_zero_slices(State& state, T* params, const T* g, const ZeroLayout& z,
+                      buffer<T, typename Backend::memory_space>& copy, float lr) {
+  if constexpr (steps_in_place<State, T>) {
+    for (const shard_piece& q : z.pieces) state.step_part(params + q.whole_offset, g + q.local_offset, q.local_offset, q.count, lr);
+    state.end_step();
+  } else {
+    const std::size_t n = std::max<std::size_t>(1, z.shard_count);
+    if (copy.size() != n) copy = buffer<T, typename Backend::memory_space>(n);
+    T* p = copy.data();
+    for (const shard_piece& q : z.pieces) Backend::copy(p + q.local_offset, params + q.whole_offset, q.count);
+    state.step(p, g, z.shard_count, lr);
+    for (const shard_piece& q : z.pieces) Backend::copy(params + q.whole_offset, p + q.local_offset, q.count);
+  }
+}
+
 }  // namespace detail
 
 }  // namespace loom

@@ -538,14 +538,6 @@ class pipeline_stages {
     return gshard_.data();
   }
 
-  /// Whether an optimizer state steps part of itself (step_part, end_step: loom's optimizers
-  /// do); ZeRO steps one that does not on a contiguous copy of the slices' parameters.
-  template <class State>
-  static constexpr bool steps_in_place = requires(State& s, T* p, const T* g, std::size_t n, float lr) {
-    s.step_part(p, g, n, n, lr);
-    s.end_step();
-  };
-
   /// ZeRO: clips the whole model's gradient norm to clip (0: none), steps this rank's slices
   /// with `state` (the slices' optimizer state) at learning rate lr, and starts the allgathers
   /// of every replica's stepped slices into the stage's parameters, which the next forward
@@ -559,20 +551,9 @@ class pipeline_stages {
     with_stage([&](auto& st, auto& m) {
       const auto& z = st.dp->zero();
       T* params = m.parameters().data();  // complete: the forward settled them
-      const T* g = gshard_.data();
       {
         monitor::timed compute(figures_, &rank_figures::compute_s);
-        if constexpr (steps_in_place<State>) {
-          // Each slice where it lies: no copy of the parameters.
-          for (const shard_piece& q : z.pieces) state.step_part(params + q.whole_offset, g + q.local_offset, q.local_offset, q.count, lr);
-          state.end_step();
-        } else {
-          if (pshard_.size() != gshard_.size()) pshard_ = buffer<T, space>(gshard_.size());
-          T* p = pshard_.data();
-          for (const shard_piece& q : z.pieces) Backend::copy(p + q.local_offset, params + q.whole_offset, q.count);
-          state.step(p, g, z.shard_count, lr);
-          for (const shard_piece& q : z.pieces) Backend::copy(params + q.whole_offset, p + q.local_offset, q.count);
-        }
+        detail::step_zero_slices<Backend>(state, params, gshard_.data(), z, pshard_, lr);
       }
       // In flight until the next forward reaches each unit's layers (or settle()).
       st.dp->start_gather_parameters(params);

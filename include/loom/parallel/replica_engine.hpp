@@ -292,23 +292,14 @@ class replica_passes {
   /// into the parameters. In the split-invariant mode every rank holds the whole summed
   /// gradient, bitwise the same: the slices are copied from it and the norm is the unsharded
   /// one, so the result is bitwise that of unsharded training.
-  /// Whether an optimizer state steps part of itself (step_part, end_step: loom's optimizers
-  /// do); one that does not is stepped on a contiguous copy of the shard's parameters.
-  template <class State>
-  static constexpr bool steps_in_place = requires(State& s, T* p, const T* g, std::size_t n, float lr) {
-    s.step_part(p, g, n, n, lr);
-    s.end_step();
-  };
+  /// An optimizer state that cannot step part of itself (detail::steps_in_place) steps a
+  /// contiguous copy of the shard's parameters.
   template <class State>
   void sharded_step(State& state, float lr, double clip)
     requires may_shard_state
   {
     const auto& z = sync_.zero();
     T* g = gshard_.data();
-    if constexpr (!steps_in_place<State>) {
-      if (pshard_.size() != gshard_.size()) pshard_ = buffer<T, typename Backend::memory_space>(gshard_.size());
-    }
-    T* p = pshard_.data();
     T* params = model_.parameters().data();
     const T* grads = model_.gradients().data();
     auto& fig = sync_.figures();
@@ -332,15 +323,7 @@ class replica_passes {
       monitor::timed compute(fig, &rank_figures::compute_s);
       if (clip > 0 && z.shard_count) scale_to_norm<Backend>(g, z.shard_count, std::sqrt(sq), clip);
       had_samples_ = false;
-      if constexpr (steps_in_place<State>) {
-        // Each slice where it lies: no copy of the parameters.
-        for (const shard_piece& q : z.pieces) state.step_part(params + q.whole_offset, g + q.local_offset, q.local_offset, q.count, lr);
-        state.end_step();
-      } else {
-        for (const shard_piece& q : z.pieces) Backend::copy(p + q.local_offset, params + q.whole_offset, q.count);
-        state.step(p, g, z.shard_count, lr);
-        for (const shard_piece& q : z.pieces) Backend::copy(params + q.whole_offset, p + q.local_offset, q.count);
-      }
+      detail::step_zero_slices<Backend>(state, params, g, z, pshard_, lr);
     }
     // In flight until the next forward reaches each unit's layers (await_layer, settle()).
     sync_.start_gather_parameters(params);
