@@ -26,7 +26,7 @@
 #                         (a reduce-scatter moves half of it: 0.5 is the goal); --cluster: 2 hosts
 #                         x 1 rank of the multi-host harness over TCP, as cluster.
 #   run.sh split-gradient [flags of bench_split_gradient, e.g. --rounds 5 --pieces 1,2,4,8,16]
-#                         issue 13's question for the mlp: its first layer's weight-gradient
+#                         whether splitting pays for the mlp: its first layer's weight-gradient
 #                         product computed whole then one blocking allreduce of every gradient
 #                         (what data_parallel does), against the product in k blocks of rows, each
 #                         block's MPI_Iallreduce started as it is done; per k the step time, the
@@ -113,8 +113,8 @@ table_print() {
           us("chunked", b), bw("chunked", b), r("chunked", b), bw("chunked-i", b), r("chunked-i", b), \
           bw("bf16", b), r("bf16", b), bw("fp16", b), r("fp16", b), \
           fl("raw", b), fl("loom-i", b), fl("chunked", b), oth[b] ((oth[b] + 0 > 0.25) ? "*" : "")
-        # Targets: loom and chunked from 1 MiB (the allreduce issue), loom-i (the overlapped path
-        # data_parallel takes) from 64 KiB (issue 13).
+        # Targets: loom and chunked from 1 MiB, loom-i (the overlapped path data_parallel takes)
+        # from 64 KiB.
         for (k = 1; k <= 3; k++) {
           v = (k == 1) ? "loom" : (k == 2) ? "chunked" : "loom-i"
           if (b < ((k == 3) ? 65536 : 1048576)) continue

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Issue 13's question: does splitting the weight-gradient product of the layer that holds most
+// The question: does splitting the weight-gradient product of the layer that holds most
 // of the gradient bytes into pieces, each piece's allreduce started as soon as it is computed,
 // shorten the step? The main example's mlp (784-256-128-10) keeps 85% of its gradient in its
 // first layer, whose backward (dW = dY^T X, 256 x 784 from a batch of 32 per rank) runs last,

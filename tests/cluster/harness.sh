@@ -105,9 +105,9 @@ cluster_up() {
   # oversubscribe them without Open MPI knowing; a rank that busy-polls for a message then holds
   # the core its peer needs to send it. Measured on 2 x 2 ranks, 2 cores: a 64 KiB allreduce
   # 10.7 ms busy-polling, 0.25 ms yielding (tests/cluster/README.md).
-  # No mpi_preconnect_mpi (sessions 18-19 passed it): the survivor it seemed to save was killed by
-  # SIGPIPE writing to the dead host's socket, which loom's failure detection now ignores
-  # (docs/fault-tolerance.md, "Open MPI and SIGPIPE"); CTest runs what a user's TCP cluster runs.
+  # No mpi_preconnect_mpi: it only made rarer a survivor killed by SIGPIPE writing to the dead
+  # host's socket, which loom's failure detection ignores (docs/fault-tolerance.md, "Open MPI
+  # and SIGPIPE"); without it CTest runs what a user's TCP cluster runs.
   CLUSTER_MCA=(--mca plm_rsh_agent "$CLUSTER_DIR/rsh-agent" --mca plm_rsh_no_tree_spawn 1
                --mca btl tcp,self --mca btl_tcp_if_include "${CLUSTER_NET}.0/24"
                --mca oob_tcp_if_include "${CLUSTER_NET}.0/24" --bind-to none

@@ -34,9 +34,9 @@
 #   replace-again  replace, and once the replacement has taken its first good step, kill -9 of
 #          the replacement itself: a second recovery and a second replacement; requires as replace,
 #          with both replacement reports (the second naming "a replacement" as the rank lost).
-#          Prints the run's samples/s against the clean run's (until session 19 training after the
-#          second replacement was ~30 times slower: docs/fault-tolerance.md, "Open MPI's TCP
-#          progress after a death").
+#          Prints the run's samples/s against the clean run's (without the TCP progress tick that
+#          a replacement sets as it joins, training after the second replacement was ~30 times
+#          slower: docs/fault-tolerance.md, "Open MPI's TCP progress after a death").
 #   refused  replace, with the runtime refusing the new process (LOOM_REPLACE_HOST names a host
 #          outside the allocation): the survivors say why and go on with NP-1 ranks, each
 #          finished ("finished" status files; mpirun itself then exits with status 1, which is
