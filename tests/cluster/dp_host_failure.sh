@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # Data parallel on 2 hosts x 2 ranks under loomrun (or a hybrid of 2 replicas of 2 ranks, a
 # replica per host: examples/tensor_parallel); once the first checkpoint is committed, every
-# process of host 1 is killed (kill -9). The survivors on host 0 must continue in the process
+# process of host 1 is killed (kill -9) — or, with CLUSTER_KILL=ranks, only its training
+# processes, its Open MPI daemon living on (a rank's crash on a live host). The survivors on host 0 must continue in the process
 # (the trainer's in-process recovery: a line `loom: recovery ...` on stderr) and finish with
 # ranks=2 and status 0 — without loomrun restarting the job (no `loomrun: restart` line), which
 # would also finish with ranks=2, from the checkpoint. The one restart accepted is the one
@@ -26,12 +27,19 @@ for a in "${CLUSTER_MCA[@]}"; do through+=(--mpirun-arg "$a"); done
    > "$w/run.out" 2> "$w/run.err") &
 job=$!
 cluster_wait_for "$w/ck/step-$every" $job || { cat "$w/run.err"; fail "no checkpoint step-$every appeared"; }
-n=$(cluster_kill_host 1)
-echo "kill -9 of the $n processes of host 1 after step-$every's checkpoint"
+if [ "${CLUSTER_KILL:-host}" = ranks ]; then
+  n=$(cluster_kill_program 1 "$program")
+  [ "$n" -gt 0 ] || fail "found no process of $program on host 1"
+  echo "kill -9 of the $n training processes of host 1 after step-$every's checkpoint (its Open MPI daemon lives on)"
+else
+  n=$(cluster_kill_host 1)
+  echo "kill -9 of the $n processes of host 1 after step-$every's checkpoint"
+fi
 wait $job
 status=$?
 grep -E "^loom: recovery|^loomrun|Peer host|resumed from" "$w/run.err"
 [ "$status" -eq 0 ] || fail "loomrun ended with status $status, not 0"
+grep -q "^loomrun: giving up" "$w/run.err" && fail "loomrun gave up on a job whose survivors finished"
 grep "^result: .* ranks=2 " "$w/run.out" || fail "no result line with ranks=2"
 if grep -q "^loomrun: restart" "$w/run.err"; then
   # One case is outside loom: Open MPI's runtime, finding no route to the lost daemon, kills

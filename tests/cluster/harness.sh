@@ -12,6 +12,7 @@
 #   cluster_exec I CMD...   run CMD inside host I's namespace (hostname: the namespace's name)
 #   cluster_wait_for P PID  wait until path P exists or process PID ended (60 s at most)
 #   cluster_kill_host I     kill -9 every process whose network namespace is host I's
+#   cluster_kill_program I PROGRAM  kill -9 host I's processes running PROGRAM (its daemon lives)
 #   cluster_link I up|down  bring host I's link up or down (down: a partition)
 #   cluster_limit I RATE [BURST]  limit host I's link to RATE (tc tbf), e.g. 100mbit
 #   cluster_check_orted     an orted in every host connects back to mpirun in host 0
@@ -146,6 +147,19 @@ cluster_wait_for() {
 cluster_kill_host() {
   local pids
   pids=$(ip netns pids "$(cluster_ns "$1")")
+  [ -n "$pids" ] && kill -9 $pids 2> /dev/null
+  echo "$pids" | wc -w
+}
+
+# cluster_kill_program I PROGRAM: kill -9 the processes of host I that run PROGRAM (by its
+# executable's path) — the training ranks only; the host's Open MPI daemon lives on, as after a
+# rank's crash or an OOM kill on a live host. Prints how many were killed.
+cluster_kill_program() {
+  local pid pids="" exe
+  exe=$(readlink -f "$2")
+  for pid in $(ip netns pids "$(cluster_ns "$1")"); do
+    [ "$(readlink -f "/proc/$pid/exe" 2> /dev/null)" = "$exe" ] && pids+="$pid "
+  done
   [ -n "$pids" ] && kill -9 $pids 2> /dev/null
   echo "$pids" | wc -w
 }
