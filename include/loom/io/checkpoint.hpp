@@ -380,6 +380,8 @@ struct loaded_checkpoint {
   trainer_record record;
   std::vector<float> params;
   std::vector<std::vector<float>> buffers;
+  /// Newer checkpoints refused (damaged or not this run's) before this one was taken.
+  std::size_t refused = 0;
 };
 
 /// What the loading trainer is: checked against the checkpoint before anything is read.
@@ -401,7 +403,7 @@ LOOM_DECL loaded_checkpoint read_part(const std::filesystem::path& path, const s
 
 /// Reads this rank's part of a checkpoint: `where` is one checkpoint (a `step-<n>` directory)
 /// or a run's directory, of which the newest valid checkpoint is taken (a damaged one is
-/// reported on `log` and the one before it tried). Collective: every rank takes the same
+/// reported on `log`, a warning stream, and the one before it tried). Collective: every rank takes the same
 /// checkpoint, or every rank throws loom::io_error saying what is wrong with each.
 /// Returns nothing when `where` holds no checkpoint at all and none_ok.
 /// `state_map`: what this rank holds of the optimizer state, where it differs from `map`

@@ -907,7 +907,10 @@ LOOM_DECL std::optional<loaded_checkpoint> read_checkpoint(collectives& c, const
       err = e.what();
     }
     const std::string all = c.agree_on_errors(err);
-    if (all.empty()) return mine;
+    if (all.empty()) {
+      mine->refused = static_cast<std::size_t>(&path - candidates.data());
+      return mine;
+    }
     why += "\n  " + path.string() + ": " + all;
     if (log && c.rank() == 0)
       *log << "loom: checkpoint " << path.string() << " cannot be used: " << all
