@@ -141,14 +141,30 @@ TEST_CASE("Each rank writes its own files, without waiting for the others", "[mo
   CHECK_FALSE(fs::exists(d.path / "m.prom"));
 }
 
+TEST_CASE("A metrics file in a folder that does not exist yet is written there, the folders created",
+          "[monitor][metrics]") {
+  temp_dir d;
+  loom::trainer<example::mlp, loom::softmax_cross_entropy, loom::sgd> t{{.lr = 0.02f}, {.seed = 1, .threads = 1}};
+  loom::fit_options o = loom_test::one_epoch();
+  o.max_steps = 2;
+  o.metrics = metrics((d.path / "a" / "b" / "m.prom").string(), (d.path / "c" / "m.jsonl").string(), 0);
+  t.fit(small_set(), o);
+  CHECK(lines_of(d.path / "c" / "m.jsonl").size() == 2);
+  CHECK(sample(text_of(d.path / "a" / "b" / "m.prom"), "loom_steps_total", 0) == 2);
+}
+
 TEST_CASE("A metrics file that cannot be written stops fit with the path", "[monitor][metrics]") {
+  temp_dir d;
   loom::trainer<example::mlp, loom::softmax_cross_entropy, loom::sgd> t{{.lr = 0.02f}, {.seed = 1, .threads = 1}};
   loom::fit_options o = loom_test::one_epoch();
   o.max_steps = 1;
-  o.metrics = metrics("", "/nonexistent-dir/m.jsonl", 0);
-  CHECK_THROWS_WITH(t.fit(small_set(), o), Catch::Contains("/nonexistent-dir/m.jsonl"));
-  o.metrics = metrics("/nonexistent-dir/m.prom", "", 0);
-  CHECK_THROWS_WITH(t.fit(small_set(), o), Catch::Contains("/nonexistent-dir/m.prom"));
+  // A regular file where a folder must be: no folder can be made there, not even by root.
+  std::ofstream(d.path / "not-a-folder") << "x";
+  const std::string bad = (d.path / "not-a-folder").string();
+  o.metrics = metrics("", bad + "/m.jsonl", 0);
+  CHECK_THROWS_WITH(t.fit(small_set(), o), Catch::Contains(bad + "/m.jsonl"));
+  o.metrics = metrics(bad + "/m.prom", "", 0);
+  CHECK_THROWS_WITH(t.fit(small_set(), o), Catch::Contains(bad + "/m.prom"));
   o.metrics = metrics("", "x.jsonl", -1);
   CHECK_THROWS_AS(t.fit(small_set(), o), loom::invalid_argument);
 }

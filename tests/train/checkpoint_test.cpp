@@ -10,6 +10,8 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <string>
@@ -311,5 +313,41 @@ TEST_CASE("checkpoint: a completed checkpoint's writing time is known, and the s
   CHECK(after_sync[0] == after_sync[1]);
   CHECK(fs::is_directory(dir / "step-1"));
   CHECK(fs::is_directory(dir / "step-2"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("checkpoint: a resumed fit's rate counts only the samples it trained; checkpoint.json has every optimizer option",
+          "[checkpoint]") {
+  // 8 steps an epoch of 1,000 samples (16 batches, 2 per step, the last batch 40 samples).
+  const fs::path dir = fresh_dir("resumed_rate");
+  std::size_t all = 0, first = 0, resumed = 0, resumed_epoch_samples = 0;
+  double resumed_rate = 0, resumed_seconds = 0;
+  on_ranks<net, loom::single_process, loom::sgd>(1, [&](auto& t) { all = t.fit(data(), options(12)).trained_samples; });
+  on_ranks<net, loom::single_process, loom::sgd>(1, [&](auto& t) {
+    first = t.fit(data(), options(6, dir, 6)).trained_samples;
+  });
+  on_ranks<net, loom::single_process, loom::sgd>(1, [&](auto& t) {
+    auto o = options(12, dir, 6);
+    o.checkpoint.resume = true;
+    const auto r = t.fit(data(), o);
+    resumed = r.trained_samples;
+    resumed_epoch_samples = r.samples;
+    resumed_rate = r.samples_per_s();
+    resumed_seconds = r.seconds;
+  });
+  CHECK(all == 12 * 2 * 64 - 24);  // the first epoch's last batch holds 40 samples, not 64
+  CHECK(first == 6 * 2 * 64);
+  CHECK(resumed == all - first);  // steps 7..12 only
+  CHECK(resumed_epoch_samples == 1000 + 4 * 2 * 64);  // the epochs' samples, the resumed part included
+  REQUIRE(resumed_seconds > 0);
+  CHECK(resumed_rate == Approx(static_cast<double>(resumed) / resumed_seconds));
+
+  const auto saved = loom::io::list_checkpoints(dir);
+  REQUIRE(!saved.empty());
+  const auto file = saved.front().path / "checkpoint.json";
+  std::ifstream in(file);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto rec = loom::io::detail::parse_record(loom::io::json::parse(text), file.string());
+  CHECK(rec.optimizer_options == "lr=0.05,momentum=0.9,nesterov=0,weight_decay=0");
   fs::remove_all(dir);
 }

@@ -62,8 +62,9 @@ struct batch_share {
 template <class Dataset>
 class distributed_loader {
   static_assert(
-      detail::image_dataset<Dataset>,
-      "distributed_loader needs a data set with sample_shape, size(), pixels(i), label(i)");
+      image_dataset<Dataset>,
+      "distributed_loader needs a data set with sample_shape, classes, size(), pixels(i), label(i) "
+      "(loom::data::image_dataset, docs/data.md)");
 
  public:
   using sample_shape = typename Dataset::sample_shape;

@@ -19,16 +19,26 @@
 
 namespace loom::data {
 
-namespace detail {
-
-/// What batch_loader needs of a data set (loom::labelled_images has it).
+/// A data set the trainer, batch_loader and distributed_loader read (docs/data.md, "Bringing
+/// your own data"): labelled images of 8-bit pixels, read at random by index.
+///   D::sample_shape      one sample's shape (loom::shape<C, H, W> or loom::shape<N>)
+///   D::classes           static constexpr: the number of classes (labels are 0 .. classes-1)
+///   d.size()             the number of samples
+///   d.pixels(i)          sample i's sample_shape::size pixels, 0..255 (row-major, CHW); the
+///                        loaders feed the network pixel / 255
+///   d.label(i)           sample i's class
+/// The trainer checks sample_shape and classes against the network at compile time.
+/// loom::data::labelled_images (in memory) and mapped_images (memory-mapped IDX) are such sets.
 template <class D>
 concept image_dataset = requires(const D& d, std::size_t i) {
   requires shape_type<typename D::sample_shape>;
+  { D::classes } -> std::convertible_to<std::size_t>;
   { d.size() } -> std::convertible_to<std::size_t>;
   { d.pixels(i) } -> std::convertible_to<const std::uint8_t*>;
   { d.label(i) } -> std::convertible_to<std::int32_t>;
 };
+
+namespace detail {
 
 /// The random stream of epoch orders ("shuf"), apart from those of initialisation and dropout.
 inline constexpr std::uint64_t shuffle_stream = 0x73687566ULL;
@@ -85,8 +95,9 @@ void write_sample(const Dataset& data, std::size_t idx, T* dst, std::int32_t* la
 /// nothing; only construction allocates (the permutation).
 template <class Dataset>
 class batch_loader {
-  static_assert(detail::image_dataset<Dataset>,
-                "batch_loader needs a data set with sample_shape, size(), pixels(i), label(i)");
+  static_assert(image_dataset<Dataset>,
+                "batch_loader needs a data set with sample_shape, classes, size(), pixels(i), label(i) "
+                "(loom::data::image_dataset, docs/data.md)");
 
  public:
   using sample_shape = typename Dataset::sample_shape;

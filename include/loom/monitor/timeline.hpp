@@ -254,6 +254,11 @@ std::string chrome_trace(const std::vector<std::vector<span_event>>& ranks, cons
 /// Throws loom::io_error naming the path.
 LOOM_DECL void write_file_atomically(const std::string& path, const std::string& text);
 
+/// Creates the folder `path` is in, and the folders above it, where missing (as checkpoints'
+/// and TensorBoard's folders are created). Throws loom::io_error naming `who` and the folder
+/// when it cannot.
+LOOM_DECL void create_parent_directories(const std::string& path, const char* who);
+
 /// Every rank's spans on rank 0 (collective over comm): the counts first, then the events as
 /// doubles padded to the longest. Returns them on rank 0 (empty elsewhere).
 template <class Comm>

@@ -8,7 +8,9 @@
 // "sgd" (either trainer resumes the other's).
 
 #include <cstddef>
+#include <charconv>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <variant>
@@ -158,6 +160,34 @@ template <class Optimizer>
 constexpr std::span<const char* const> optimizer_buffer_names(const typename Optimizer::options& o) noexcept {
   if constexpr (requires { Optimizer::buffer_names(o); }) return Optimizer::buffer_names(o);
   else return Optimizer::buffer_names;
+}
+
+/// "name=value" with the shortest decimal that reads back as the same float (0.05f: "0.05").
+inline std::string option_text(const char* name, float v) {
+  char b[32];
+  const auto end = std::to_chars(b, b + sizeof b, v).ptr;
+  return std::string(name) + "=" + std::string(b, end);
+}
+/// Every option of loom's optimizers, as a checkpoint records them (checkpoint.json's
+/// "optimizer_options": "lr=0.02,momentum=0.9,nesterov=0,weight_decay=0").
+inline std::string options_text(const sgd::options& o) {
+  return option_text("lr", o.lr) + "," + option_text("momentum", o.momentum) + ",nesterov=" + (o.nesterov ? "1" : "0") +
+         "," + option_text("weight_decay", o.weight_decay);
+}
+inline std::string options_text(const adam::options& o) {
+  return option_text("lr", o.lr) + "," + option_text("beta1", o.beta1) + "," + option_text("beta2", o.beta2) + "," +
+         option_text("eps", o.eps) + "," + option_text("weight_decay", o.weight_decay);
+}
+inline std::string options_text(const adamw::options& o) { return options_text(adam::options{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay}); }
+inline std::string options_text(const any_optimizer::options& o) {
+  return o.visit([](const auto& chosen) { return options_text(chosen); });
+}
+/// The options of Optimizer as text: every option of loom's optimizers, the base learning rate
+/// of another.
+template <class Optimizer>
+std::string optimizer_options_text(const typename Optimizer::options& o) {
+  if constexpr (requires { options_text(o); }) return options_text(o);
+  else return option_text("lr", base_lr<Optimizer>(o));
 }
 }  // namespace detail
 

@@ -345,6 +345,11 @@ struct fit_options {
   std::size_t deterministic_chunk = 0;
   /// Where progress goes (null: nowhere) and how.
   std::ostream* progress = &std::cerr;
+  /// Where warnings go, apart from progress so that silencing progress never silences them: a
+  /// checkpoint refused on resume (and the older one taken instead). Null: nowhere. (A lost rank
+  /// and its recovery, a preemption's checkpoint and skipped samples are reported on stderr by
+  /// the ranks themselves.)
+  std::ostream* warnings = &std::cerr;
   progress_mode progress_style = progress_mode::automatic;
   /// Each rank's live metrics files (Prometheus textfile, JSON lines, TensorBoard events) and how often they are
   /// rewritten (loom/monitor/metrics.hpp); none by default.
@@ -376,14 +381,21 @@ struct fit_options {
 /// What fit() measured.
 struct fit_result {
   std::size_t epochs = 0;
+  /// Optimizer steps this fit took.
   std::size_t steps = 0;
+  /// Samples of the epochs this fit ran, over all replicas — a resumed epoch's samples before
+  /// the checkpoint included (what train_loss and train_accuracy average over).
   std::size_t samples = 0;
+  /// Samples this fit trained on itself, over all replicas (after a resume, only those after
+  /// the checkpoint): what samples_per_s() divides.
+  std::size_t trained_samples = 0;
   /// Mean loss and accuracy over the samples of the last epoch run.
   double train_loss = 0;
   double train_accuracy = 0;
   /// Wall time spent in training steps (data preparation included, evaluation excluded).
   double seconds = 0;
-  double samples_per_s() const { return seconds > 0 ? samples / seconds : 0; }
+  /// The training rate of this fit: trained_samples / seconds.
+  double samples_per_s() const { return seconds > 0 ? static_cast<double>(trained_samples) / seconds : 0; }
   /// Processes that trained together, and each one's figures (rank order; one entry when
   /// training alone).
   int ranks = 1;
@@ -520,6 +532,7 @@ class state_host {
     std::uint64_t seed = 0;
     math_mode math = math_mode::fp32;
     float base_lr = 0;
+    std::string optimizer_options;  ///< every option, as text (detail::optimizer_options_text)
     bool per_epoch_sums = true;  ///< the engine keeps the epoch's loss sums per replica
   };
   virtual const facts& state_facts() const = 0;
@@ -597,10 +610,12 @@ class trainer_core {
   LOOM_DECL void save_current(state_host& h, collectives& c, const std::filesystem::path& directory, bool async,
                               std::size_t keep, double commit_timeout_s);
   /// Reads a checkpoint (see trainer::load) and applies it; with fit's options, first checks that
-  /// the run can continue from it exactly. Returns its path (empty when none_ok and none is there).
+  /// the run can continue from it exactly. `log` takes what it did, `warnings` each checkpoint
+  /// refused (and then also the one it resumed from). Returns its path (empty when none_ok and
+  /// none is there).
   LOOM_DECL std::filesystem::path load_checkpoint(state_host& h, collectives& c, const std::filesystem::path& where,
-                                                  bool none_ok, std::ostream* log, const fit_options* opts,
-                                                  std::size_t samples);
+                                                  bool none_ok, std::ostream* log, std::ostream* warnings,
+                                                  const fit_options* opts, std::size_t samples);
   /// The emergency checkpoint of a survivor holding a whole replica (detail::emergency_checkpoint).
   LOOM_DECL void write_emergency_checkpoint(state_host& h, const fit_options& opts, int rank);
   io::checkpointer& ckpt() {
@@ -705,11 +720,12 @@ class trainer_body : private trainer_core, private state_host {
   /// parameters, the optimizer state, the step count, and the position in the data, so that the
   /// next fit continues where the saved run stopped. Collective. Throws loom::io_error on every
   /// rank (naming the file, tensor or field, what was expected and what was found) when no
-  /// valid checkpoint is there; nothing is changed then.
+  /// valid checkpoint is there; nothing is changed then. A newer checkpoint refused in favour of
+  /// an older one is named on stderr (rank 0).
   std::filesystem::path load(const std::filesystem::path& where) {
     if (replacement_pending()) return {};  // a replacement takes the survivors' state in fit
     const std::unique_ptr<collectives> coll = make_collectives();
-    return load_checkpoint(*this, *coll, where, /*none_ok=*/false, nullptr, nullptr, 0);
+    return load_checkpoint(*this, *coll, where, /*none_ok=*/false, nullptr, &std::cerr, nullptr, 0);
   }
 
   /// Writes the whole model's weights as one safetensors file (loom::save_weights' format, for
@@ -900,7 +916,8 @@ class trainer_body : private trainer_core, private state_host {
   const state_host::facts& state_facts() const override {
     state_facts_ = {.network = &network_description(), .tensors = &tensors(), .parameter_count = Network::parameter_count,
                     .loss = Loss::name, .optimizer = detail::optimizer_name<Optimizer>(opt_), .policy = facts_.name, .seed = options_.seed,
-                    .math = options_.math, .base_lr = detail::base_lr<Optimizer>(opt_), .per_epoch_sums = per_epoch_sums};
+                    .math = options_.math, .base_lr = detail::base_lr<Optimizer>(opt_),
+                    .optimizer_options = detail::optimizer_options_text<Optimizer>(opt_), .per_epoch_sums = per_epoch_sums};
     return state_facts_;
   }
   shard_map parameter_shard() const override { return engine_.shard(); }
@@ -1120,7 +1137,8 @@ class trainer_body : private trainer_core, private state_host {
     batch_view<float> next_batch() override { return t_.next_batch(*loader_); }
     std::unique_ptr<collectives> make_collectives() override { return t_.make_collectives(); }
     void load_checkpoint(collectives& c, const fit_options& opts, std::size_t samples) override {
-      t_.load_checkpoint(t_, c, opts.checkpoint.directory, /*none_ok=*/true, opts.progress, &opts, samples);
+      t_.load_checkpoint(t_, c, opts.checkpoint.directory, /*none_ok=*/true, opts.progress, opts.warnings, &opts,
+                         samples);
     }
     detail::fit_position join_as_replacement(const fit_options& opts) override {
       if constexpr (trainer_body::can_replace) return t_.join_as_replacement(opts);

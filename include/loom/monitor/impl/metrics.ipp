@@ -62,7 +62,9 @@ LOOM_DECL std::string hparams_markdown(const std::vector<hparam>& hparams) {
         jsonl_(o.jsonl_file.empty() ? "" : rank_path(o.jsonl_file, rank, world)), hparams_(o.hparams) {
   if (!(every_s_ >= 0))
     throw invalid_argument("loom::metrics_options: every_s must be >= 0 (0: every step), got " + std::to_string(every_s_));
+  if (!prom_.empty()) create_parent_directories(prom_, "loom::metrics");
   if (!jsonl_.empty()) {
+    create_parent_directories(jsonl_, "loom::metrics");
     jsonl_out_.open(jsonl_, std::ios::app);
     if (!jsonl_out_) throw io_error("loom::metrics: cannot open " + jsonl_ + " for appending: " + std::strerror(errno));
   }

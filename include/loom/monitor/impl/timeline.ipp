@@ -3,6 +3,8 @@
 // The definitions of timeline.hpp's non-template functions: included at the end of the header
 // (header-only), or compiled once in src/loom.cpp (LOOM_SEPARATE_COMPILATION; see loom/core/config.hpp).
 
+#include <filesystem>
+
 #include "loom/monitor/timeline.hpp"
 
 namespace loom::monitor {
@@ -179,7 +181,16 @@ LOOM_DECL std::string span_name(std::uint32_t kind) {
   return out;
 }
 
+LOOM_DECL void create_parent_directories(const std::string& path, const char* who) {
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (parent.empty()) return;
+  std::error_code ec;
+  std::filesystem::create_directories(parent, ec);
+  if (ec) throw io_error(std::string(who) + ": cannot create the folder " + parent.string() + " for " + path + ": " + ec.message());
+}
+
 LOOM_DECL void write_file_atomically(const std::string& path, const std::string& text) {
+  create_parent_directories(path, "loom::monitor");
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream o(tmp, std::ios::trunc | std::ios::binary);

@@ -221,6 +221,19 @@ LOOM_DECL fit_result trainer_core::run_fit(fit_host& h, const fit_options& opts,
       for (int i = 0; i < 3; ++i) sums[i] = counts ? start_at.sums[i] : 0;
     }
     std::size_t steps = 0, global_samples = 0;
+    // What progress shows: with max_steps, where this epoch and the fit will stop.
+    std::size_t shown_batches = batches, shown_epochs = opts.epochs;
+    if (opts.max_steps) {
+      const std::size_t first_k = resumed_epoch ? start_at.batch : 0;
+      const std::size_t left = opts.max_steps > step_ ? opts.max_steps - step_ : 0;  // steps
+      const std::size_t per_epoch = (batches + opts.accumulation - 1) / opts.accumulation;
+      const std::size_t this_epoch = (batches - first_k + opts.accumulation - 1) / opts.accumulation;
+      shown_batches = std::min(batches, first_k + left * opts.accumulation);
+      if (left > this_epoch && per_epoch)
+        shown_epochs = std::min(opts.epochs, epoch + 1 + (left - this_epoch + per_epoch - 1) / per_epoch);
+      else
+        shown_epochs = std::min(opts.epochs, epoch + 1);
+    }
     for (std::size_t k = resumed_epoch ? start_at.batch : 0; k < batches;) {
       if (opts.max_steps && step_ >= opts.max_steps) {
         stop = true;
@@ -277,8 +290,8 @@ LOOM_DECL fit_result trainer_core::run_fit(fit_host& h, const fit_options& opts,
       point = {.step = step_, .epoch = epoch + 1, .loss = sums[2] ? sums[0] / sums[2] : 0,
                .accuracy = sums[2] ? sums[1] / sums[2] : 0, .lr = lr,
                .elapsed_s = monitor::seconds_between(start, monitor::clock::now())};
-      point.samples_per_s = (r.samples + global_samples) / std::max(1e-9, point.elapsed_s);
-      progress.update(epoch + 1, opts.epochs, k, batches, point.loss, point.accuracy, point.samples_per_s);
+      point.samples_per_s = static_cast<double>(r.trained_samples + global_samples) / std::max(1e-9, point.elapsed_s);
+      progress.update(epoch + 1, shown_epochs, k, shown_batches, point.loss, point.accuracy, point.samples_per_s);
       sampler.tick();
       metrics.tick(fig, point, sampler.latest());
       const std::size_t exchanges = live.exchanges();
@@ -330,6 +343,7 @@ LOOM_DECL fit_result trainer_core::run_fit(fit_host& h, const fit_options& opts,
     if (h.per_epoch_sums && !global_sums_) h.sum(sums, 3);
     r.epochs = epoch + 1;
     r.samples += static_cast<std::size_t>(sums[2]);
+    r.trained_samples += global_samples;
     r.train_loss = sums[2] ? sums[0] / sums[2] : 0;
     r.train_accuracy = sums[2] ? sums[1] / sums[2] : 0;
   }
@@ -439,7 +453,7 @@ LOOM_DECL io::trainer_record trainer_core::record_now(state_host& h) {
   r.math = to_string(f.math);
   r.loss = f.loss;
   r.optimizer = f.optimizer;
-  r.optimizer_options = "lr=" + std::to_string(f.base_lr);
+  r.optimizer_options = f.optimizer_options;
   r.optimizer_steps = h.optimizer_steps();
   r.optimizer_buffers = h.optimizer_buffer_names();
   r.policy = f.policy;
@@ -490,15 +504,15 @@ LOOM_DECL void trainer_core::save_current(state_host& h, collectives& c, const s
 
 LOOM_DECL std::filesystem::path trainer_core::load_checkpoint(state_host& h, collectives& c,
                                                               const std::filesystem::path& where, bool none_ok,
-                                                              std::ostream* log, const fit_options* opts,
-                                                              std::size_t samples) {
+                                                              std::ostream* log, std::ostream* warnings,
+                                                              const fit_options* opts, std::size_t samples) {
   const state_host::facts& f = h.state_facts();
   const io::load_expectation want{.network = f.network->text(), .optimizer = f.optimizer,
                                   .parameter_count = f.parameter_count, .buffer_names = h.optimizer_buffer_names()};
   const shard_map m = h.parameter_shard();
   const std::optional<shard_map> sm = h.optimizer_shard();
   std::optional<io::loaded_checkpoint> got =
-      io::read_checkpoint(c, where, *f.tensors, m, want, none_ok, c.rank() == 0 ? log : nullptr, sm ? &*sm : nullptr);
+      io::read_checkpoint(c, where, *f.tensors, m, want, none_ok, c.rank() == 0 ? warnings : nullptr, sm ? &*sm : nullptr);
   if (!got) {
     if (log && c.rank() == 0) *log << "loom: no checkpoint in " << where.string() << " yet: starting from step 0\n";
     return {};
@@ -512,9 +526,11 @@ LOOM_DECL std::filesystem::path trainer_core::load_checkpoint(state_host& h, col
   last_lr_ = static_cast<float>(rec.lr);
   resume_ = {.valid = true, .epoch = rec.epoch, .batch = rec.batch_in_epoch, .batches = 0,
              .sums = {rec.epoch_sums[0], rec.epoch_sums[1], rec.epoch_sums[2]}};
-  if (log && c.rank() == 0)
-    *log << "loom: resumed from " << got->path.string() << " (step " << rec.step << ", epoch " << rec.epoch + 1
-         << ", batch " << rec.batch_in_epoch << " of it)\n";
+  // After a refusal the step it went back to is part of the warning.
+  if (std::ostream* to = got->refused ? warnings : log; to && c.rank() == 0)
+    *to << "loom: resumed from " << got->path.string() << " (step " << rec.step << ", epoch " << rec.epoch + 1
+        << ", batch " << rec.batch_in_epoch << " of it)" << (got->refused ? " instead of the newer checkpoint refused above" : "")
+        << "\n";
   return got->path;
 }
 
