@@ -230,4 +230,14 @@ class distributed_loader {
   batch_share last_{};
 };
 
+/// The loader the trainer makes for Dataset: distributed_loader by default; a data set with
+/// its own (image_shards) specialises it. Constructed as
+/// loader_for_t<Dataset>(data, global_batch, seed, rank, world, shuffle).
+template <class Dataset>
+struct loader_for {
+  using type = distributed_loader<Dataset>;
+};
+template <class Dataset>
+using loader_for_t = typename loader_for<Dataset>::type;
+
 }  // namespace loom::data

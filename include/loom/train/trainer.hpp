@@ -771,8 +771,8 @@ class trainer_body : private trainer_core, private state_host {
   eval_result evaluate(const Dataset& data, std::size_t batch = 500) {
     detail::check_dataset_for<Network, Dataset>();
     if (batch == 0) throw invalid_argument("loom::trainer::evaluate: batch must be at least 1, got 0");
-    data::distributed_loader<Dataset> loader(data, batch, options_.seed, engine_.replica(), engine_.replicas(),
-                                             /*shuffle=*/false);
+    data::loader_for_t<Dataset> loader(data, batch, options_.seed, engine_.replica(), engine_.replicas(),
+                                       /*shuffle=*/false);
     loader.start_epoch(0);
     reserve(batch);
     double sums[3] = {0, 0, 0};  // loss, correct, samples
@@ -1167,7 +1167,7 @@ class trainer_body : private trainer_core, private state_host {
    private:
     trainer_body& t_;
     const Dataset& data_;
-    std::optional<data::distributed_loader<Dataset>> loader_;
+    std::optional<data::loader_for_t<Dataset>> loader_;
   };
 
   /// The trainer's part in a recovery (loom/train/recovery.hpp), over the engine's communicator C.
