@@ -5,6 +5,7 @@
 // rank computes the same epoch order from (seed, epoch) alone.
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -228,5 +229,31 @@ class distributed_loader {
   std::size_t block_ = 0;  // samples per rank block; 0: the even split
   batch_share last_{};
 };
+
+/// The loader the trainer uses for a data set of type Dataset: the one the set names as its
+/// `loader_type` (image_shards: shard_loader), else distributed_loader<Dataset>. Every loader
+/// is built as distributed_loader is, (data, global_batch, seed, rank, world, shuffle), and
+/// offers its members (start_epoch, skip, batches_per_epoch, reshard, set_rank_block, next,
+/// local_offset, max_local_batch).
+template <class Dataset>
+struct loader_for_t {
+  using type = distributed_loader<Dataset>;
+};
+template <class Dataset>
+  requires requires { typename Dataset::loader_type; }
+struct loader_for_t<Dataset> {
+  using type = typename Dataset::loader_type;
+};
+template <class Dataset>
+using loader_for = typename loader_for_t<Dataset>::type;
+
+/// What identifies a data set's content and order beyond its size, for a checkpoint to check
+/// on resume: the set's identity() when it has one (image_shards: the manifest's fingerprint,
+/// the streams and the shuffle window), else "" (the IDX sets: their size says enough).
+template <class Dataset>
+std::string identity_of(const Dataset& data) {
+  if constexpr (requires { { data.identity() } -> std::convertible_to<std::string>; }) return data.identity();
+  else return {};
+}
 
 }  // namespace loom::data

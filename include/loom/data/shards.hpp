@@ -128,7 +128,8 @@ struct manifest_options {
 ///    (loom/data/cache.hpp);
 /// 3. a scan of every shard (scan_shard; every shard is read once, start to end), then cached
 ///    for the next run. One process per cache directory scans at a time (an flock on
-///    KEY.lock); the others wait and take its result.
+///    KEY.lock); the others wait and take its result. A scanned manifest's `classes` is 0
+///    (unknown: the data set's type bounds the labels as they are read).
 /// Every shard is stat'ed; none is opened unless it is scanned.
 ///
 /// Throws: loom::io_error for a missing or unreadable shard or manifest; loom::data_error for a

@@ -570,7 +570,6 @@ LOOM_DECL shard_manifest load_manifest(const std::vector<std::filesystem::path>&
   }
   shard_manifest out;
   bool whole = true;
-  std::int64_t max_label = -1;
   for (std::size_t i = 0; i < shards.size(); ++i) {
     if (!errors[i].empty()) throw io_error(errors[i]);  // cannot even open it: the set is not there
     if (!scans[i].problem.empty()) {
@@ -580,10 +579,11 @@ LOOM_DECL shard_manifest load_manifest(const std::vector<std::filesystem::path>&
                    static_cast<unsigned long long>(scans[i].samples));
       whole = false;
     }
-    max_label = std::max(max_label, scans[i].max_label);
     out.shards.push_back({shards[i], stats[i].bytes, scans[i].samples});
   }
-  out.classes = static_cast<std::size_t>(max_label + 1);
+  // The labels seen do not say how many classes there are (a bad one would say too many): the
+  // data set's type decides, checking each label as it is read.
+  out.classes = 0;
   if (cached && whole) {
     try {
       write_manifest(*cached, out);
