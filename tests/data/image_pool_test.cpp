@@ -213,7 +213,7 @@ TEST_CASE("A real pipeline's batches are bit for bit the same with 1, 2 and 4 th
   CHECK(std::memcmp(one.data(), four.data(), one.size() * sizeof(float)) == 0);
 }
 
-TEST_CASE("A bad sample reaches the consumer as a bad_sample naming it; other errors as thrown; no thread dies",
+TEST_CASE("A bad sample reaches the consumer as a bad_sample naming it, other errors as thrown, and no thread dies",
           "[data][image][pool][errors]") {
   const bytes ok = {std::byte{'o'}}, bad = {std::byte{'!'}}, odd = {std::byte{'?'}};
   batch_prefetch<slow_pipeline> pf(slow_pipeline{}, {.batch = 4, .ahead = 2, .threads = 3});
