@@ -25,6 +25,7 @@
 #include "loom/data/dataset.hpp"
 #include "loom/data/idx.hpp"
 #include "loom/data/mapped.hpp"
+#include "loom/data/shard_loader.hpp"
 #include "loom/data/shard_schedule.hpp"
 #include "loom/data/shards.hpp"
 #include "loom/data/tar.hpp"

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/data/dataset.hpp"
 #include "loom/data/shard_loader.hpp"
 #include "shard_files.hpp"
 #include "test_files.hpp"
@@ -29,7 +30,9 @@ using set_type = loom::data::image_shards<pipeline, 10>;
 using loader_type = set_type::loader_type;
 namespace fs = std::filesystem;
 
-static_assert(std::is_same_v<loom::data::loader_for<set_type>, loader_type>);
+static_assert(std::is_same_v<loom::data::loader_for_t<set_type>, loader_type>);
+static_assert(std::is_same_v<loom::data::loader_for_t<loom::data::fashion_mnist_set>,
+                             loom::data::distributed_loader<loom::data::fashion_mnist_set>>);
 static_assert(std::is_same_v<set_type::sample_shape, loom::shape<1, 8, 8>>);
 
 /// One sample as a loader handed it: its index (from its pixels) and its label.
@@ -332,8 +335,8 @@ TEST_CASE("Bad samples fail with shard, member and offset, or are skipped and co
 TEST_CASE("More ranks than streams, and rank blocks, are refused with a sentence", "[data][shard_loader]") {
   temp_dir dir;
   loom_test::write_index_shards(dir.path(), "train", {4, 4});
-  const set_type set(dir.path().string(), "train", opts(0));
-  CHECK(set.streams() == 2);  // min(shards, 16)
+  CHECK(set_type(dir.path().string(), "train", opts(0)).streams() == 16);  // whatever the number of shards
+  const set_type set(dir.path().string(), "train", opts(2));
   CHECK_THROWS_WITH(loader_type(set, 8, 1, 2, 3), Contains("3 ranks, but") && Contains("is dealt into 2 streams") &&
                                                       Contains("shard_options::streams"));
   loader_type l(set, 8, 1, 0, 2);

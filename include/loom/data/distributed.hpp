@@ -230,22 +230,17 @@ class distributed_loader {
   batch_share last_{};
 };
 
-/// The loader the trainer uses for a data set of type Dataset: the one the set names as its
-/// `loader_type` (image_shards: shard_loader), else distributed_loader<Dataset>. Every loader
-/// is built as distributed_loader is, (data, global_batch, seed, rank, world, shuffle), and
-/// offers its members (start_epoch, skip, batches_per_epoch, reshard, set_rank_block, next,
-/// local_offset, max_local_batch).
+/// The loader the trainer makes for Dataset: distributed_loader by default; a data set with its
+/// own (image_shards: shard_loader, loom/data/shard_loader.hpp) specialises it. Every loader is
+/// built as loader_for_t<Dataset>(data, global_batch, seed, rank, world, shuffle) and offers
+/// distributed_loader's members (start_epoch, skip, batches_per_epoch, reshard, set_rank_block,
+/// next(x, labels, global_n), local_offset, max_local_batch).
 template <class Dataset>
-struct loader_for_t {
+struct loader_for {
   using type = distributed_loader<Dataset>;
 };
 template <class Dataset>
-  requires requires { typename Dataset::loader_type; }
-struct loader_for_t<Dataset> {
-  using type = typename Dataset::loader_type;
-};
-template <class Dataset>
-using loader_for = typename loader_for_t<Dataset>::type;
+using loader_for_t = typename loader_for<Dataset>::type;
 
 /// What identifies a data set's content and order beyond its size, for a checkpoint to check
 /// on resume: the set's identity() when it has one (image_shards: the manifest's fingerprint,

@@ -41,7 +41,9 @@ namespace loom::data {
 /// How an image_shards set is read.
 struct shard_options {
   /// V, the virtual streams the shards are dealt into: fixed for a job (a checkpoint records
-  /// it), independent of the number of ranks, which may be at most V. 0: min(shards, 16).
+  /// it), independent of the number of ranks, which may be at most V. 0: 16 (whatever the
+  /// number of shards: with fewer shards than streams some streams stay empty, and a rank whose
+  /// streams are all empty gets empty shares — so a small test set still evaluates on 16 ranks).
   std::size_t streams = 0;
   /// K, the shuffle window: each stream's samples are permuted within consecutive windows of K
   /// samples (the encoded bytes of one window per stream are held in memory). 1: no shuffle
@@ -70,6 +72,9 @@ struct skipped_samples {
 };
 
 namespace detail {
+
+/// shard_options::streams when it is 0.
+inline constexpr std::size_t default_streams = 16;
 
 /// What the loaders of one image_shards set share: its manifest, options and the counts of
 /// what they skipped and read.
@@ -107,7 +112,7 @@ concept image_pipeline_for_shards = requires(const P& p, std::span<const std::by
 /// A labelled image set in WebDataset tar shards: `size()` samples, each an image (.jpg, .jpeg
 /// or .png) that `Pipeline` turns into Pipeline::output_shape floats, with a class index in
 /// 0..Classes-1 (.cls, or .txt). The trainer takes it as it takes the IDX sets; its loader is
-/// shard_loader (loader_type), which each rank uses to read only its own shards.
+/// shard_loader (loader_for_t, loader_type), which each rank uses to read only its own shards.
 ///
 /// Opening reads no shard when a manifest lies beside them (each is stat'ed and its size
 /// checked); otherwise their headers are scanned once and the manifest cached (load_manifest).
@@ -134,12 +139,12 @@ class image_shards {
   /// says the labels have more classes than Classes; loom::invalid_argument for a zero
   /// shuffle_window or prefetch.
   explicit image_shards(const std::string& source, const std::string& split = {}, shard_options o = {},
-                        Pipeline p = {})
+                        Pipeline p = Pipeline())
       : image_shards(resolve_shards(source, split), std::move(o), std::move(p),
                      source + (split.empty() ? "" : " (" + split + ")")) {}
 
   /// The given shards, in this order.
-  image_shards(const std::vector<std::filesystem::path>& shards, shard_options o, Pipeline p = {},
+  image_shards(const std::vector<std::filesystem::path>& shards, shard_options o, Pipeline p = Pipeline(),
                std::string description = {})
       : state_(detail::open_shard_set(shards, o, Classes, std::move(description))), pipeline_(std::move(p)) {}
 
@@ -450,7 +455,7 @@ class shard_loader {
         try {
           pipeline(std::span<const std::byte>(f.image), sample_key{seed_, epoch_of(b), f.index}, b.x.data() + i * s);
         } catch (const io_error& e) {
-          f.problem = f.member + ": " + e.what();
+          f.problem = detail::describe_sample(state_->manifest, f) + ": " + e.what();
           f.kind = sample_problem::bad_image;
         }
         std::vector<std::byte>().swap(f.image);
@@ -517,6 +522,12 @@ class shard_loader {
   std::size_t epoch_ = 0, step_ = 0;
   batch_share last_{};
   std::atomic<std::uint64_t> bytes_read_{0}, skipped_{0};
+};
+
+/// The trainer's loader for an image_shards set (see loader_for in distributed.hpp).
+template <class Pipeline, std::size_t Classes>
+struct loader_for<image_shards<Pipeline, Classes>> {
+  using type = shard_loader<Pipeline, Classes>;
 };
 
 }  // namespace loom::data

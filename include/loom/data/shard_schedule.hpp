@@ -129,10 +129,15 @@ struct fetched_sample {
   std::vector<std::byte> image;  // empty unless asked for
   std::int32_t label = -1;
   std::uint64_t index = 0;       // in the set
-  std::string member;            // "shard: key" for messages
+  std::uint32_t shard = 0;       // in the set
+  std::string member;            // the image member's name (else the key), for messages
+  std::uint64_t offset = 0;      // its header's byte offset
   std::string problem;           // "" for a good sample, else the sentence
   sample_problem kind = sample_problem::none;
 };
+
+/// "loom: shard FILE: member NAME at byte OFFSET", for a message about a fetched sample.
+LOOM_DECL std::string describe_sample(const shard_manifest& m, const fetched_sample& f);
 
 /// Reads one stream's samples for the loader, a window at a time, each window's samples read in
 /// stream order (shard after shard, sequentially; a shard entered in the middle is read forward

@@ -103,9 +103,11 @@ struct tar_header_fields {
   char type = '0';
 };
 
-/// Checks the checksum of a header block and parses it; `where` starts the messages.
-/// Throws loom::data_error naming the field, what was expected and what was found.
-LOOM_DECL tar_header_fields parse_tar_header(const unsigned char* block, const std::string& where);
+/// Checks the checksum of the header block at byte `offset` of `file` and parses it.
+/// Throws loom::data_error naming the file, the offset, the field, what was expected and what
+/// was found.
+LOOM_DECL tar_header_fields parse_tar_header(const unsigned char* block, const std::filesystem::path& file,
+                                             std::uint64_t offset);
 
 /// Applies the records of a pax extended header ("LEN KEY=VALUE\n"...) to `records`.
 /// Throws loom::data_error for a malformed record.
@@ -214,6 +216,7 @@ class tar_sample_reader {
   std::optional<tar_entry> pending_;
   std::uint64_t index_ = 0;
   std::unordered_map<std::string, std::uint64_t> seen_;  // key -> byte offset of its first sample
+  std::vector<std::byte> scratch_;                        // a label member's text
 };
 
 /// Writes a POSIX ustar archive: regular files with mode 0644, uid and gid 0, the given

@@ -61,7 +61,7 @@ LOOM_DECL std::shared_ptr<shard_set_state> open_shard_set(const std::vector<std:
     throw data_error("loom: shards " + st->description + ": the manifest says the labels index " +
                      std::to_string(st->manifest.classes) + " classes, this data set type has " +
                      std::to_string(classes) + ": expected at most " + std::to_string(classes));
-  st->streams = o.streams ? o.streams : std::min<std::size_t>(shards.size(), 16);
+  st->streams = o.streams ? o.streams : default_streams;
   if (st->manifest.samples() == 0)
     throw data_error("loom: shards " + st->description + " hold no samples: expected at least one");
   return st;

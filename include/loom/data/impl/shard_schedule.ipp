@@ -160,6 +160,10 @@ LOOM_DECL shard_schedule::place shard_schedule::locate(std::size_t v, std::uint6
   return {slot, layout_.shards[v][slot], q - starts[slot]};
 }
 
+LOOM_DECL std::string describe_sample(const shard_manifest& m, const fetched_sample& f) {
+  return shard_prefix(m.shards[f.shard].path) + "member " + f.member + " at byte " + std::to_string(f.offset);
+}
+
 LOOM_DECL fetched_sample stream_reader::take(shard_schedule& s, std::size_t v, std::uint64_t q, bool want_image) {
   const std::uint64_t k = s.window(), w = q / k;
   if (w != window_ || (want_image && !window_images_)) {
@@ -214,14 +218,14 @@ LOOM_DECL fetched_sample stream_reader::read(shard_schedule& s, std::size_t v, s
     }
     ++next_member_;
   }
+  out.shard = at.shard;
   if (!broken_.empty()) {
-    out.member = shard_prefix(info.path) + "sample " + std::to_string(at.member);
     out.problem = broken_ + " (sample " + std::to_string(at.member) + " of the shard cannot be read)";
     out.kind = broken_kind_;
     return out;
   }
-  out.member = shard_prefix(info.path) + "member " + (ts.image_member.empty() ? ts.key : ts.image_member) +
-               " at byte " + std::to_string(ts.image_member.empty() ? ts.offset : ts.image_offset);
+  out.member = std::move(ts.image_member.empty() ? ts.key : ts.image_member);
+  out.offset = ts.image_member.empty() ? ts.offset : ts.image_offset;
   out.problem = std::move(ts.problem);
   out.kind = ts.kind;
   out.label = static_cast<std::int32_t>(ts.label);

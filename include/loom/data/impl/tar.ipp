@@ -166,10 +166,13 @@ LOOM_DECL std::array<char, tar_block> tar_header_block(std::string_view name, st
   return h;
 }
 
-LOOM_DECL tar_header_fields parse_tar_header(const unsigned char* b, const std::string& where) {
+LOOM_DECL tar_header_fields parse_tar_header(const unsigned char* b, const std::filesystem::path& file,
+                                             std::uint64_t offset) {
+  // The messages' start, made only when there is one to give.
+  const auto where = [&] { return shard_prefix(file) + "at byte " + std::to_string(offset) + ": "; };
   const std::optional<std::uint64_t> stored = tar_parse_octal(b + 148, 8);
   if (!stored)
-    throw data_error(where + "header checksum field holds " + tar_field_text(b + 148, 8) +
+    throw data_error(where() + "header checksum field holds " + tar_field_text(b + 148, 8) +
                      ": expected an octal number (is this a tar file?)");
   std::uint64_t usum = 0;
   std::int64_t ssum = 0;
@@ -182,7 +185,7 @@ LOOM_DECL tar_header_fields parse_tar_header(const unsigned char* b, const std::
     char buf[96];
     std::snprintf(buf, sizeof buf, "bad header checksum: the header says %llo, its bytes sum to %llo",
                   static_cast<unsigned long long>(*stored), static_cast<unsigned long long>(usum));
-    throw data_error(where + buf + " (the archive is damaged)");
+    throw data_error(where() + buf + " (the archive is damaged)");
   }
   tar_header_fields f;
   f.type = static_cast<char>(b[156]);
@@ -192,14 +195,14 @@ LOOM_DECL tar_header_fields parse_tar_header(const unsigned char* b, const std::
   if (b[124] & 0x80) {
     // GNU base-256: the other bytes of the field, big-endian (negative sizes make no sense).
     if (b[124] != 0x80 || b[125] != 0 || b[126] != 0 || b[127] != 0)
-      throw data_error(where + "size field " + tar_field_text(b + 124, 12) +
+      throw data_error(where() + "size field " + tar_field_text(b + 124, 12) +
                        " is a base-256 number beyond 2^63 or negative: expected a file size");
     std::uint64_t v = 0;
     for (int i = 128; i < 136; ++i) v = (v << 8) | b[i];
     f.size = v;
   } else {
     const std::optional<std::uint64_t> size = tar_parse_octal(b + 124, 12);
-    if (!size) throw data_error(where + "size field holds " + tar_field_text(b + 124, 12) + ": expected an octal number");
+    if (!size) throw data_error(where() + "size field holds " + tar_field_text(b + 124, 12) + ": expected an octal number");
     f.size = *size;
   }
   return f;
@@ -362,7 +365,7 @@ LOOM_DECL std::optional<tar_entry> tar_reader::next() {
       return std::nullopt;
     }
     if (!first_header) first_header = h;
-    const detail::tar_header_fields f = detail::parse_tar_header(block, at(h));
+    const detail::tar_header_fields f = detail::parse_tar_header(block, path_, h);
     const std::uint64_t data = h + detail::tar_block;
     std::uint64_t size = f.size;
     const char t = f.type;
@@ -446,14 +449,12 @@ LOOM_DECL bool tar_sample_reader::next(tar_sample& s, bool want_image) {
   std::optional<std::string> cls, txt;
   std::string cls_member, txt_member;
   std::uint64_t cls_offset = 0, txt_offset = 0;
-  const std::string where = detail::shard_prefix(reader_.path());
   auto problem = [&](sample_problem k, std::string p) {
     if (s.problem.empty()) {
       s.problem = std::move(p);
       s.kind = k;
     }
   };
-  std::vector<std::byte> scratch;
   for (;;) {
     if (!pending_) pending_ = reader_.next();
     if (!pending_) break;
@@ -499,8 +500,8 @@ LOOM_DECL bool tar_sample_reader::next(tar_sample& s, bool want_image) {
         }
         // A class index is a few digits; anything long is not one (and is not read).
         if (e.size <= 64) {
-          reader_.read_data(scratch);
-          text = std::string(reinterpret_cast<const char*>(scratch.data()), scratch.size());
+          reader_.read_data(scratch_);
+          text = std::string(reinterpret_cast<const char*>(scratch_.data()), scratch_.size());
         } else {
           text = std::string("(" + std::to_string(e.size) + " bytes)");
         }
@@ -538,7 +539,7 @@ LOOM_DECL bool tar_sample_reader::next(tar_sample& s, bool want_image) {
       s.label = *v;
     }
   }
-  if (!s.problem.empty()) s.problem = where + s.problem;
+  if (!s.problem.empty()) s.problem = detail::shard_prefix(reader_.path()) + s.problem;
   return true;
 }
 
