@@ -6,7 +6,8 @@
 #   train     the main example on 2 ranks (mpirun) reading the shards: a short run that learns
 #   resume    tests/examples/checkpoint_resume.sh on the shards: a run killed (kill -9) after a
 #             mid-epoch checkpoint resumes and ends with the uninterrupted run's weights, byte
-#             for byte
+#             for byte; and a mid-epoch checkpoint is refused by a run that deals the shards into
+#             other streams (another order), with a sentence naming both
 # Exits 77 (skipped) when Fashion-MNIST is not installed.
 # usage: shard_example.sh MODE WORK IDX_DIR LOOM_SHARDS FASHION_MNIST MPIEXEC CHECKPOINT_SCRIPT
 set -u
@@ -39,7 +40,18 @@ train)
   ;;
 resume)
   bash "$resume" kill "$mpiexec" 2 2 "$program" "$work/resume" 50 10 20 -- --data "$shards" --threads 1 --batch 64 \
-    --epochs 100
+    --epochs 100 || exit 1
+  rm -rf "$work/other" && mkdir -p "$work/other"
+  mpi=("$mpiexec" --allow-run-as-root --oversubscribe --bind-to none -np 2 "$program" --data "$shards" --threads 1
+       --batch 64 --quiet --checkpoint-dir "$work/other/ck")
+  "${mpi[@]}" --max-steps 12 > /dev/null 2>&1 || fail "the run to step 12 failed"
+  [ -d "$work/other/ck/step-12" ] || fail "no checkpoint at step 12"
+  "${mpi[@]}" --max-steps 20 --resume --shard-streams 8 > "$work/other/out" 2> "$work/other/err" &&
+    fail "a mid-epoch resume with 8 streams instead of 16 was not refused"
+  grep -q "cannot resume exactly from .*step-12: it stopped in the middle of an epoch of the data shards:.*streams=16.*this training set is shards:.*streams=8" \
+    "$work/other/err" || { cat "$work/other/err"; fail "no sentence naming both data identities"; }
+  grep -o "cannot resume exactly.*" "$work/other/err" | head -1
+  echo "PASS: resumed bitwise; another dealing of the shards refused mid-epoch"
   ;;
 *) fail "unknown mode $mode" ;;
 esac
