@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # Fashion-MNIST as tar shards, end to end (docs/data.md). One of:
 #   convert   loom-shards --idx (a small part: --limit) into WORK/shards; GNU tar lists a shard
-#             with as many members as the manifest says
+#             with as many members as the manifest says; then --folder (class folders of some of
+#             those PNGs, re-encoded as JPEG), --list and --scan, each checked against its source
 #   train     the main example on 2 ranks (mpirun) reading the shards: a short run that learns
 #   resume    tests/examples/checkpoint_resume.sh on the shards: a run killed (kill -9) after a
 #             mid-epoch checkpoint resumes and ends with the uninterrupted run's weights, byte
@@ -25,6 +26,32 @@ convert)
   [ "$members" = 480 ] || fail "tar -tvf lists $members members of train-000003.tar, expected 240 samples x 2"
   tar -tvf "$shards/train-000003.tar" | head -2
   grep -q '"samples": 1920' "$shards/train.shards.json" || fail "the manifest does not count 1920 samples"
+  # A folder of class folders, from 100 of those samples.
+  mkdir -p "$work/x" "$work/folder"
+  tar -xf "$shards/train-000000.tar" -C "$work/x"
+  for png in $(ls "$work/x"/*.png | head -100); do
+    cls=$(cat "${png%.png}.cls")
+    mkdir -p "$work/folder/class-$cls"
+    cp "$png" "$work/folder/class-$cls/"
+    echo "$png $cls" >> "$work/list.txt"
+  done
+  classes=$(ls "$work/folder" | wc -l)
+  "$convert" --folder "$work/folder" --out "$work/from-folder" --format jpeg --quality 90 --samples-per-shard 30 ||
+    fail "loom-shards --folder failed"
+  grep -q '"samples": 100' "$work/from-folder/train.shards.json" || fail "--folder: the manifest does not count 100"
+  [ "$(wc -l < "$work/from-folder/classes.txt")" = "$classes" ] || fail "--folder: classes.txt does not list $classes classes"
+  [ "$(tar -tf "$work/from-folder/train-000000.tar" | grep -c '\.jpg$')" = 30 ] || fail "--folder: expected 30 JPEGs in a shard"
+  "$convert" --list "$work/list.txt" --out "$work/from-list" --split val || fail "loom-shards --list failed"
+  grep -q '"samples": 100' "$work/from-list/val.shards.json" || fail "--list: the manifest does not count 100"
+  # The list's labels, sample by sample (as PNG bytes): the same multiset of (image, label).
+  ( cd "$work/x" && for png in $(ls *.png | head -100); do echo "$(md5sum < "$png" | cut -c1-32) $(cat "${png%.png}.cls")"; done | sort ) > "$work/want"
+  mkdir -p "$work/y" && for t in "$work/from-list"/val-*.tar; do tar -xf "$t" -C "$work/y"; done
+  ( cd "$work/y" && for png in *.png; do echo "$(md5sum < "$png" | cut -c1-32) $(cat "${png%.png}.cls")"; done | sort ) > "$work/got"
+  cmp -s "$work/want" "$work/got" || fail "--list: the shards' (image, label) pairs are not the list's"
+  # --scan: the manifest of shards that have none.
+  mkdir -p "$work/scan" && cp "$work/from-folder"/train-*.tar "$work/scan/"
+  "$convert" --scan "$work/scan" || fail "loom-shards --scan failed"
+  grep -q '"samples": 100' "$work/scan/train.shards.json" || fail "--scan: the manifest does not count 100"
   echo "PASS: converted"
   ;;
 train)
