@@ -458,3 +458,18 @@ torch.cat(outs).numpy().astype(np.float32).tofile(d + '/out.raw')
   CHECK(worst_eval < 1e-5f);
   fs::remove_all(dir);
 }
+
+TEST_CASE("A thread's scratch is reported, and given back after an unusually large image", "[data][image][pipeline]") {
+  image_scratch s;
+  std::vector<float> out(3 * 32 * 32);
+  const image_pipeline<rgb, resize<32>, center_crop<32>> p;
+  p(view(loom_test::photo_jpeg(300, 200, 81)), {}, out.data(), s);
+  CHECK(s.bytes() > 0);
+  CHECK(loom::data::detail::decode_scratch_bytes() == s.bytes());
+  // 3000 x 3000 grey PNG decoded as RGBA: 36 MB, more than a thread keeps.
+  const bytes big = loom_test::png_of(std::vector<std::uint8_t>(3000 * 3000, 7), 3000, 3000, 1);
+  p(view(big), {}, out.data(), s);
+  CHECK(out[0] == Approx(7.0 / 255.0).epsilon(1e-5));  // weights sum to 1 within float rounding
+  CHECK(s.bytes() <= loom::data::detail::image_scratch_keep_bytes);
+  CHECK(loom::data::detail::decode_scratch_bytes() == s.bytes());
+}

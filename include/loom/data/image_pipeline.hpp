@@ -758,6 +758,10 @@ void resample_region(const pixel_region& reg, const axis_taps& xs, std::size_t o
   }
 }
 
+/// The most scratch a decoding thread keeps between images: after a larger image its buffers
+/// are given back, so that one huge file does not hold its memory for the rest of the run.
+inline constexpr std::size_t image_scratch_keep_bytes = std::size_t{32} << 20;
+
 /// Runs a pipeline (its composition c) on one encoded image: plan, decode the pixels the
 /// taps need, resample, map, write (C, H, W) floats to out.
 inline void run_image_pipeline(const image_composition& c, std::span<const std::byte> encoded, const sample_key& key,
@@ -816,6 +820,8 @@ inline void run_image_pipeline(const image_composition& c, std::span<const std::
     resample_region<1>(reg, xs, g.out_w, ys, g.out_h, ch, m, out, s);
   else
     resample_region<4>(reg, xs, g.out_w, ys, g.out_h, ch, m, out, s);
+  // An unusually large image (a whole PNG of many megapixels) leaves no lasting scratch behind.
+  if (s.bytes() > image_scratch_keep_bytes) s.release();
   detail::decode_scratch_bytes() = s.bytes();
 }
 
