@@ -122,15 +122,16 @@ class image_reader {
   const image_header& open(std::span<const std::byte> encoded);
 
   /// Decodes the window `r` asks for (after open()). The region returned covers it and may
-  /// be larger (a JPEG's columns start at a block boundary); grey from colour is the luma
+  /// be wider (a JPEG's columns: an iMCU more on each side, from a block boundary, so that the
+  /// window's pixels are exactly those of a full decode); grey from colour is the luma
   /// (JPEG: its Y channel; PNG: (19595 R + 38470 G + 7471 B + 32768) >> 16, as PIL's
   /// convert("L")); RGB from grey repeats the grey; alpha is dropped; 16-bit PNG channels
   /// keep their high byte, as libspng's 8-bit output gives them. A JPEG is decoded only as far
   /// as the window's last row: damage below it goes unnoticed.
   ///
-  /// Throws: bad_image when the data is corrupt or truncated (a libjpeg warning counts), or
-  /// the request is outside the image; loom::invalid_argument for channels other than 1 or 3,
-  /// or a reduction other than 1, 2, 4, 8 (or of a PNG).
+  /// Throws: bad_image when the data is corrupt or truncated (a libjpeg warning counts);
+  /// loom::invalid_argument without open() first, for channels other than 1 or 3, a reduction
+  /// other than 1, 2, 4, 8 (or of a PNG), or a window outside the (reduced) image.
   pixel_region decode(const region_request& r);
 
   /// The header open() read.
