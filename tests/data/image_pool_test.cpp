@@ -182,6 +182,7 @@ TEST_CASE("batch_prefetch's memory is bounded: its buffers, and at most `ahead` 
   CHECK(pf.memory_bytes() == 3 * 4 * 2 * sizeof(float) + 0);  // this pipeline keeps no scratch
   for (std::size_t step = 0; step < 20; ++step) CHECK(pf.next().step == step);
   CHECK(most <= 2);  // never more calls at once than threads
+  CHECK(pf.wait_seconds() > 0);  // the consumer outran the decoding: its wait is measured
 }
 
 TEST_CASE("A real pipeline's batches are bit for bit the same with 1, 2 and 4 threads", "[data][image][pool]") {
