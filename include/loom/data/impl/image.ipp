@@ -328,7 +328,7 @@ inline pixel_region image_reader::decode(const region_request& r) {
     // The crop reaches one iMCU (at most 32 pixels: 4:1 sampling) beyond the window on each
     // side, and its left edge moves to the block grid: at most 3 iMCUs more.
     a.stride = (out.width + 96) * bpp;
-    scratch_->pixels.resize(a.stride * out.height);
+    if (scratch_->pixels.size() < a.stride * out.height) scratch_->pixels.resize(a.stride * out.height);  // grows only: no zeroing per image
     a.buffer = scratch_->pixels.data();
     if (!detail::jpeg_decode_guarded(s, a))
       throw bad_image(std::string("loom: corrupt JPEG data (") + detail::size_text(header_.width, header_.height) +
@@ -357,7 +357,7 @@ inline pixel_region image_reader::decode(const region_request& r) {
   std::size_t len = 0;
   int e = spng_decoded_image_size(ctx, fmt, &len);
   if (!e) {
-    scratch_->pixels.resize(len);
+    if (scratch_->pixels.size() < len) scratch_->pixels.resize(len);
     e = spng_decode_image(ctx, scratch_->pixels.data(), len, fmt, 0);
   }
   if (e)
