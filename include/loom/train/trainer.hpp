@@ -442,9 +442,10 @@ LOOM_DECL std::string describe_job(const std::string& network, std::size_t param
                                    std::uint64_t seed, math_mode math, const std::string& policy);
 
 /// Why a fit cannot resume exactly from a checkpoint's record (empty: it can): another seed,
-/// or a stop in the middle of an epoch with another batch or another training set size.
+/// or a stop in the middle of an epoch with another batch, another training set size or other
+/// data (`data`: data::identity_of the training set).
 LOOM_DECL void check_resumable(const io::trainer_record& rec, const std::filesystem::path& path, std::uint64_t seed,
-                               const fit_options& opts, std::size_t samples);
+                               const fit_options& opts, std::size_t samples, const std::string& data);
 
 }  // namespace detail
 
@@ -627,6 +628,7 @@ class trainer_core {
   float last_lr_ = 0;
   position resume_{}, cur_{};
   fit_record last_fit_{};
+  std::string data_identity_;  // data::identity_of the training set of the last fit
   bool watching_ = false;     // failure detection is on in this fit
   fault_marker failed_at_{};  // where the last rank_failure found this rank
   std::string interrupted_lost_;  // the ranks the recovery in progress left out
@@ -698,6 +700,7 @@ class trainer_body : private trainer_core, private state_host {
     fit_description_ = detail::describe_fit(opts, data.size());
     if (!joining) engine_.check_same_job(fit_description_);
     fit_part<Dataset> part(*this, data);
+    data_identity_ = data::identity_of(data);
     fit_result r = run_fit(part, opts, data.size(), joining, options_.seed, detail::base_lr<Optimizer>(opt_));
     // ZeRO leaves the last step's parameter gathers in flight for a next forward: complete
     // them, so that the model is whole when fit returns.

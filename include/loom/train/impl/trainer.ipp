@@ -103,7 +103,7 @@ LOOM_DECL std::string describe_job(const std::string& network, std::size_t param
 }
 
 LOOM_DECL void check_resumable(const io::trainer_record& rec, const std::filesystem::path& path, std::uint64_t seed,
-                               const fit_options& opts, std::size_t samples) {
+                               const fit_options& opts, std::size_t samples, const std::string& data) {
   std::string why;
   if (rec.seed != seed)
     why = "it was saved with seed " + std::to_string(rec.seed) + ", this trainer has seed " + std::to_string(seed);
@@ -113,6 +113,10 @@ LOOM_DECL void check_resumable(const io::trainer_record& rec, const std::filesys
   else if (rec.batch_in_epoch != 0 && rec.samples != samples)
     why = "it stopped in the middle of an epoch of " + std::to_string(rec.samples) + " samples, and this training set has " +
           std::to_string(samples);
+  else if (rec.batch_in_epoch != 0 && rec.data != data)
+    why = "it stopped in the middle of an epoch of the data " + (rec.data.empty() ? std::string("(an IDX set)") : rec.data) +
+          ", and this training set is " + (data.empty() ? std::string("an IDX set") : data) +
+          " (other shards, streams or shuffle window give another order)";
   if (!why.empty()) throw invalid_argument("loom::trainer::fit: cannot resume exactly from " + path.string() + ": " + why);
 }
 
@@ -449,6 +453,7 @@ LOOM_DECL io::trainer_record trainer_core::record_now(state_host& h) {
   r.deterministic_chunk = last_fit_.deterministic_chunk;
   r.clip_grad_norm = last_fit_.clip_grad_norm;
   r.samples = last_fit_.samples;
+  r.data = data_identity_;
   r.lr = last_lr_;
   r.math = to_string(f.math);
   r.loss = f.loss;
@@ -518,7 +523,7 @@ LOOM_DECL std::filesystem::path trainer_core::load_checkpoint(state_host& h, col
     return {};
   }
   const io::trainer_record& rec = got->record;
-  if (opts) check_resumable(rec, got->path, f.seed, *opts, samples);
+  if (opts) check_resumable(rec, got->path, f.seed, *opts, samples, data_identity_);
   h.parameters_from_host(got->params.data(), got->params.size());
   for (std::size_t i = 0; i < got->buffers.size(); ++i) h.buffer_from_host(i, got->buffers[i].data());
   h.set_optimizer_steps(rec.optimizer_steps);
