@@ -223,6 +223,14 @@ TEST_CASE("Bad images are bad_image exceptions that say what was expected and wh
   bytes bad_crc = png;
   bad_crc[40] ^= std::byte{0x5a};  // inside the first IDAT chunk
   CHECK_THAT(error_message<bad_image>([&] { decode(bad_crc); }), Contains("corrupt PNG"));
+  // Damage that still inflates to a whole image (seen: a byte in the middle of a 28 x 28 PNG's
+  // image data): only the chunk's checksum, read after the last row, tells. Here the checksum
+  // itself is damaged (the last byte before the 12 of IEND): the image data inflates exactly.
+  {
+    bytes small = loom_test::png_of(loom_test::photo_pixels(28, 28, 1, 5), 28, 28, 1);
+    small[small.size() - 13] ^= std::byte{0xff};
+    CHECK_THAT(error_message<bad_image>([&] { decode(small); }), Contains("corrupt PNG data (28 x 28 pixels") && Contains("checksum"));
+  }
   // A PNG header of zero width (with a valid checksum: libspng checks the header itself).
   {
     bytes zero = png;

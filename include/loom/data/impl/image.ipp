@@ -359,6 +359,10 @@ inline pixel_region image_reader::decode(const region_request& r) {
   if (!e) {
     if (scratch_->pixels.size() < len) scratch_->pixels.resize(len);
     e = spng_decode_image(ctx, scratch_->pixels.data(), len, fmt, 0);
+    // libspng stops reading when it has the last row, before the checksum of the image data's
+    // last chunk: read on to IEND, so that damaged image data is refused, not decoded to wrong
+    // pixels.
+    if (!e) e = spng_decode_chunks(ctx);
   }
   if (e)
     throw bad_image(std::string("loom: corrupt PNG data (") + detail::size_text(header_.width, header_.height) +
