@@ -9,6 +9,8 @@
 #             mid-epoch checkpoint resumes and ends with the uninterrupted run's weights, byte
 #             for byte; and a mid-epoch checkpoint is refused by a run that deals the shards into
 #             other streams (another order), with a sentence naming both
+#   skip      one image of a copy of the shards damaged: --on-bad-sample fail names its shard and
+#             member; skip trains on and reports the skipped sample on stderr under --quiet
 # Exits 77 (skipped) when Fashion-MNIST is not installed.
 # usage: shard_example.sh MODE WORK IDX_DIR LOOM_SHARDS FASHION_MNIST MPIEXEC CHECKPOINT_SCRIPT
 set -u
@@ -79,6 +81,26 @@ resume)
     "$work/other/err" || { cat "$work/other/err"; fail "no sentence naming both data identities"; }
   grep -o "cannot resume exactly.*" "$work/other/err" | head -1
   echo "PASS: resumed bitwise; another dealing of the shards refused mid-epoch"
+  ;;
+skip)
+  # One PNG of a copy of the shards damaged in place (a byte of its image data: the tar stays
+  # whole): --on-bad-sample fail names it; skip trains on and reports it under --quiet.
+  rm -rf "$work/bad" && cp -r "$shards" "$work/bad"
+  read -r name offset < <(python3 -c 'import sys, tarfile
+m = next(m for m in tarfile.open(sys.argv[1]) if m.name.endswith(".png"))
+print(m.name, m.offset_data + m.size // 2)' "$work/bad/train-000002.tar")
+  byte=$(od -An -tu1 -j "$offset" -N1 "$work/bad/train-000002.tar" | tr -d ' ')
+  printf "$(printf '\\%03o' $((byte ^ 0xff)))" | dd of="$work/bad/train-000002.tar" bs=1 seek="$offset" conv=notrunc status=none
+  run=("$mpiexec" --allow-run-as-root --oversubscribe --bind-to none -np 2 "$program" --data "$work/bad" --epochs 1
+       --threads 1 --batch 32 --quiet)
+  "${run[@]}" --on-bad-sample fail > "$work/fail.out" 2> "$work/fail.err" && fail "a damaged image did not stop --on-bad-sample fail"
+  grep -q "train-000002.tar.*$name" "$work/fail.err" || { cat "$work/fail.err"; fail "the error does not name the shard and member ($name)"; }
+  grep -o "train-000002.tar.*" "$work/fail.err" | head -1 | cut -c1-240
+  "${run[@]}" --on-bad-sample skip > "$work/skip.out" 2> "$work/skip.err" || { cat "$work/skip.err"; fail "--on-bad-sample skip failed"; }
+  grep -q "^result: " "$work/skip.out" || fail "the run with a skipped sample printed no result line"
+  grep -q "training set .*: 1 sample skipped: 1 whose image does not decode" "$work/skip.err" || { cat "$work/skip.err"; fail "under --quiet, the skipped sample was not reported"; }
+  grep "skipped" "$work/skip.err" | cut -c1-240
+  echo "PASS: a damaged image is named (fail) or skipped and reported under --quiet (skip)"
   ;;
 *) fail "unknown mode $mode" ;;
 esac
