@@ -180,6 +180,7 @@ TEST_CASE("The diagnosis names the straggler first, else the largest share of th
   CHECK_THAT(loom::diagnosis(ranks), Catch::StartsWith("compute took 92% of the step: the run is compute-bound"));
   for (auto& f : ranks) f.compute_s = 6, f.data_s = 3;
   CHECK_THAT(loom::diagnosis(ranks), Catch::StartsWith("reading and converting samples took 30% of the step"));
+  CHECK_THAT(loom::diagnosis(ranks), Catch::Contains("--decode-threads"));  // the fix for starving image shards
   for (auto& f : ranks) f.data_s = 0.1, f.bubble_s = 3.5;
   CHECK_THAT(loom::diagnosis(ranks), Catch::StartsWith("the pipeline bubble took 35% of the step"));
   ranks[1] = rank_with(8, 1);

@@ -102,8 +102,10 @@ LOOM_DECL std::string diagnosis(const std::vector<rank_figures>& ranks) {
                   bubble);
   else if (worst >= 20 && worst == data)
     std::snprintf(out, sizeof out,
-                  "reading and converting samples took %.0f%% of the step: data loading is the bottleneck (memory-map "
-                  "the data set, or raise the batch)",
+                  "reading and converting samples took %.0f%% of the step: data loading is the bottleneck (image "
+                  "shards: give the decoding threads more cores — fewer compute threads per rank, --threads, leave "
+                  "them to --decode-threads — or store the images nearer the network's input size; IDX: memory-map "
+                  "the data set; or raise the batch)",
                   data);
   else if (worst >= 20)
     std::snprintf(out, sizeof out,
