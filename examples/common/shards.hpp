@@ -5,6 +5,7 @@
 // loom::data::image_shards instead of the IDX files, with the flags below. Needs the image
 // component (loom::images, LOOM_HAS_IMAGES).
 
+#include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <string>
@@ -65,6 +66,26 @@ inline fashion_shards load_shards(const flags& f, loom::data::split which, const
     throw loom::invalid_argument("--train-samples and --test-samples take the first samples of the IDX files; with "
                                  "shards in --data, convert fewer samples instead (loom-shards --limit N)");
   return fashion_shards(f.data, loom::data::to_string(which), o);
+}
+
+/// Before training (unless --quiet, on the first rank): how the shards are read — streams,
+/// shuffle window, decoding threads — and what a rank's loader holds ahead of the step.
+template <class Set>
+void describe_shards(const char* program, const flags& f, const Set& set) {
+  if (f.quiet) return;
+  int world = 1, rank = 0;
+#if LOOM_HAS_MPI
+  world = loom::mpi_comm::world().size(), rank = loom::mpi_comm::world().rank();
+#endif
+  if (rank != 0) return;
+  const auto& o = set.options();
+  const int threads = o.decode_threads ? static_cast<int>(o.decode_threads) : loom::data::default_decode_threads();
+  std::fprintf(stderr,
+               "%s: %s: %zu samples in %zu shards, %zu streams, shuffle window %zu, %d decoding thread(s) per rank, "
+               "at most %.1f MB held ahead of the step per rank (%zu batches ready)\n",
+               program, set.description().c_str(), set.size(), set.manifest().shards.size(), set.streams(),
+               o.shuffle_window, threads, static_cast<double>(set.read_ahead_bytes(f.batch, world)) / 1e6,
+               o.prefetch);
 }
 
 /// After a run: the bad samples a set's loaders left out on this rank (on_bad_sample::skip), on

@@ -87,6 +87,7 @@ int train(const example::flags& f) {
   if (example::has_shards(f.data)) {
     const auto train_set = example::load_shards(f, loom::data::split::train, shard_flags.options);
     const auto test_set = example::load_shards(f, loom::data::split::test, shard_flags.options);
+    example::describe_shards(program, f, train_set);
     return train_on<Net>(f, train_set, test_set);
   }
 #endif

@@ -171,6 +171,25 @@ class image_shards {
   /// Bytes this process's loaders of this set have read from shards so far.
   std::uint64_t bytes_read() const noexcept { return state_->bytes_read.load(); }
 
+  /// What one rank of `world`'s loader holds ahead of the step, in bytes, at a global batch of
+  /// `global_batch`: the ready batches (prefetch of them, each at most global_batch decoded
+  /// samples and their labels) and one shuffle window of encoded samples per stream of the
+  /// rank's (at most ceil(V / world) streams; a sample counted at the set's mean size, tar
+  /// headers included) — bounded by the options, whatever the data. The decoding threads add
+  /// their scratch (decode_pool::scratch_bytes, about one decoded image each).
+  std::size_t read_ahead_bytes(std::size_t global_batch, int world) const noexcept {
+    const std::size_t w = static_cast<std::size_t>(world < 1 ? 1 : world);
+    const std::size_t streams_here = (streams() + w - 1) / w;
+    const std::uint64_t samples = std::max<std::uint64_t>(1, state_->manifest.samples());
+    std::uint64_t bytes = 0;
+    for (const shard_info& sh : state_->manifest.shards) bytes += sh.bytes;
+    const std::uint64_t mean = (bytes + samples - 1) / samples;
+    const std::size_t window = std::min<std::uint64_t>(options().shuffle_window, samples);
+    return std::max<std::size_t>(1, options().prefetch) * global_batch *
+               (Pipeline::output_shape::size * sizeof(float) + sizeof(std::int32_t)) +
+           streams_here * window * static_cast<std::size_t>(mean);
+  }
+
   /// The shared state (for the loader).
   const std::shared_ptr<detail::shard_set_state>& state() const noexcept { return state_; }
 
