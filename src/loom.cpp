@@ -30,6 +30,7 @@
 #include "loom/io/layer_description.hpp"
 #include "loom/io/onnx.hpp"
 #include "loom/io/safetensors.hpp"
+#include "loom/layers/describe.hpp"
 #include "loom/monitor/figures.hpp"
 #include "loom/monitor/live.hpp"
 #include "loom/monitor/metrics.hpp"

@@ -4,9 +4,11 @@
 // the same shape, no parameters. They work on the activation's physical layout as it is.
 
 #include <cstddef>
+#include <string>
 #include <type_traits>
 
 #include "loom/backend/kernels/activation.hpp"
+#include "loom/layers/describe.hpp"
 #include "loom/layers/layer.hpp"
 
 namespace loom {
@@ -26,6 +28,15 @@ struct pointwise_layer {
   static constexpr std::size_t parameter_count = 0;
   template <class In>
   static constexpr double flops = 1.0 * In::size;
+
+  /// Its name; each activation gives its ONNX node (onnx()) itself.
+  template <class In>
+  static void describe(layer_description& d) {
+    d.set_text(Name);
+  }
+  /// It works on its input's layout as it is.
+  template <class In, class Backend>
+  static constexpr layout_effect layout = layout_effect::keeps;
 
   template <class In, class T, class Backend>
   class impl {
@@ -51,18 +62,45 @@ inline constexpr char gelu_name[] = "gelu";
 }  // namespace detail
 
 /// max(x, 0).
-struct relu : detail::pointwise_layer<kernels::relu_op, detail::relu_name> {};
+struct relu : detail::pointwise_layer<kernels::relu_op, detail::relu_name> {
+  static std::string onnx(onnx_graph& g, const layer_description&, const std::string& x) { return g.add_node("Relu", {x}); }
+};
 /// x for x > 0, SlopeMillis / 1000 * x otherwise.
 template <int SlopeMillis>
-struct leaky_relu_slope : detail::pointwise_layer<kernels::leaky_relu_op<SlopeMillis>, detail::leaky_relu_name> {};
+struct leaky_relu_slope : detail::pointwise_layer<kernels::leaky_relu_op<SlopeMillis>, detail::leaky_relu_name> {
+  template <class In>
+  static void describe(layer_description& d) {
+    d.set_text("leaky_relu_slope", {SlopeMillis});
+  }
+  /// The slope as loom computes it: float(millis) / float(1000).
+  static std::string onnx(onnx_graph& g, const layer_description&, const std::string& x) {
+    return g.add_node("LeakyRelu", {x}, {onnx_attr("alpha", static_cast<float>(SlopeMillis) / 1000.0f)});
+  }
+};
 /// Leaky ReLU with slope 0.01 (PyTorch's default).
 struct leaky_relu : leaky_relu_slope<10> {};
 /// Hyperbolic tangent.
-struct tanh : detail::pointwise_layer<kernels::tanh_op, detail::tanh_name> {};
+struct tanh : detail::pointwise_layer<kernels::tanh_op, detail::tanh_name> {
+  static std::string onnx(onnx_graph& g, const layer_description&, const std::string& x) { return g.add_node("Tanh", {x}); }
+};
 /// Logistic sigmoid 1 / (1 + e^-x), computed stably on both tails.
-struct sigmoid : detail::pointwise_layer<kernels::sigmoid_op, detail::sigmoid_name> {};
+struct sigmoid : detail::pointwise_layer<kernels::sigmoid_op, detail::sigmoid_name> {
+  static std::string onnx(onnx_graph& g, const layer_description&, const std::string& x) {
+    return g.add_node("Sigmoid", {x});
+  }
+};
 /// GELU, exact: x Phi(x).
-struct gelu : detail::pointwise_layer<kernels::gelu_op, detail::gelu_name> {};
+struct gelu : detail::pointwise_layer<kernels::gelu_op, detail::gelu_name> {
+  /// loom's exact GELU, 0.5 x (1 + erf(x * (1 / sqrt 2))), in that order of operations (opset 17
+  /// has no Gelu operator).
+  static std::string onnx(onnx_graph& g, const layer_description&, const std::string& x) {
+    const std::string a = g.add_node("Mul", {x, g.constant(0.70710678118654752440f)});
+    const std::string e = g.add_node("Erf", {a});
+    const std::string b = g.add_node("Add", {e, g.constant(1.0f)});
+    const std::string m = g.add_node("Mul", {x, b});
+    return g.add_node("Mul", {m, g.constant(0.5f)});
+  }
+};
 
 // ---- ReLU fusion: the one rule ------------------------------------------------------------
 

@@ -5,9 +5,12 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <string>
+#include <vector>
 
 #include "loom/backend/kernels/normalization.hpp"
 #include "loom/core/memory.hpp"
+#include "loom/layers/describe.hpp"
 #include "loom/layers/layer.hpp"
 
 namespace loom {
@@ -33,6 +36,26 @@ struct layer_norm {
   static constexpr std::size_t parameter_count = 2 * In::size;
   template <class In>
   static constexpr double flops = 8.0 * In::size;
+
+  /// As torch.nn.LayerNorm(sample shape): weight and bias of the sample's whole shape.
+  template <class In>
+  static void describe(layer_description& d) {
+    d.set_text("layer_norm");
+    const std::vector<std::size_t> sample(In::dims.begin(), In::dims.end());
+    d.parameter("weight", sample);
+    d.parameter("bias", sample);
+  }
+  /// axis 1: over every dimension of a sample, as loom::layer_norm and nn.LayerNorm(sample shape).
+  static std::string onnx(onnx_graph& g, const layer_description& d, const std::string& x) {
+    return g.add_node("LayerNormalization", {x, g.initializer(d.tensors[0]), g.initializer(d.tensors[1])},
+                      {onnx_attr("axis", 1), onnx_attr("epsilon", 1e-5f)});
+  }
+  /// The mean and 1/std of each sample; a blocked input is brought to plain (and so is its
+  /// gradient, when asked for). The output is plain.
+  template <class In, class Backend>
+  static constexpr sequence_elements footprint(const footprint_context& c) {
+    return {.saved = 2, .scratch = c.input_blocked ? In::size + (c.needs_input_gradient ? In::size : 0) : 0};
+  }
 
   template <class In, class T, class Backend>
   class impl {

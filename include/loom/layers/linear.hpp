@@ -8,8 +8,10 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <string>
 
 #include "loom/backend/kernels/elementwise.hpp"
+#include "loom/layers/describe.hpp"
 #include "loom/layers/layer.hpp"
 
 namespace loom {
@@ -56,6 +58,20 @@ struct linear {
   /// Multiply-adds x 2 per sample, forward only.
   template <class In>
   static constexpr double flops = 2.0 * In::size * Out;
+
+  /// As torch.nn.Linear(In, Out): weight (Out, In), bias (Out).
+  template <class In>
+  static void describe(layer_description& d) {
+    d.set_text("linear", {Out});
+    d.parameter("weight", {Out, In::size});
+    d.parameter("bias", {Out});
+  }
+  /// Gemm(x, W, b) with W transposed.
+  static std::string onnx(onnx_graph& g, const layer_description& d, const std::string& x) {
+    return g.add_node("Gemm", {x, g.initializer(d.tensors[0]), g.initializer(d.tensors[1])},
+                      {onnx_attr("alpha", 1.0f), onnx_attr("beta", 1.0f), onnx_attr("transB", 1)});
+  }
+  // Memory: nothing besides its output; the output is plain (the footprint and layout defaults).
 
   template <class In, class T, class Backend>
   class impl {

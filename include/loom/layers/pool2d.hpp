@@ -4,8 +4,11 @@
 // windows of a (C, H, W) input, without padding. No parameters.
 
 #include <cstddef>
+#include <cstdint>
+#include <string>
 
 #include "loom/core/geometry.hpp"
+#include "loom/layers/describe.hpp"
 #include "loom/layers/layer.hpp"
 
 namespace loom {
@@ -59,6 +62,20 @@ struct pool2d_layer {
   static constexpr std::size_t parameter_count = 0;
   template <class In>
   static constexpr double flops = 1.0 * In::dims[0] * geometry<In>.oh() * geometry<In>.ow() * Kernel * Kernel;
+
+  template <class In>
+  static void describe(layer_description& d) {
+    d.set_text(name, {Kernel, Stride});
+  }
+  /// MaxPool or AveragePool without padding.
+  static std::string onnx(onnx_graph& g, const layer_description&, const std::string& x) {
+    constexpr std::int64_t k = Kernel, s = Stride;
+    return g.add_float_node(Kind == pool_kind::max ? "MaxPool" : "AveragePool", {x},
+                            {onnx_attr("kernel_shape", {k, k}), onnx_attr("strides", {s, s})});
+  }
+  /// It pools in its input's layout.
+  template <class In, class Backend>
+  static constexpr layout_effect layout = layout_effect::keeps;
 
   template <class In, class T, class Backend>
   class impl {

@@ -4,10 +4,13 @@
 // shape of its input. F's parameters sit inside the residual's span of the flat buffer.
 
 #include <cstddef>
+#include <string>
 
 #include "loom/backend/kernels/elementwise.hpp"
 #include "loom/core/memory.hpp"
+#include "loom/layers/describe.hpp"
 #include "loom/layers/layer.hpp"
+#include "loom/nn/describe.hpp"
 #include "loom/nn/sequence.hpp"
 
 namespace loom {
@@ -56,6 +59,30 @@ struct residual {
     for (double f : inner<In>::flops) s += f;
     return s;
   }();
+
+  /// Its inner layers, named as the torch.nn.Sequential inside it ("3.0", "3.1", ...).
+  template <class In>
+  static void describe(layer_description& d) {
+    d.inner = detail::describe_chain<inner<In>, Layers...>(d.path + ".");
+    d.text = "residual<" + joined_text(d.inner) + ">";
+  }
+  /// Add(x, F(x)).
+  static std::string onnx(onnx_graph& g, const layer_description& d, const std::string& x) {
+    const std::string f = g.layers(d.inner, x);
+    return g.add_node("Add", {x, f});
+  }
+  /// Its inner sequence's buffers; aligned_ when F(x) (and dy) come in the other layout than x's,
+  /// and dx_inner_ when its input gradient is asked for. Its output is in x's layout.
+  template <class In, class Backend>
+  static constexpr sequence_elements footprint(const footprint_context& c) {
+    sequence_elements e = detail::elements_of_sequence<inner<In>, Backend>(c);
+    if (c.input_blocked != e.output_blocked) e.scratch += In::size;
+    if (c.needs_input_gradient) e.scratch += In::size;
+    e.output_blocked = false;  // the sequence around it tracks its output's (x's)
+    return e;
+  }
+  template <class In, class Backend>
+  static constexpr layout_effect layout = layout_effect::keeps;
 
   template <class In, class T, class Backend>
   class impl {
