@@ -215,11 +215,11 @@ void describe_layer(layer_description& d) {
   }
 }
 
-/// Layer L's ONNX export.
-template <class L>
+/// Layer L's ONNX export, from the same place as its description (its traits or its members).
+template <class L, class In>
 constexpr onnx_function onnx_of() {
-  if constexpr (traits_onnx<L>) return &layer_traits<L>::onnx;
-  else if constexpr (member_onnx<L>) return &L::onnx;
+  if constexpr (traits_describe<L, In> && traits_onnx<L>) return &layer_traits<L>::onnx;
+  else if constexpr (member_describe<L, In> && member_onnx<L>) return &L::onnx;
   else return nullptr;  // describe_layer has said why
 }
 

@@ -29,7 +29,7 @@ void describe_at(const std::string& prefix, std::vector<layer_description>& out)
   using In = typename Chain::template input_of<I>;
   using Out = typename Chain::template output_of<I>;
   describe_into(prefix, I, In::dims.data(), In::dims.size(), Out::dims.data(), Out::dims.size(), &describe_layer<L, In>,
-                onnx_of<L>(), Chain::parameter_counts[I], Chain::parameter_offsets[I], out);
+                onnx_of<L, In>(), Chain::parameter_counts[I], Chain::parameter_offsets[I], out);
 }
 
 template <class Chain, class... Layers, std::size_t... I>
