@@ -205,9 +205,8 @@ struct loom::layer_traits<thirdparty::scale_shift> {
   template <class In>
   static void describe(loom::layer_description& d) {
     d.set_text("scale_shift");
-    const std::vector<std::size_t> sample(In::dims.begin(), In::dims.end());
-    d.parameter("weight", sample);
-    d.parameter("bias", sample);
+    d.parameter("weight", In::dims);
+    d.parameter("bias", In::dims);
   }
   static std::string onnx(loom::onnx_graph& g, const loom::layer_description& d, const std::string& x) {
     const std::string scaled = g.add_node("Mul", {x, g.initializer(d.tensors[0])});

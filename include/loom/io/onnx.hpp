@@ -123,11 +123,11 @@ class onnx_graph_builder final : public onnx_graph {
     std::string raw;
   };
 
-  std::string add_node(std::string_view op, std::vector<std::string> inputs,
-                       std::vector<onnx_attribute> attributes = {}) override;
-  std::string add_float_node(std::string_view op, std::vector<std::string> inputs,
-                             std::vector<onnx_attribute> attributes = {}) override;
-  std::string initializer(const tensor_description& t) override;
+  std::string add_node(std::string_view op, std::initializer_list<std::string_view> inputs,
+                       std::initializer_list<onnx_attribute> attributes = {}) override;
+  std::string add_float_node(std::string_view op, std::initializer_list<std::string_view> inputs,
+                             std::initializer_list<onnx_attribute> attributes = {}) override;
+  std::string_view initializer(const tensor_description& t) override;
   std::string constant(float v) override;
   /// Each layer's nodes in turn, named after its path.
   /// Throws: loom::error for a layer without an ONNX export (a description not made by loom).
@@ -142,6 +142,7 @@ class onnx_graph_builder final : public onnx_graph {
  private:
   /// Adds node op of the current layer, its attributes encoded; returns its output's name.
   std::string add(std::string_view op, std::vector<std::string> inputs, std::vector<protobuf::message> attrs);
+  static std::vector<protobuf::message> encoded(std::initializer_list<onnx_attribute> attributes);
   /// Opset 17 defines Conv, MaxPool and AveragePool for float16, float and double only: in a
   /// bf16 export their operands are cast to float (back=false) and their result back to bf16
   /// (back=true). Other precisions: v itself.

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "loom/backend/kernels/activation.hpp"
+#include "loom/core/config.hpp"
 #include "loom/layers/describe.hpp"
 #include "loom/layers/layer.hpp"
 
@@ -29,7 +30,8 @@ struct pointwise_layer {
   template <class In>
   static constexpr double flops = 1.0 * In::size;
 
-  /// Its name; each activation gives its ONNX node (onnx()) itself.
+  /// Its name; each activation gives its ONNX node (onnx()) itself, its body compiled once in
+  /// impl/activation.ipp.
   template <class In>
   static void describe(layer_description& d) {
     d.set_text(Name);
@@ -59,11 +61,15 @@ inline constexpr char leaky_relu_name[] = "leaky_relu";
 inline constexpr char tanh_name[] = "tanh";
 inline constexpr char sigmoid_name[] = "sigmoid";
 inline constexpr char gelu_name[] = "gelu";
+
+/// LeakyRelu with the slope as loom computes it, float(millis) / float(1000) (compiled once, as
+/// the other activations' ONNX nodes: impl/activation.ipp).
+LOOM_DECL std::string leaky_relu_onnx(onnx_graph& g, const std::string& x, int slope_millis);
 }  // namespace detail
 
 /// max(x, 0).
 struct relu : detail::pointwise_layer<kernels::relu_op, detail::relu_name> {
-  static std::string onnx(onnx_graph& g, const layer_description&, const std::string& x) { return g.add_node("Relu", {x}); }
+  LOOM_DECL static std::string onnx(onnx_graph& g, const layer_description& d, const std::string& x);
 };
 /// x for x > 0, SlopeMillis / 1000 * x otherwise.
 template <int SlopeMillis>
@@ -72,34 +78,25 @@ struct leaky_relu_slope : detail::pointwise_layer<kernels::leaky_relu_op<SlopeMi
   static void describe(layer_description& d) {
     d.set_text("leaky_relu_slope", {SlopeMillis});
   }
-  /// The slope as loom computes it: float(millis) / float(1000).
   static std::string onnx(onnx_graph& g, const layer_description&, const std::string& x) {
-    return g.add_node("LeakyRelu", {x}, {onnx_attr("alpha", static_cast<float>(SlopeMillis) / 1000.0f)});
+    return detail::leaky_relu_onnx(g, x, SlopeMillis);
   }
 };
 /// Leaky ReLU with slope 0.01 (PyTorch's default).
 struct leaky_relu : leaky_relu_slope<10> {};
 /// Hyperbolic tangent.
 struct tanh : detail::pointwise_layer<kernels::tanh_op, detail::tanh_name> {
-  static std::string onnx(onnx_graph& g, const layer_description&, const std::string& x) { return g.add_node("Tanh", {x}); }
+  LOOM_DECL static std::string onnx(onnx_graph& g, const layer_description& d, const std::string& x);
 };
 /// Logistic sigmoid 1 / (1 + e^-x), computed stably on both tails.
 struct sigmoid : detail::pointwise_layer<kernels::sigmoid_op, detail::sigmoid_name> {
-  static std::string onnx(onnx_graph& g, const layer_description&, const std::string& x) {
-    return g.add_node("Sigmoid", {x});
-  }
+  LOOM_DECL static std::string onnx(onnx_graph& g, const layer_description& d, const std::string& x);
 };
 /// GELU, exact: x Phi(x).
 struct gelu : detail::pointwise_layer<kernels::gelu_op, detail::gelu_name> {
   /// loom's exact GELU, 0.5 x (1 + erf(x * (1 / sqrt 2))), in that order of operations (opset 17
   /// has no Gelu operator).
-  static std::string onnx(onnx_graph& g, const layer_description&, const std::string& x) {
-    const std::string a = g.add_node("Mul", {x, g.constant(0.70710678118654752440f)});
-    const std::string e = g.add_node("Erf", {a});
-    const std::string b = g.add_node("Add", {e, g.constant(1.0f)});
-    const std::string m = g.add_node("Mul", {x, b});
-    return g.add_node("Mul", {m, g.constant(0.5f)});
-  }
+  LOOM_DECL static std::string onnx(onnx_graph& g, const layer_description& d, const std::string& x);
 };
 
 // ---- ReLU fusion: the one rule ------------------------------------------------------------
@@ -122,3 +119,7 @@ inline constexpr bool fuses_into_previous = std::is_same_v<Next, relu> && can_fu
 }  // namespace detail
 
 }  // namespace loom
+
+#if defined(LOOM_DEFINITIONS_VISIBLE)
+#include "loom/layers/impl/activation.ipp"
+#endif

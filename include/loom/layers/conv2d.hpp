@@ -11,6 +11,7 @@
 #include <string>
 #include <type_traits>
 
+#include "loom/core/config.hpp"
 #include "loom/core/geometry.hpp"
 #include "loom/layers/describe.hpp"
 #include "loom/layers/layer.hpp"
@@ -34,6 +35,10 @@ template <class Backend>
 constexpr bool blocks_channels(std::size_t channels) {
   return layouts_can_block<Backend>() && channels % 8 == 0;
 }
+
+/// conv2d's ONNX node (compiled once: impl/conv2d.ipp).
+LOOM_DECL std::string conv2d_onnx(onnx_graph& g, const layer_description& d, const std::string& x, std::int64_t kernel,
+                                  std::int64_t stride, std::int64_t pad);
 }  // namespace detail
 
 /// 2-D convolution. Input shape<C, H, W>; output shape<OutChannels, OH, OW> with
@@ -99,10 +104,7 @@ struct conv2d {
   }
   /// Conv with square windows, the same padding on every side.
   static std::string onnx(onnx_graph& g, const layer_description& d, const std::string& x) {
-    constexpr std::int64_t k = Kernel, s = Stride, p = Pad;
-    return g.add_float_node("Conv", {x, g.initializer(d.tensors[0]), g.initializer(d.tensors[1])},
-                            {onnx_attr("dilations", {1, 1}), onnx_attr("group", 1), onnx_attr("kernel_shape", {k, k}),
-                             onnx_attr("pads", {p, p, p, p}), onnx_attr("strides", {s, s})});
+    return detail::conv2d_onnx(g, d, x, Kernel, Stride, Pad);
   }
   /// The backend's plan (cpu_conv2d_plan) holds the weights reordered for forward and for
   /// backward-data (only when dx is asked for) and the weight gradient in the primitive's layout,
@@ -160,3 +162,7 @@ struct conv2d {
 };
 
 }  // namespace loom
+
+#if defined(LOOM_DEFINITIONS_VISIBLE)
+#include "loom/layers/impl/conv2d.ipp"
+#endif

@@ -7,10 +7,12 @@
 // specialisation; io/ and the memory plan only read those. This file is the vocabulary, not the
 // file formats: safetensors, checkpoints and the ONNX protobuf are written in io/.
 
+#include <array>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -69,7 +71,10 @@ struct layer_description {
   LOOM_DECL void set_text(std::string_view name, std::initializer_list<std::int64_t> arguments = {});
   /// Adds parameter tensor `name` ("weight": its PyTorch name is path + ".weight") of PyTorch shape
   /// `shape`, right after the layer's parameter tensors before it (the first at offset 0).
-  LOOM_DECL tensor_description& parameter(std::string_view name, std::vector<std::size_t> shape);
+  LOOM_DECL tensor_description& parameter(std::string_view name, std::span<const std::size_t> shape);
+  tensor_description& parameter(std::string_view name, std::initializer_list<std::size_t> shape) {
+    return parameter(name, std::span<const std::size_t>(shape.begin(), shape.size()));
+  }
 };
 
 /// The texts of layers, joined by commas ("linear<16>,tanh").
@@ -77,26 +82,29 @@ LOOM_DECL std::string joined_text(const std::vector<layer_description>& layers);
 
 // ---- ONNX ------------------------------------------------------------------------------------------
 
-/// An attribute of an ONNX node: an integer, a float or a list of integers.
+/// An attribute of an ONNX node: an integer, a float or a list of up to 8 integers. A literal
+/// type, so that a layer's onnx() builds its nodes without allocating: its name must outlive the
+/// add_node call (a string literal does).
 struct onnx_attribute {
   enum class type : unsigned char { integer, real, integers };
-  std::string name;
+  static constexpr std::size_t max_integers = 8;
+  std::string_view name;
   type kind = type::integer;
   std::int64_t integer = 0;
   float real = 0;
-  std::vector<std::int64_t> integers;
+  std::array<std::int64_t, max_integers> integers{};
+  std::size_t integer_count = 0;
 };
 
 template <std::integral I>
-onnx_attribute onnx_attr(std::string_view name, I v) {
-  return {std::string(name), onnx_attribute::type::integer, static_cast<std::int64_t>(v), 0.0f, {}};
+constexpr onnx_attribute onnx_attr(std::string_view name, I v) {
+  return {name, onnx_attribute::type::integer, static_cast<std::int64_t>(v)};
 }
-inline onnx_attribute onnx_attr(std::string_view name, float v) {
-  return {std::string(name), onnx_attribute::type::real, 0, v, {}};
+constexpr onnx_attribute onnx_attr(std::string_view name, float v) {
+  return {name, onnx_attribute::type::real, 0, v};
 }
-inline onnx_attribute onnx_attr(std::string_view name, std::vector<std::int64_t> v) {
-  return {std::string(name), onnx_attribute::type::integers, 0, 0.0f, std::move(v)};
-}
+/// Throws: loom::invalid_argument for more than onnx_attribute::max_integers values.
+LOOM_DECL onnx_attribute onnx_attr(std::string_view name, std::initializer_list<std::int64_t> v);
 
 /// The ONNX graph a layer's onnx() adds its nodes to (opset 17 of the default domain). loom's
 /// exporter (io/onnx.hpp) implements it: it names the nodes after the layer ("/3/Gemm"), and
@@ -105,15 +113,15 @@ class onnx_graph {
  public:
   virtual ~onnx_graph() = default;
   /// Adds node `op` on the values `inputs` and returns the name of its one output.
-  virtual std::string add_node(std::string_view op, std::vector<std::string> inputs,
-                               std::vector<onnx_attribute> attributes = {}) = 0;
+  virtual std::string add_node(std::string_view op, std::initializer_list<std::string_view> inputs,
+                               std::initializer_list<onnx_attribute> attributes = {}) = 0;
   /// As add_node, for an operator opset 17 defines for float16, float and double only (Conv,
   /// MaxPool, AveragePool): in a bf16 export its inputs are cast to float and its output back.
-  virtual std::string add_float_node(std::string_view op, std::vector<std::string> inputs,
-                                     std::vector<onnx_attribute> attributes = {}) = 0;
+  virtual std::string add_float_node(std::string_view op, std::initializer_list<std::string_view> inputs,
+                                     std::initializer_list<onnx_attribute> attributes = {}) = 0;
   /// Tensor t of the layer as an initializer (its values from the network's parameters, in the
-  /// export's precision, named as in the weights file); returns its name.
-  virtual std::string initializer(const tensor_description& t) = 0;
+  /// export's precision, named as in the weights file); returns its name (t.name).
+  virtual std::string_view initializer(const tensor_description& t) = 0;
   /// A scalar constant in the graph's element type; returns its name.
   virtual std::string constant(float v) = 0;
   /// The nodes of `layers` (a residual's inner layers) on input x; returns their output.

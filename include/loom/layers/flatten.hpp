@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <string>
 
+#include "loom/core/config.hpp"
 #include "loom/layers/describe.hpp"
 #include "loom/layers/layer.hpp"
 
@@ -30,9 +31,8 @@ struct flatten {
   static void describe(layer_description& d) {
     d.set_text("flatten");
   }
-  static std::string onnx(onnx_graph& g, const layer_description&, const std::string& x) {
-    return g.add_node("Flatten", {x}, {onnx_attr("axis", 1)});
-  }
+  /// Flatten(axis=1) (compiled once: impl/flatten.ipp).
+  LOOM_DECL static std::string onnx(onnx_graph& g, const layer_description& d, const std::string& x);
   /// A blocked input is brought to plain first (its layout converter's buffer); the output is plain.
   template <class In, class Backend>
   static constexpr sequence_elements footprint(const footprint_context& c) {
@@ -63,3 +63,7 @@ struct flatten {
 };
 
 }  // namespace loom
+
+#if defined(LOOM_DEFINITIONS_VISIBLE)
+#include "loom/layers/impl/flatten.ipp"
+#endif

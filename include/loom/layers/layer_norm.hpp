@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <cstddef>
 #include <string>
-#include <vector>
 
 #include "loom/backend/kernels/normalization.hpp"
+#include "loom/core/config.hpp"
 #include "loom/core/memory.hpp"
 #include "loom/layers/describe.hpp"
 #include "loom/layers/layer.hpp"
@@ -41,15 +41,12 @@ struct layer_norm {
   template <class In>
   static void describe(layer_description& d) {
     d.set_text("layer_norm");
-    const std::vector<std::size_t> sample(In::dims.begin(), In::dims.end());
-    d.parameter("weight", sample);
-    d.parameter("bias", sample);
+    d.parameter("weight", In::dims);
+    d.parameter("bias", In::dims);
   }
-  /// axis 1: over every dimension of a sample, as loom::layer_norm and nn.LayerNorm(sample shape).
-  static std::string onnx(onnx_graph& g, const layer_description& d, const std::string& x) {
-    return g.add_node("LayerNormalization", {x, g.initializer(d.tensors[0]), g.initializer(d.tensors[1])},
-                      {onnx_attr("axis", 1), onnx_attr("epsilon", 1e-5f)});
-  }
+  /// LayerNormalization from axis 1 on, over every dimension of a sample, as loom::layer_norm and
+  /// nn.LayerNorm(sample shape) (compiled once: impl/layer_norm.ipp).
+  LOOM_DECL static std::string onnx(onnx_graph& g, const layer_description& d, const std::string& x);
   /// The mean and 1/std of each sample; a blocked input is brought to plain (and so is its
   /// gradient, when asked for). The output is plain.
   template <class In, class Backend>
@@ -99,3 +96,7 @@ struct layer_norm {
 };
 
 }  // namespace loom
+
+#if defined(LOOM_DEFINITIONS_VISIBLE)
+#include "loom/layers/impl/layer_norm.ipp"
+#endif

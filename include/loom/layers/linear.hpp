@@ -11,6 +11,7 @@
 #include <string>
 
 #include "loom/backend/kernels/elementwise.hpp"
+#include "loom/core/config.hpp"
 #include "loom/layers/describe.hpp"
 #include "loom/layers/layer.hpp"
 
@@ -21,6 +22,9 @@ namespace detail {
 /// [relu](x W^T + b) in one pass (loom::cuda, through cuBLASLt's epilogues).
 template <class Backend>
 concept has_linear_forward = Backend::has_linear_forward;
+
+/// linear's ONNX node (one function for every linear<Out>, compiled once: impl/linear.ipp).
+LOOM_DECL std::string linear_onnx(onnx_graph& g, const layer_description& d, const std::string& x);
 }  // namespace detail
 
 /// A fully connected layer with Out outputs. Input: a 1-D shape<In>; output: shape<Out>.
@@ -68,8 +72,7 @@ struct linear {
   }
   /// Gemm(x, W, b) with W transposed.
   static std::string onnx(onnx_graph& g, const layer_description& d, const std::string& x) {
-    return g.add_node("Gemm", {x, g.initializer(d.tensors[0]), g.initializer(d.tensors[1])},
-                      {onnx_attr("alpha", 1.0f), onnx_attr("beta", 1.0f), onnx_attr("transB", 1)});
+    return detail::linear_onnx(g, d, x);
   }
   // Memory: nothing besides its output; the output is plain (the footprint and layout defaults).
 
@@ -125,3 +128,7 @@ struct linear {
 };
 
 }  // namespace loom
+
+#if defined(LOOM_DEFINITIONS_VISIBLE)
+#include "loom/layers/impl/linear.ipp"
+#endif

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "loom/core/config.hpp"
 #include "loom/core/geometry.hpp"
 #include "loom/layers/describe.hpp"
 #include "loom/layers/layer.hpp"
@@ -14,6 +15,10 @@
 namespace loom {
 
 namespace detail {
+/// The pooling layers' ONNX node (compiled once: impl/pool2d.ipp).
+LOOM_DECL std::string pool2d_onnx(onnx_graph& g, const std::string& x, pool_kind kind, std::int64_t kernel,
+                                  std::int64_t stride);
+
 template <pool_kind Kind, std::size_t Kernel, std::size_t Stride>
 struct pool2d_layer {
   static constexpr bool is_loom_layer = true;
@@ -69,9 +74,7 @@ struct pool2d_layer {
   }
   /// MaxPool or AveragePool without padding.
   static std::string onnx(onnx_graph& g, const layer_description&, const std::string& x) {
-    constexpr std::int64_t k = Kernel, s = Stride;
-    return g.add_float_node(Kind == pool_kind::max ? "MaxPool" : "AveragePool", {x},
-                            {onnx_attr("kernel_shape", {k, k}), onnx_attr("strides", {s, s})});
+    return pool2d_onnx(g, x, Kind, Kernel, Stride);
   }
   /// It pools in its input's layout.
   template <class In, class Backend>
@@ -108,3 +111,7 @@ template <std::size_t Kernel, std::size_t Stride = Kernel>
 struct avg_pool2d : detail::pool2d_layer<pool_kind::average, Kernel, Stride> {};
 
 }  // namespace loom
+
+#if defined(LOOM_DEFINITIONS_VISIBLE)
+#include "loom/layers/impl/pool2d.ipp"
+#endif

@@ -42,7 +42,6 @@ void describe_each(const std::string& prefix, std::vector<layer_description>& ou
 template <class Chain, class... Layers>
 std::vector<layer_description> describe_chain(const std::string& prefix) {
   std::vector<layer_description> out;
-  out.reserve(sizeof...(Layers));
   describe_each<Chain, Layers...>(prefix, out, std::index_sequence_for<Layers...>{});
   return out;
 }

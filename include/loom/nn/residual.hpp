@@ -7,6 +7,7 @@
 #include <string>
 
 #include "loom/backend/kernels/elementwise.hpp"
+#include "loom/core/config.hpp"
 #include "loom/core/memory.hpp"
 #include "loom/layers/describe.hpp"
 #include "loom/layers/layer.hpp"
@@ -14,6 +15,12 @@
 #include "loom/nn/sequence.hpp"
 
 namespace loom {
+
+namespace detail {
+/// A residual's text, "residual<inner texts>", and its ONNX nodes (compiled once: impl/residual.ipp).
+LOOM_DECL void residual_text(layer_description& d);
+LOOM_DECL std::string residual_onnx(onnx_graph& g, const layer_description& d, const std::string& x);
+}  // namespace detail
 
 /// A skip connection around Layers...: output = input + Layers...(input). The inner stack's
 /// output shape must equal its input shape (a compile error names both otherwise).
@@ -64,12 +71,11 @@ struct residual {
   template <class In>
   static void describe(layer_description& d) {
     d.inner = detail::describe_chain<inner<In>, Layers...>(d.path + ".");
-    d.text = "residual<" + joined_text(d.inner) + ">";
+    detail::residual_text(d);
   }
   /// Add(x, F(x)).
   static std::string onnx(onnx_graph& g, const layer_description& d, const std::string& x) {
-    const std::string f = g.layers(d.inner, x);
-    return g.add_node("Add", {x, f});
+    return detail::residual_onnx(g, d, x);
   }
   /// Its inner sequence's buffers; aligned_ when F(x) (and dy) come in the other layout than x's,
   /// and dx_inner_ when its input gradient is asked for. Its output is in x's layout.
@@ -133,3 +139,7 @@ struct residual {
 };
 
 }  // namespace loom
+
+#if defined(LOOM_DEFINITIONS_VISIBLE)
+#include "loom/nn/impl/residual.ipp"
+#endif

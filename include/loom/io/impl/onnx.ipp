@@ -29,7 +29,7 @@ LOOM_DECL protobuf::message onnx_attribute_proto(const onnx_attribute& a) {
     case onnx_attribute::type::real: m.varint(20, attr_float).fixed32(2, a.real); break;
     case onnx_attribute::type::integers:
       m.varint(20, attr_ints);
-      for (auto x : a.integers) m.varint(8, x);
+      for (std::size_t i = 0; i < a.integer_count; ++i) m.varint(8, a.integers[i]);
       break;
   }
   return m;
@@ -70,18 +70,25 @@ LOOM_DECL std::string onnx_graph_builder::add(std::string_view op, std::vector<s
   return nodes_.back().outputs[0];
 }
 
-LOOM_DECL std::string onnx_graph_builder::add_node(std::string_view op, std::vector<std::string> inputs,
-                                                   std::vector<onnx_attribute> attributes) {
+LOOM_DECL std::vector<protobuf::message> onnx_graph_builder::encoded(std::initializer_list<onnx_attribute> attributes) {
   std::vector<protobuf::message> attrs;
   attrs.reserve(attributes.size());
   for (const auto& a : attributes) attrs.push_back(onnx_attribute_proto(a));
-  return add(op, std::move(inputs), std::move(attrs));
+  return attrs;
 }
 
-LOOM_DECL std::string onnx_graph_builder::add_float_node(std::string_view op, std::vector<std::string> inputs,
-                                                         std::vector<onnx_attribute> attributes) {
-  for (auto& v : inputs) v = in_float(v);
-  return in_float(add_node(op, std::move(inputs), std::move(attributes)), /*back=*/true);
+LOOM_DECL std::string onnx_graph_builder::add_node(std::string_view op, std::initializer_list<std::string_view> inputs,
+                                                   std::initializer_list<onnx_attribute> attributes) {
+  return add(op, std::vector<std::string>(inputs.begin(), inputs.end()), encoded(attributes));
+}
+
+LOOM_DECL std::string onnx_graph_builder::add_float_node(std::string_view op,
+                                                         std::initializer_list<std::string_view> inputs,
+                                                         std::initializer_list<onnx_attribute> attributes) {
+  std::vector<std::string> in;
+  in.reserve(inputs.size());
+  for (std::string_view v : inputs) in.push_back(in_float(std::string(v)));
+  return in_float(add(op, std::move(in), encoded(attributes)), /*back=*/true);
 }
 
 LOOM_DECL std::string onnx_graph_builder::constant(float v) {
@@ -98,7 +105,7 @@ LOOM_DECL std::string onnx_graph_builder::in_float(const std::string& v, bool ba
   return add_node("Cast", {v}, {onnx_attr("to", back ? onnx_bfloat16 : onnx_float)});
 }
 
-LOOM_DECL std::string onnx_graph_builder::initializer(const tensor_description& t) {
+LOOM_DECL std::string_view onnx_graph_builder::initializer(const tensor_description& t) {
   inits_.push_back({t.name, t.shape, onnx_raw(params_.subspan(t.offset, t.count), o_.precision)});
   return t.name;
 }

@@ -20,13 +20,23 @@ LOOM_DECL void layer_description::set_text(std::string_view name, std::initializ
   text += '>';
 }
 
-LOOM_DECL tensor_description& layer_description::parameter(std::string_view name, std::vector<std::size_t> shape) {
+LOOM_DECL tensor_description& layer_description::parameter(std::string_view name, std::span<const std::size_t> shape) {
   std::size_t offset = 0, count = 1;
   for (const auto& t : tensors)
     if (t.kind == tensor_kind::parameter) offset += t.count;
   for (auto e : shape) count *= e;
-  tensors.push_back({path + "." + std::string(name), std::move(shape), offset, count, tensor_kind::parameter});
+  tensors.push_back({path + "." + std::string(name), {shape.begin(), shape.end()}, offset, count, tensor_kind::parameter});
   return tensors.back();
+}
+
+LOOM_DECL onnx_attribute onnx_attr(std::string_view name, std::initializer_list<std::int64_t> v) {
+  if (v.size() > onnx_attribute::max_integers)
+    throw invalid_argument("loom::onnx_attr(\"" + std::string(name) + "\"): " + std::to_string(v.size()) +
+                           " integers, more than an onnx_attribute holds (" +
+                           std::to_string(onnx_attribute::max_integers) + ")");
+  onnx_attribute a{name, onnx_attribute::type::integers};
+  for (std::int64_t x : v) a.integers[a.integer_count++] = x;
+  return a;
 }
 
 LOOM_DECL std::string joined_text(const std::vector<layer_description>& layers) {
