@@ -15,8 +15,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <type_traits>
-#include <utility>
 #include <vector>
 
 #include "loom/core/config.hpp"
@@ -44,8 +42,8 @@ struct tensor_description {
 class onnx_graph;
 struct layer_description;
 
-/// A layer's ONNX export: adds its nodes to g on input x, the value of name x, and returns the
-/// name of its output (x itself for a layer that is the identity at inference).
+/// A layer's ONNX export: adds its nodes to g, reading the value named x, and returns the name of
+/// its output (x itself for a layer that is the identity at inference).
 using onnx_function = std::string (*)(onnx_graph& g, const layer_description& d, const std::string& x);
 
 /// One layer as the file formats see it. loom fills path and shapes, the layer's describe()
@@ -96,13 +94,16 @@ struct onnx_attribute {
   std::size_t integer_count = 0;
 };
 
+/// An integer attribute ("axis", 1).
 template <std::integral I>
 constexpr onnx_attribute onnx_attr(std::string_view name, I v) {
   return {name, onnx_attribute::type::integer, static_cast<std::int64_t>(v)};
 }
+/// A float attribute ("epsilon", 1e-5f).
 constexpr onnx_attribute onnx_attr(std::string_view name, float v) {
   return {name, onnx_attribute::type::real, 0, v};
 }
+/// A list of integers ("pads", {1, 1, 1, 1}).
 /// Throws: loom::invalid_argument for more than onnx_attribute::max_integers values.
 LOOM_DECL onnx_attribute onnx_attr(std::string_view name, std::initializer_list<std::int64_t> v);
 

@@ -3,6 +3,8 @@
 // The definitions of describe.hpp's non-template functions: included at the end of the header
 // (header-only), or compiled once in src/loom.cpp (LOOM_SEPARATE_COMPILATION; see loom/core/config.hpp).
 
+#include <utility>
+
 #include "loom/core/error.hpp"
 #include "loom/layers/describe.hpp"
 
