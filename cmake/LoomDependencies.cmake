@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # Finds what loom's CPU library needs: oneDNN, OpenMP and zlib (and the OpenCL that Debian's
-# oneDNN package config asks for even for CPU use), naming the Debian package to install when
-# one is missing. Used by loom's own CMakeLists.txt and, installed, by loom-config.cmake.
+# oneDNN package config asks for even for CPU use), and what its components need (MPI, CUDA,
+# NCCL, the image libraries), naming the Debian package to install when one is missing. Used by loom's own CMakeLists.txt and, installed, by loom-config.cmake.
 #
 #   loom_find_cpu_dependencies()           a missing dependency is a fatal error (building loom)
 #   loom_find_cpu_dependencies(PACKAGE)    a missing dependency sets loom_FOUND to FALSE and
@@ -171,4 +171,35 @@ macro(loom_find_nccl_dependencies)
   unset(_loom_nccl_found)
   _loom_component_report(nccl "${ARGN}"
     "Install it or configure with -DLOOM_WITH_NCCL=OFF (AUTO builds loom::nccl only when it is found).")
+endmacro()
+
+# The loom::images component's dependencies (loom/data/image.hpp: JPEG and PNG decoding):
+# libjpeg-turbo's libjpeg API (libjpeg.pc) and libspng (spng.pc), through pkg-config, as the
+# imported targets PkgConfig::LOOM_LIBJPEG and PkgConfig::LOOM_SPNG. Mode as
+# loom_find_cuda_dependencies: empty (fatal), AUTO or PACKAGE. Sets loom_images_DEPENDENCIES_FOUND.
+macro(loom_find_images_dependencies)
+  set(_loom_missing "")
+  find_package(PkgConfig QUIET)
+  _loom_require(PKG_CONFIG_FOUND "pkg-config (finds libjpeg-turbo and libspng)" pkgconf)
+  if(PKG_CONFIG_FOUND)
+    if(NOT TARGET PkgConfig::LOOM_LIBJPEG)
+      pkg_check_modules(LOOM_LIBJPEG QUIET IMPORTED_TARGET libjpeg)
+    endif()
+    set(_loom_has_lib FALSE)
+    if(TARGET PkgConfig::LOOM_LIBJPEG)
+      set(_loom_has_lib TRUE)
+    endif()
+    _loom_require(_loom_has_lib "libjpeg-turbo's libjpeg API (libjpeg.pc)" libjpeg62-turbo-dev)
+    if(NOT TARGET PkgConfig::LOOM_SPNG)
+      pkg_check_modules(LOOM_SPNG QUIET IMPORTED_TARGET spng)
+    endif()
+    set(_loom_has_lib FALSE)
+    if(TARGET PkgConfig::LOOM_SPNG)
+      set(_loom_has_lib TRUE)
+    endif()
+    _loom_require(_loom_has_lib "libspng (spng.pc)" libspng-dev)
+    unset(_loom_has_lib)
+  endif()
+  _loom_component_report(images "${ARGN}"
+    "Install them (Debian: libjpeg62-turbo-dev libspng-dev) or configure with -DLOOM_WITH_IMAGES=OFF.")
 endmacro()

@@ -6,6 +6,9 @@
 
 #include "../common/example.hpp"
 #include "../common/weights.hpp"
+#if LOOM_HAS_IMAGES
+#include "../common/shards.hpp"
+#endif
 
 namespace {
 
@@ -25,11 +28,14 @@ using policy = loom::single_process;
 
 /// --grad-compression: none (default), bf16 or fp16.
 std::string grad_compression = "none";
+#if LOOM_HAS_IMAGES
+/// --shard-streams, --shuffle-window, --on-bad-sample, --decode-threads (shards in --data).
+example::shard_flags shard_flags;
+#endif
 
-template <class Net>
-int train(const example::flags& f) {
-  auto train_set = example::load(f, loom::data::split::train);
-  auto test_set = example::load(f, loom::data::split::test);
+/// Trains Net on train_set (IDX or shards) and evaluates it on test_set.
+template <class Net, class TrainSet, class TestSet>
+int train_on(const example::flags& f, const TrainSet& train_set, const TestSet& test_set) {
   const loom::any_optimizer::options opt =
       f.optimizer == "adam" ? loom::any_optimizer::options(loom::adam::options{.lr = f.lr})
                             : loom::any_optimizer::options(loom::sgd::options{.lr = f.lr, .momentum = f.momentum});
@@ -60,12 +66,33 @@ int train(const example::flags& f) {
   }();
   if (example::after_fit(program, f, t, fit)) return 0;
   const auto eval = t.evaluate(test_set);
+#if LOOM_HAS_IMAGES
+  // Every rank that left bad samples out says so (on_bad_sample::skip), --quiet or not.
+  example::report_skipped(program, t.rank(), "training", train_set);
+  example::report_skipped(program, t.rank(), "test", test_set);
+#endif
   // After a recovery from a failed rank the lead may be another process: ask again.
   if (t.rank() != 0) return 0;
   if (!f.quiet && fit.ranks > 1) std::cerr << loom::figures_table(fit.figures);
   example::print_result(f, fit, eval, t.model().parameters_l2());
   example::write_onnx(f, t.model());
   return 0;
+}
+
+/// Fashion-MNIST from the shards in --data when it holds train-*.tar and test-*.tar, else from
+/// its IDX files.
+template <class Net>
+int train(const example::flags& f) {
+#if LOOM_HAS_IMAGES
+  if (example::has_shards(f.data)) {
+    const auto train_set = example::load_shards(f, loom::data::split::train, shard_flags.options);
+    const auto test_set = example::load_shards(f, loom::data::split::test, shard_flags.options);
+    return train_on<Net>(f, train_set, test_set);
+  }
+#endif
+  const auto train_set = example::load(f, loom::data::split::train);
+  const auto test_set = example::load(f, loom::data::split::test);
+  return train_on<Net>(f, train_set, test_set);
 }
 
 }  // namespace
@@ -76,8 +103,15 @@ int main(int argc, char** argv) {
 #endif
   example::parser p(program, std::string("usage: fashion_mnist [flags]\n") + example::common_usage +
                                   "  --grad-compression none|bf16|fp16  gradients sent in 16 bits, summed in float\n"
-                                  "                         (loom::compress<>; data parallel; default none)\n");
+                                  "                         (loom::compress<>; data parallel; default none)\n"
+#if LOOM_HAS_IMAGES
+                                  + example::shards_usage
+#endif
+  );
   const example::flags f = p.with_weights_flags().with_zero_flag().parse(argc, argv, [&](std::string_view name, std::string_view value) {
+#if LOOM_HAS_IMAGES
+    if (shard_flags.take(p, name, value)) return true;
+#endif
     if (name != "grad-compression") return false;
     grad_compression = value;
     if (grad_compression != "none" && grad_compression != "bf16" && grad_compression != "fp16")

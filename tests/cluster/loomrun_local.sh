@@ -123,6 +123,31 @@ grep "^loomrun" "$work/peer.err"
 [ "$status" -eq 0 ] || { cat "$work/peer.err"; fail "loomrun ended with status $status; the restart after a peer's failure finished"; }
 grep -q "^loomrun: restart 1 of " "$work/peer.err" || fail "loomrun did not restart a job whose ranks failed after a peer's failure"
 
+echo "== a failure recovered in the process, noticed late, and survivors that end without MPI_Finalize: done"
+# What Open MPI 4.1.4 printed with host 1's training processes killed and its daemon alive
+# (cluster.dp.ranks_of_live_host): one killed rank's notice before the survivors' recovery
+# report, the other's and PMIx's after it; the survivors train on past --recovery-timeout, then
+# say "finished" and end TERMINATED WITHOUT SYNC; mpirun does not end (it waits for the live
+# daemon). loomrun must not take the late notices or the survivors' ends for a failure.
+standin "$work/mpirun-late" <<'FAKE'
+say() { echo "[h0:1] [[7,0],0] ACTIVATE PROC [[7,1],$1] STATE $2 AT x.c:1" >&2; }
+say 2 "ABORTED BY SIGNAL"
+echo "loom: recovery 1 at step 21: lost rank 2 (world rank 2, pid 11 on h1), rank 3 (world rank 3, pid 12 on h1); 2 ranks go on (were 4)" >&2
+sleep 1
+say 3 "ABORTED BY SIGNAL"
+echo "[h0:1] PMIX ERROR: BAD-PARAM in file ../../../src/event/pmix_event_notification.c at line 1033" >&2
+sleep 4  # the survivors train on, past --recovery-timeout 2
+for r in 0 1; do echo finished > "$LOOM_STATUS_DIR/rank-$r.status"; say $r "TERMINATED WITHOUT SYNC"; done
+echo "[h0:1] PMIX ERROR: BAD-PARAM in file ../../../src/event/pmix_event_notification.c at line 1033" >&2
+sleep 120  # waits for the live daemon; loomrun stops it
+FAKE
+"$loomrun" -np 4 --max-restarts 0 --recovery-timeout 2 --mpirun "$work/mpirun-late" -- true > "$work/late.out" 2> "$work/late.err"
+status=$?
+grep "^loomrun" "$work/late.err"
+[ "$status" -eq 0 ] || { cat "$work/late.err"; fail "loomrun ended with status $status: it took a recovered job for a failed one"; }
+grep -q "no in-process recovery" "$work/late.err" && fail "loomrun stopped a job that had recovered in the process"
+grep -q "^loomrun: the ranks finished but mpirun did not end" "$work/late.err" || fail "loomrun did not say why it stopped mpirun"
+
 echo "== a program that is not loom's (no status files) and ends normally: done, no restart"
 "$loomrun" -np 2 --mpirun "$mpiexec" --mpirun-arg --oversubscribe -- true > "$work/true.out" 2> "$work/true.err"
 status=$?

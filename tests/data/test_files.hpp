@@ -95,6 +95,11 @@ inline std::vector<std::uint8_t> read_bytes(const std::filesystem::path& file) {
                                    std::istreambuf_iterator<char>());
 }
 
+inline std::string read_text(const std::filesystem::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
 /// n deterministic pseudo-random bytes.
 inline std::vector<std::uint8_t> some_bytes(std::size_t n, std::uint32_t salt = 1) {
   std::vector<std::uint8_t> out(n);

@@ -3,7 +3,8 @@
 # A hung rank of a job that cannot recover in place — a pipeline stage or a tensor slice, held
 # once (docs/fault-tolerance.md, "Where no recovery is possible"). NP ranks of PROGRAM with a
 # checkpoint every EVERY steps and a fixed deadline (--fault-deadline, in the flags); once the
-# first checkpoint is committed, SIGSTOP of a random rank. Then:
+# first checkpoint is committed, SIGSTOP of a random rank at a random step 50-450 steps later
+# (read from the ranks' metrics). Then:
 #   1. under plain mpirun the job must end by itself (it used to hang forever): every other rank's
 #      wait times out, the roll call names the stopped process ("loom: failure at step ...: lost
 #      rank R (world rank R, pid P ...)", "did not answer"), and mpirun exits with a non-zero
@@ -30,19 +31,36 @@ echo "== the run without a failure ($np ranks)"
   { cat "$work/clean.err"; fail "the clean run failed"; }
 tail -1 "$work/clean.out"
 
-# stop_one DIR JOB: waits for DIR/ck/step-EVERY, then SIGSTOPs a random rank process of JOB
-# (mpirun's child, or under loomrun mpirun's grandchild); sets stopped (pid) and stopped_at.
+# The ranks' step, read from their metrics (--metrics-jsonl, a line per step): the highest.
+step_now() {
+  local f s best=0
+  for f in "$1"/m.rank*.jsonl; do
+    s=$(tail -n 1 "$f" 2> /dev/null | sed -n 's/.*"step":\([0-9]*\).*/\1/p')
+    [ -n "$s" ] && [ "$s" -gt "$best" ] && best=$s
+  done
+  echo "$best"
+}
+# stop_one DIR JOB: waits for DIR/ck/step-EVERY, then for a random step 50-450 steps after it,
+# and SIGSTOPs a random rank process of JOB (mpirun's child, or under loomrun mpirun's
+# grandchild) while it trains; sets stopped (pid) and stopped_at. The moment is taken by step,
+# not by time: on a fast machine whose checkpoint reaches the disk late, a fixed delay after
+# the checkpoint could land after the run's last collective, when the stopped rank hangs
+# nothing.
 stop_one() {
-  local d=$1 job=$2 pids=()
+  local d=$1 job=$2 pids=() target at
   for _ in $(seq 1 6000); do [ -d "$d/ck/step-$every" ] && break; kill -0 "$job" 2> /dev/null || break; sleep 0.01; done
   [ -d "$d/ck/step-$every" ] || { cat "$d/err"; fail "no checkpoint step-$every appeared"; }
-  sleep "0.$((RANDOM % 5 + 1))"
+  target=$((every + 50 + RANDOM % 400))
+  for _ in $(seq 1 6000); do [ "$(step_now "$d")" -ge "$target" ] && break; kill -0 "$job" 2> /dev/null || break; sleep 0.005; done
+  at=$(step_now "$d")
+  [ "$at" -ge "$target" ] || { cat "$d/err"; fail "the ranks did not reach step $target (at $at)"; }
+  [ "$at" -lt $((total - 500)) ] || fail "the ranks were at step $at of $total when the stop was due: too close to the end to hang the job"
   mapfile -t pids < <(pgrep -f -- "^$program " | sort -n)
   [ "${#pids[@]}" -eq "$np" ] || fail "found ${#pids[@]} processes of $program, expected $np"
   stopped=${pids[$((RANDOM % np))]}
   kill -STOP "$stopped"
   stopped_at=$(now)
-  echo "SIGSTOP of pid $stopped at $stopped_at"
+  echo "SIGSTOP of pid $stopped at $stopped_at, at step $at"
 }
 # check_report ERRFILE: the roll call names the stopped process and its silence.
 check_report() {
@@ -56,7 +74,7 @@ check_report() {
 echo "== plain mpirun: SIGSTOP of one rank; the job must end by itself"
 d=$work/plain && mkdir -p "$d"
 (exec "${mpi[@]}" -np "$np" "$program" "${flags[@]}" --checkpoint-dir "$d/ck" --checkpoint-every "$every" \
-   > "$d/out" 2> "$d/err") &
+   --metrics-jsonl "$d/m.jsonl" --monitor-every 0 > "$d/out" 2> "$d/err") &
 job=$!
 stop_one "$d" $job
 for _ in $(seq 1 600); do kill -0 $job 2> /dev/null || break; sleep 0.1; done
@@ -77,7 +95,7 @@ echo "== loomrun: SIGSTOP of one rank; the job ends, loomrun restarts it from th
 d=$work/loomrun && mkdir -p "$d"
 (exec "$loomrun" -np "$np" --recovery-timeout 10 --mpirun-arg --oversubscribe --mpirun-arg --bind-to --mpirun-arg none -- \
    "$program" "${flags[@]}" --checkpoint-dir "$d/ck" --checkpoint-every "$every" --save-weights "$d/weights.safetensors" \
-   > "$d/out" 2> "$d/err") &
+   --metrics-jsonl "$d/m.jsonl" --monitor-every 0 > "$d/out" 2> "$d/err") &
 job=$!
 stop_one "$d" $job
 for _ in $(seq 1 1800); do kill -0 $job 2> /dev/null || break; sleep 0.1; done

@@ -5,6 +5,7 @@
 // rank computes the same epoch order from (seed, epoch) alone.
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -230,14 +231,25 @@ class distributed_loader {
   batch_share last_{};
 };
 
-/// The loader the trainer makes for Dataset: distributed_loader by default; a data set with
-/// its own (image_shards) specialises it. Constructed as
-/// loader_for_t<Dataset>(data, global_batch, seed, rank, world, shuffle).
+/// The loader the trainer makes for Dataset: distributed_loader by default; a data set with its
+/// own (image_shards: shard_loader, loom/data/shard_loader.hpp) specialises it. Every loader is
+/// built as loader_for_t<Dataset>(data, global_batch, seed, rank, world, shuffle) and offers
+/// distributed_loader's members (start_epoch, skip, batches_per_epoch, reshard, set_rank_block,
+/// next(x, labels, global_n), local_offset, max_local_batch).
 template <class Dataset>
 struct loader_for {
   using type = distributed_loader<Dataset>;
 };
 template <class Dataset>
 using loader_for_t = typename loader_for<Dataset>::type;
+
+/// What identifies a data set's content and order beyond its size, for a checkpoint to check
+/// on resume: the set's identity() when it has one (image_shards: the manifest's fingerprint,
+/// the streams and the shuffle window), else "" (the IDX sets: their size says enough).
+template <class Dataset>
+std::string identity_of(const Dataset& data) {
+  if constexpr (requires { { data.identity() } -> std::convertible_to<std::string>; }) return data.identity();
+  else return {};
+}
 
 }  // namespace loom::data

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -28,17 +29,12 @@
 #include "loom/core/config.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/shape.hpp"
+#include "loom/data/cache.hpp"
 #include "loom/data/dataset.hpp"
 #include "loom/data/distributed.hpp"
 #include "loom/data/idx.hpp"
 
 namespace loom::data {
-
-/// The directory where gzip'd images are decompressed for mapping, when no other is given:
-/// $LOOM_CACHE_DIR, else $XDG_CACHE_HOME/loom, else $HOME/.cache/loom, else
-/// /tmp/loom-cache-UID (an empty variable counts as unset). Nothing is created here. Where other
-/// users share /tmp, set LOOM_CACHE_DIR rather than rely on the last choice.
-LOOM_DECL std::filesystem::path default_cache_dir();
 
 namespace detail {
 
@@ -98,10 +94,15 @@ LOOM_DECL void check_idx_data_size(const idx_header& h, std::uint64_t available,
 class mapped_region {
  public:
   mapped_region(int fd, std::size_t length, const std::filesystem::path& file);
+  /// `length` bytes of anonymous memory (private, zero-filled, writable through writable()):
+  /// where a gzip'd file is decompressed when no cache directory can be used. `file` names the
+  /// source in messages.
+  mapped_region(std::size_t length, const std::filesystem::path& file);
   mapped_region(const mapped_region&) = delete;
   mapped_region& operator=(const mapped_region&) = delete;
   ~mapped_region() { ::munmap(const_cast<std::uint8_t*>(base_), length_); }
   const std::uint8_t* data() const noexcept { return base_; }
+  std::uint8_t* writable() noexcept { return const_cast<std::uint8_t*>(base_); }
   std::size_t size() const noexcept { return length_; }
 
  private:
@@ -156,12 +157,19 @@ LOOM_DECL void write_all(int fd, const std::uint8_t* p, std::size_t n,
 LOOM_DECL bool valid_idx_file(const std::filesystem::path& file, std::size_t min_rank,
                               std::size_t max_rank);
 
-/// The path of an uncompressed copy of the gzip'd IDX file `source` in `cache_dir`, made by
-/// decompressing it once; later calls (from any process) reuse it. See mapped_images::from_idx
-/// for the protocol and the errors.
-LOOM_DECL std::filesystem::path idx_cache_file(const std::filesystem::path& source,
-                                               const std::filesystem::path& cache_dir,
-                                               std::size_t min_rank, std::size_t max_rank);
+/// The path of an uncompressed copy of the gzip'd IDX file `source` in `cache_dir` (default:
+/// default_cache_dir()), made by decompressing it once; later calls (from any process) reuse it
+/// while it matches its stamp. Nothing when the directory cannot be used (open_private_dir says
+/// why; a warning is printed): the caller then decompresses into memory. See
+/// mapped_images::from_idx for the protocol and the errors.
+LOOM_DECL std::optional<std::filesystem::path> idx_cache_file(const std::filesystem::path& source,
+                                                              const std::filesystem::path& cache_dir,
+                                                              std::size_t min_rank, std::size_t max_rank);
+
+/// The gzip'd IDX file `source` decompressed into anonymous memory, checked as read_idx checks
+/// it (same messages).
+LOOM_DECL mapped_idx inflate_idx_file(const std::filesystem::path& source, std::size_t min_rank,
+                                      std::size_t max_rank);
 
 }  // namespace detail
 
@@ -196,37 +204,45 @@ class mapped_images {
   ///
   /// Gzip'd images (detected by their magic bytes, not their name) cannot be read at random, so
   /// they are decompressed once into `cache_dir` (default: default_cache_dir()) and the copy is
-  /// mapped. The copy's name is the source's name with a stamp of the source's absolute path,
-  /// size and modification time, so a changed source gets a new copy (a source rewritten in
-  /// place with the same size within the file system's timestamp granularity is not noticed;
-  /// old copies are not removed). The source is decompressed into a uniquely named temporary
-  /// file in cache_dir, checked as read_idx checks it, fsync'ed, and then published under the
-  /// final name with link() (or rename() where the file system has no hard links), so no
-  /// process ever sees a half-written copy under the final name and a good copy published by
-  /// another process — on this host or another one sharing the directory — is never replaced.
-  /// A copy under the final name that fails validation (say a crash in an older version left it
-  /// truncated) is re-created. Concurrent first opens may each decompress; one copy wins. A
-  /// process killed while decompressing leaves only its "NAME.tmp-PID-..." file, never used
-  /// and safe to delete.
+  /// mapped. The cache directory is made private (mode 0700) and used only while it is a
+  /// directory of this user that nobody else can write (detail::open_private_dir); otherwise
+  /// loom prints a warning naming the directory and why, and decompresses into memory instead.
+  /// Beside each copy a stamp (COPY.stamp) records the CRC-32C and size of the source and of the
+  /// copy; a copy is used only when both still match (the source and the copy are read once
+  /// more to check), so a planted, stale or damaged copy is re-created, never trusted.
+  /// The copy's name is the source's name with a hash of the source's absolute path, its size
+  /// and its modification time; old copies are not removed. The source is decompressed into a
+  /// uniquely named temporary file (mode 0600) in cache_dir, checked as read_idx checks it,
+  /// fsync'ed, its stamp written, and then published under the final name with link() (or
+  /// rename() where the file system has no hard links), so no process ever sees a half-written
+  /// copy under the final name and a good copy published by another process — on this host or
+  /// another one sharing the directory — is never replaced. Concurrent first opens may each
+  /// decompress; one copy wins. A process killed while decompressing leaves only its
+  /// "NAME.tmp-PID-..." file, never used and safe to delete.
   /// On several machines, cache_dir may be shared storage (decompressed once for all) or local
   /// to each machine (decompressed once per machine); both are safe.
   ///
   /// `description` names the set in messages and description(); when empty it names both files.
-  /// When the images were decompressed, ", mapped from COPY" is appended.
+  /// When the images were decompressed, ", mapped from COPY" (or ", decompressed into memory")
+  /// is appended.
   ///
   /// Throws: loom::io_error when a file cannot be opened, read or mapped, when the cache
-  /// directory cannot be created or written (unwritable, disk full: the message names the
-  /// directory or file, the source and the reason); loom::data_error for a malformed file, a
+  /// directory cannot be written (disk full: the message names the file, the source and the
+  /// reason); loom::data_error for a malformed file, a
   /// corrupt gzip stream, an image size that does not match SampleShape, counts that differ or
   /// a label >= Classes, naming the file concerned, what was expected and what was found.
   static mapped_images from_idx(const std::filesystem::path& images,
                                 const std::filesystem::path& labels, std::string description = {},
                                 const std::filesystem::path& cache_dir = {}) {
     std::filesystem::path mapped_file = images;
+    bool in_memory = false;
     if (detail::starts_with_gzip_magic(images)) {
-      mapped_file = detail::idx_cache_file(images, cache_dir, 2, 255);
+      const std::optional<std::filesystem::path> copy = detail::idx_cache_file(images, cache_dir, 2, 255);
+      in_memory = !copy;
+      if (copy) mapped_file = *copy;
     }
-    detail::mapped_idx img = detail::map_idx_file(mapped_file, 2, 255);
+    detail::mapped_idx img =
+        in_memory ? detail::inflate_idx_file(images, 2, 255) : detail::map_idx_file(mapped_file, 2, 255);
     std::size_t per_image = 1;
     std::string extents;
     for (std::size_t i = 1; i < img.header.dims.size(); ++i) {
@@ -259,6 +275,7 @@ class mapped_images {
       description = "images " + images.string() + ", labels " + labels.string();
     }
     if (mapped_file != images) description += ", mapped from " + mapped_file.string();
+    if (in_memory) description += ", decompressed into memory";
     mapped_images out;
     out.size_ = lab.data.size();
     out.pixels_ = img.data;
@@ -322,7 +339,7 @@ class mapped_images {
   const std::string& description() const noexcept { return description_; }
 
   /// The uncompressed images file that is mapped: the images file given, or its decompressed
-  /// copy in the cache directory.
+  /// copy in the cache directory (the images file given when it was decompressed into memory).
   const std::filesystem::path& file() const noexcept { return file_; }
 
  private:

@@ -111,6 +111,7 @@ struct trainer_record {
   double epoch_sums[3] = {0, 0, 0};  ///< loss sum, correct, samples of the epoch so far (all replicas)
   std::uint64_t seed = 1;
   std::size_t batch = 0, accumulation = 1, epochs = 0, max_steps = 0, deterministic_chunk = 0, samples = 0;
+  std::string data;  ///< what identifies the training data beyond its size (data::identity_of; "" for IDX sets)
   double clip_grad_norm = 0;
   double lr = 0;  ///< the learning rate of the last step
   std::string math, loss, optimizer, optimizer_options, policy;

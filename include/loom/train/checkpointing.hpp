@@ -36,10 +36,10 @@ namespace loom::detail {
 LOOM_DECL bool restarted_by_launcher();
 
 /// Why a fit cannot resume exactly from a checkpoint's record (throws; returns when it can):
-/// another seed, or a stop in the middle of an epoch with another batch or another training set
-/// size.
+/// another seed, or a stop in the middle of an epoch with another batch, another training set
+/// size or other data (`data`: data::identity_of the training set).
 LOOM_DECL void check_resumable(const io::trainer_record& rec, const std::filesystem::path& path, std::uint64_t seed,
-                               const fit_options& opts, std::size_t samples);
+                               const fit_options& opts, std::size_t samples, const std::string& data);
 
 /// What a checkpoint records and checks of a trainer, fixed for its lifetime.
 struct checkpoint_facts {

@@ -44,6 +44,7 @@ struct run_state {
   fit_position at{};        ///< after the last finished step
   fit_position resume{};    ///< where the next fit starts (a checkpoint was loaded)
   fit_record last_fit{};    ///< the options of the last fit
+  std::string data_identity;  ///< data::identity_of the training set of the last fit
   /// The loss sums are the whole batch's on every rank, step by step (failure detection, or
   /// a rank holding samples but no loss): a survivor's position has them without a collective.
   bool global_sums = false;

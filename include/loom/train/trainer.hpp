@@ -321,6 +321,7 @@ class trainer_body {
     const std::string fit_description = detail::describe_fit(opts, data.size());
     run_.joined_description = job_description() + ";" + fit_description;
     if (!joining) engine_.check_same_job(fit_description);
+    run_.data_identity = data::identity_of(data);
     auto e = erased();
     batches_.reserve(opts.batch, engine_.reads_samples(), engine_.reads_labels());
     detail::erased_loader_of<data::loader_for_t<Dataset>, batches_type> loader(

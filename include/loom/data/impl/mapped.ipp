@@ -5,21 +5,9 @@
 
 #include <random>  // std::random_device, for a unique temporary name
 
+#include "loom/core/crc32c.hpp"
+
 #include "loom/data/mapped.hpp"
-
-namespace loom::data {
-
-LOOM_DECL std::filesystem::path default_cache_dir() {
-  const auto env = [](const char* name) -> std::string {
-    const char* v = std::getenv(name);
-    return v ? std::string(v) : std::string();
-  };
-  if (std::string d = env("LOOM_CACHE_DIR"); !d.empty()) return d;
-  if (std::string d = env("XDG_CACHE_HOME"); !d.empty()) return std::filesystem::path(d) / "loom";
-  if (std::string d = env("HOME"); !d.empty()) return std::filesystem::path(d) / ".cache" / "loom";
-  return std::filesystem::path("/tmp") / ("loom-cache-" + std::to_string(::getuid()));
-}
-}  // namespace loom::data
 
 namespace loom::data {
 namespace detail {
@@ -64,6 +52,16 @@ LOOM_DECL mapped_region::mapped_region(int fd, std::size_t length, const std::fi
   base_ = static_cast<const std::uint8_t*>(p);
   // Samples are read in shuffled order: read-ahead would fetch other ranks' samples.
   (void)::madvise(p, length, MADV_RANDOM);
+}
+
+LOOM_DECL mapped_region::mapped_region(std::size_t length, const std::filesystem::path& file) : length_(length) {
+  void* p = ::mmap(nullptr, std::max<std::size_t>(length, 1), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    throw io_error(idx_prefix(file) + "cannot allocate " + std::to_string(length) +
+                   " bytes of memory to decompress it into: " + errno_text(errno));
+  }
+  length_ = std::max<std::size_t>(length, 1);
+  base_ = static_cast<const std::uint8_t*>(p);
 }
 
 LOOM_DECL mapped_idx map_idx_file(const std::filesystem::path& file, std::size_t min_rank,
@@ -148,20 +146,66 @@ LOOM_DECL bool valid_idx_file(const std::filesystem::path& file, std::size_t min
   }
 }
 
-LOOM_DECL std::filesystem::path idx_cache_file(const std::filesystem::path& source,
-                                               const std::filesystem::path& cache_dir,
-                                               std::size_t min_rank, std::size_t max_rank) {
+// Decompresses the gzip'd IDX file `source`, checking it as read_idx does, into `sink(bytes,
+// n)` calls: the header first, then the data. Returns the header.
+template <class Sink>
+idx_header inflate_idx_into(const std::filesystem::path& source, std::size_t min_rank, std::size_t max_rank,
+                            Sink&& sink) {
+  idx_input in(source);
+  const std::string decompressed = in.gzip() ? " after decompression" : "";
+  idx_header h = read_idx_header(in, source, min_rank, max_rank, decompressed);
+  sink(h.bytes.data(), h.bytes.size());
+  std::vector<std::uint8_t> buf(std::size_t{1} << 20);
+  std::size_t got = 0;
+  while (got < h.data_bytes) {
+    const std::size_t want = std::min(buf.size(), h.data_bytes - got);
+    const std::size_t k = in.read(buf.data(), want);
+    sink(buf.data(), k);
+    got += k;
+    if (k < want) break;
+  }
+  // Reading to the end also lets zlib verify the gzip checksum.
+  const std::uint64_t extra = got < h.data_bytes ? 0 : in.drain();
+  check_idx_data_size(h, got + extra, source, decompressed);
+  return h;
+}
+
+LOOM_DECL mapped_idx inflate_idx_file(const std::filesystem::path& source, std::size_t min_rank,
+                                      std::size_t max_rank) {
+  // The header tells the size; read it once to allocate, then decompress for real.
+  std::size_t total = 0;
+  {
+    idx_input in(source);
+    const std::string decompressed = in.gzip() ? " after decompression" : "";
+    const idx_header h = read_idx_header(in, source, min_rank, max_rank, decompressed);
+    total = h.bytes.size() + h.data_bytes;
+  }
+  auto region = std::make_shared<mapped_region>(total, source);
+  std::size_t at = 0;
+  mapped_idx out;
+  out.header = inflate_idx_into(source, min_rank, max_rank, [&](const std::uint8_t* p, std::size_t n) {
+    n = std::min(n, total - at);  // the check after the data reports any excess
+    std::memcpy(region->writable() + at, p, n);
+    at += n;
+  });
+  out.data = region->data() + out.header.bytes.size();
+  out.region = std::move(region);
+  return out;
+}
+
+LOOM_DECL std::optional<std::filesystem::path> idx_cache_file(const std::filesystem::path& source,
+                                                              const std::filesystem::path& cache_dir,
+                                                              std::size_t min_rank, std::size_t max_rank) {
   const std::filesystem::path dir = cache_dir.empty() ? default_cache_dir() : cache_dir;
   const std::string hint = "; pass another cache directory or set LOOM_CACHE_DIR";
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec || !std::filesystem::is_directory(dir, ec)) {
-    throw io_error("loom: cannot create cache directory " + dir.string() +
-                   " for the decompressed copy of " + source.string() + ": " +
-                   (ec ? ec.message() : std::string("it exists but is not a directory")) + hint);
+  if (std::string why = open_private_dir(dir); !why.empty()) {
+    warn_cache_refused(dir, why, "decompressing " + source.string() + " into memory instead" + hint);
+    return std::nullopt;
   }
   const std::filesystem::path final_path = dir / idx_cache_name(source);
-  if (valid_idx_file(final_path, min_rank, max_rank)) return final_path;
+  const file_checksum source_sum = checksum_file(source);
+  if (cached_copy_problem(final_path, source_sum).empty() && valid_idx_file(final_path, min_rank, max_rank))
+    return final_path;
 
   // Decompress into a fresh file of our own in the same directory (so that link and rename are
   // atomic), checking it on the way exactly as read_idx checks a gzip'd file.
@@ -172,7 +216,7 @@ LOOM_DECL std::filesystem::path idx_cache_file(const std::filesystem::path& sour
   for (int attempt = 0; attempt < 100 && !out; ++attempt) {
     temp = dir / (final_path.filename().string() + ".tmp-" + std::to_string(::getpid()) + "-" +
                   std::to_string(counter.fetch_add(1)) + "-" + std::to_string(rd()));
-    out = unique_fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+    out = unique_fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
     if (!out && errno != EEXIST) {
       throw io_error("loom: cannot create a file in cache directory " + dir.string() +
                      " to decompress " + source.string() + " into: " + errno_text(errno) + hint);
@@ -184,38 +228,28 @@ LOOM_DECL std::filesystem::path idx_cache_file(const std::filesystem::path& sour
   }
   temp_file_guard guard(temp);
   const std::string doing = "while decompressing " + source.string() + " into the cache";
-  {
-    idx_input in(source);
-    const std::string decompressed = in.gzip() ? " after decompression" : "";
-    const idx_header h = read_idx_header(in, source, min_rank, max_rank, decompressed);
-    write_all(out.get(), h.bytes.data(), h.bytes.size(), temp, doing);
-    std::vector<std::uint8_t> buf(std::size_t{1} << 20);
-    std::size_t got = 0;
-    while (got < h.data_bytes) {
-      const std::size_t want = std::min(buf.size(), h.data_bytes - got);
-      const std::size_t k = in.read(buf.data(), want);
-      write_all(out.get(), buf.data(), k, temp, doing);
-      got += k;
-      if (k < want) break;
-    }
-    // Reading to the end also lets zlib verify the gzip checksum.
-    const std::uint64_t extra = got < h.data_bytes ? 0 : in.drain();
-    check_idx_data_size(h, got + extra, source, decompressed);
-  }
+  file_checksum copy_sum;
+  (void)inflate_idx_into(source, min_rank, max_rank, [&](const std::uint8_t* p, std::size_t n) {
+    write_all(out.get(), p, n, temp, doing);
+    copy_sum.crc = crc32c(p, n, copy_sum.crc);
+    copy_sum.bytes += n;
+  });
   if (::fsync(out.get()) != 0) {
     throw io_error(idx_prefix(temp) + "fsync failed " + doing + ": " + errno_text(errno));
   }
   if (const int err = out.close()) {
     throw io_error(idx_prefix(temp) + "close failed " + doing + ": " + errno_text(err));
   }
+  // The stamp first: a copy without its stamp is never used (it is re-created).
+  write_stamp(final_path, {source_sum, copy_sum});
 
   // Publish. link() never replaces: when another process got there first, its copy is kept
-  // (and may already be mapped elsewhere). Only a copy that fails validation is replaced.
+  // (and may already be mapped elsewhere). Only a copy that fails its stamp is replaced.
   bool replace = false;
   if (::link(temp.c_str(), final_path.c_str()) != 0) {
     const int err = errno;
     if (err == EEXIST) {
-      replace = !valid_idx_file(final_path, min_rank, max_rank);
+      replace = !cached_copy_problem(final_path, source_sum).empty() || !valid_idx_file(final_path, min_rank, max_rank);
     } else if (err == EPERM || err == ENOTSUP || err == EOPNOTSUPP || err == ENOSYS ||
                err == EMLINK) {
       replace = true;  // a file system without hard links: rename is still atomic

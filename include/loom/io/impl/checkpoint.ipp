@@ -349,6 +349,7 @@ LOOM_DECL std::string record_json(const trainer_record& r, const std::vector<wri
   field("max_steps", std::to_string(r.max_steps));
   field("deterministic_chunk", std::to_string(r.deterministic_chunk));
   field("samples", std::to_string(r.samples));
+  field("data", quote(r.data));
   field("clip_grad_norm", fmt_double(r.clip_grad_norm));
   field("lr", fmt_double(r.lr));
   field("math", quote(r.math));
@@ -406,6 +407,7 @@ LOOM_DECL trainer_record parse_record(const json::value& v, const std::string& f
   r.max_steps = f.u64("max_steps");
   r.deterministic_chunk = f.u64("deterministic_chunk");
   r.samples = f.u64("samples");
+  if (const json::value* d = v.find("data"); d && d->is_string()) r.data = d->text;  // absent before shards
   r.clip_grad_norm = f.num("clip_grad_norm");
   r.lr = f.num("lr");
   r.math = f.str("math");

@@ -20,7 +20,7 @@ LOOM_DECL bool restarted_by_launcher() {
 }
 
 LOOM_DECL void check_resumable(const io::trainer_record& rec, const std::filesystem::path& path, std::uint64_t seed,
-                               const fit_options& opts, std::size_t samples) {
+                               const fit_options& opts, std::size_t samples, const std::string& data) {
   std::string why;
   if (rec.seed != seed)
     why = "it was saved with seed " + std::to_string(rec.seed) + ", this trainer has seed " + std::to_string(seed);
@@ -30,6 +30,10 @@ LOOM_DECL void check_resumable(const io::trainer_record& rec, const std::filesys
   else if (rec.batch_in_epoch != 0 && rec.samples != samples)
     why = "it stopped in the middle of an epoch of " + std::to_string(rec.samples) + " samples, and this training set has " +
           std::to_string(samples);
+  else if (rec.batch_in_epoch != 0 && rec.data != data)
+    why = "it stopped in the middle of an epoch of the data " + (rec.data.empty() ? std::string("(an IDX set)") : rec.data) +
+          ", and this training set is " + (data.empty() ? std::string("an IDX set") : data) +
+          " (other shards, streams or shuffle window give another order)";
   if (!why.empty()) throw invalid_argument("loom::trainer::fit: cannot resume exactly from " + path.string() + ": " + why);
 }
 
@@ -52,6 +56,7 @@ LOOM_DECL io::trainer_record checkpoints::record_now() const {
   r.deterministic_chunk = fit.deterministic_chunk;
   r.clip_grad_norm = fit.clip_grad_norm;
   r.samples = fit.samples;
+  r.data = run.data_identity;
   r.lr = run.last_lr;
   r.math = to_string(facts.math);
   r.loss = facts.loss;
@@ -117,7 +122,7 @@ LOOM_DECL std::filesystem::path checkpoints::load(collectives& c, const std::fil
     return {};
   }
   const io::trainer_record& rec = got->record;
-  if (opts) check_resumable(rec, got->path, facts.seed, *opts, samples);
+  if (opts) check_resumable(rec, got->path, facts.seed, *opts, samples, run.data_identity);
   engine.parameters_from_host(got->params.data(), got->params.size());
   for (std::size_t i = 0; i < got->buffers.size(); ++i) engine.buffer_from_host(i, got->buffers[i].data());
   engine.set_optimizer_steps(rec.optimizer_steps);
