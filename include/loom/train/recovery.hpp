@@ -21,6 +21,7 @@
 #include <exception>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <system_error>
@@ -185,9 +186,11 @@ class failure_watch final : public step_observer {
   /// Failure detection as opts.fault asks, where the engine can: recovery (e.caps.recovers),
   /// or a roll call before the job ends (e.caps.detects); under neither, the communicators'
   /// shared deadline where the runtime keeps survivors alive. `joining`: this process replaces
-  /// a lost rank (its first fit joins the survivors and takes their state: s.resume). `ckpt`:
-  /// the trainer's checkpoint writer (a recovery gives up the checkpoint in flight), or null.
-  LOOM_DECL failure_watch(erased_engine& e, run_state& s, const fit_options& opts, bool joining, io::checkpointer* ckpt);
+  /// a lost rank (its first fit joins the survivors and takes their state: s.resume). `writer`:
+  /// the trainer's checkpoint writer, made by its first checkpoint (a recovery gives up the
+  /// checkpoint in flight).
+  LOOM_DECL failure_watch(erased_engine& e, run_state& s, const fit_options& opts, bool joining,
+                          const std::unique_ptr<io::checkpointer>& writer);
 
   /// Failure detection is on (the survivors of a failure may go on).
   bool watching() const noexcept { return s_.watching; }
@@ -226,7 +229,7 @@ class failure_watch final : public step_observer {
   erased_engine& e_;
   run_state& s_;
   const fit_options& opts_;
-  io::checkpointer* ckpt_;
+  const std::unique_ptr<io::checkpointer>& writer_;
   bool detecting_ = false, recovering_ = false, shared_deadlines_ = false;
   step_clock steps_timed_;
   std::string report_;  // the last recovery's, printed once the first step after it is good

@@ -37,7 +37,7 @@ LOOM_DECL fit_result run_fit(const fit_job& job) {
   const fit_options& opts = job.opts;
   const std::unique_ptr<collectives> world = e.world_collectives();
   checkpoint_schedule::resume_if_asked(job.ck, *world, opts, job.samples, job.joining);
-  failure_watch watch(e, s, opts, job.joining, job.ck.writer_slot.get());
+  failure_watch watch(e, s, opts, job.joining, job.ck.writer_slot);
   // Under failure detection every rank keeps the whole batch's loss sums, step by step, so that
   // a survivor's position (and an emergency checkpoint) has them without a collective.
   s.global_sums = !e.caps.every_rank_holds_loss || s.watching;

@@ -8,8 +8,8 @@
 namespace loom::detail {
 
 LOOM_DECL failure_watch::failure_watch(erased_engine& e, run_state& s, const fit_options& opts, bool joining,
-                                       io::checkpointer* ckpt)
-    : e_(e), s_(s), opts_(opts), ckpt_(ckpt), steps_timed_(opts.fault, opts.fault.min_deadline_s) {
+                                       const std::unique_ptr<io::checkpointer>& writer)
+    : e_(e), s_(s), opts_(opts), writer_(writer), steps_timed_(opts.fault, opts.fault.min_deadline_s) {
   const fault_options& fo = opts.fault;
   const bool several = e.world() > 1;
   const double first_deadline = fo.deadline_s > 0 ? fo.deadline_s : fo.startup_deadline_s;
@@ -113,7 +113,7 @@ LOOM_DECL fit_position failure_watch::survive_failure(const rank_failure& first,
   fit_position at;
   for (;;) {
     try {
-      at = e_.survive(s_, f, opts_, ++recoveries, ckpt_, report_);
+      at = e_.survive(s_, f, opts_, ++recoveries, writer_.get(), report_);
       break;
     } catch (const no_replica_left&) {
       throw;  // a hybrid with no whole replica left: the job ends
