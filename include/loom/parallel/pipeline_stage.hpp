@@ -240,6 +240,17 @@ class stage_runner {
   /// The pipeline's own fields of the job description (every rank must agree on them).
   std::string job_fields() const { return pipeline_job_fields(partition::bounds, stages, hybrid, table_); }
 
+  /// Calls f(state, model) with this rank's stage (state's type knows the stage at compile time).
+  template <class F>
+  decltype(auto) with_stage(F&& f) {
+    return std::visit(
+        [&](auto& st) -> decltype(auto) {
+          constexpr std::size_t s = std::remove_cvref_t<decltype(st)>::index;
+          return f(st, std::get<s>(models_));
+        },
+        states_);
+  }
+
  protected:
   using space = typename Backend::memory_space;
 
@@ -295,16 +306,6 @@ class stage_runner {
                                 std::to_string(pipe_.size()));
   }
 
-  /// Calls f(state, model) with this rank's stage (state's type knows the stage at compile time).
-  template <class F>
-  decltype(auto) with_stage(F&& f) {
-    return std::visit(
-        [&](auto& st) -> decltype(auto) {
-          constexpr std::size_t s = std::remove_cvref_t<decltype(st)>::index;
-          return f(st, std::get<s>(models_));
-        },
-        states_);
-  }
 
   /// Runs this stage's table on one batch: micro-step a of an accumulation group of `group`.
   /// Gradients are written (first backward of the group) or added to, scaled so that the sum
