@@ -14,7 +14,6 @@
 #include "loom/core/config.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/shape.hpp"
-#include "loom/core/tensor.hpp"
 #include "loom/data.hpp"
 #include "loom/layers/activation.hpp"
 #include "loom/layers/conv2d.hpp"

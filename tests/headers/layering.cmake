@@ -1,7 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 # No upward includes: each folder of include/loom includes only the folders ARCHITECTURE.md's
 # table lets it know (train/ and io/ know everything; the top-level headers, loom.hpp and kin,
-# gather the parts). Run by CTest as `header.layering`: cmake -DLOOM_INCLUDE_DIR=<include> -P.
+# gather the parts). Every header and definition file below a folder counts as the folder's: its
+# sub-folders (backend/cpu/, comm/impl/) and the definitions of its non-template functions
+# (impl/*.ipp, which the once-compiled libraries compile). Run by CTest as `header.layering`:
+# cmake -DLOOM_INCLUDE_DIR=<include> -P.
 cmake_minimum_required(VERSION 3.25)
 if(NOT DEFINED LOOM_INCLUDE_DIR)
   message(FATAL_ERROR "layering.cmake -P needs -DLOOM_INCLUDE_DIR=...")
@@ -27,7 +30,7 @@ set(exceptions "loom/comm/nccl.hpp -> loom/backend/cuda/runtime.hpp"
                "loom/data/decode_pool.hpp -> loom/backend/cpu/runtime.hpp"
                "loom/data/decode_pool.hpp -> loom/backend/cpu/signals.hpp")
 
-file(GLOB_RECURSE headers RELATIVE ${LOOM_INCLUDE_DIR} ${LOOM_INCLUDE_DIR}/loom/*/*.hpp)
+file(GLOB_RECURSE headers RELATIVE ${LOOM_INCLUDE_DIR} ${LOOM_INCLUDE_DIR}/loom/*/*.hpp ${LOOM_INCLUDE_DIR}/loom/*/*.ipp)
 set(problems "")
 foreach(header IN LISTS headers)
   string(REGEX MATCH "^loom/([a-z_]+)/" _ ${header})
@@ -54,4 +57,4 @@ if(problems)
   message(FATAL_ERROR "upward includes (see the folder table in ARCHITECTURE.md):${problems}")
 endif()
 list(LENGTH headers n)
-message("${n} headers below include/loom/*/ include only the folders they may know")
+message("${n} headers and definition files below include/loom/*/ include only the folders they may know")

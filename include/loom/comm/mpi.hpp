@@ -44,6 +44,8 @@
 #include <vector>
 
 #include "loom/comm/communicator.hpp"
+#include "loom/comm/mpi_recovery.hpp"
+#include "loom/comm/open_mpi.hpp"
 #include "loom/core/config.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/fault.hpp"
@@ -243,7 +245,7 @@ class mpi_watch {
   }
 
  private:
-  static fault_marker detail_here() noexcept { return fault_here; }
+  static fault_marker detail_here() noexcept { return fault_state.here; }
   [[noreturn]] void fail(rank_failure::kind k, const char* op, int rank, clock::time_point t0, int peer,
                          const std::string& why);
 };
@@ -270,7 +272,7 @@ class environment {
   /// said how it ends.
   ~environment() {
     detail::write_exit_status(std::uncaught_exceptions() ? "failed (exception)" : "finished");
-    if (detail::recovered) {
+    if (detail::fault_state.recovered) {
       // MPI_Finalize's fence may include the dead and never end: give it two seconds.
       std::fflush(nullptr);
       std::thread([] {
@@ -298,7 +300,7 @@ class environment {
   /// Joins that parent (merge: the parent 0, the newcomers after it), then the survivors
   /// (MPI_Intercomm_create with the parent as the bridge, merged with the survivors low), and
   /// makes the result mpi_comm::world(). The trainer then skips its start-up collectives and
-  /// its first fit takes the survivors' state (detail::joining_as_replacement).
+  /// its first fit takes the survivors' state (detail::fault_state.joining_as_replacement).
   static void join_survivors(MPI_Comm parent);
 
   /// Open MPI's defaults that loom's communication is measured with, set before MPI starts
@@ -1056,7 +1058,7 @@ static_assert(communicator<mpi_comm>);
 
 #if defined(LOOM_MPI_DEFINITIONS_VISIBLE)
 #include "loom/comm/impl/mpi.ipp"
+#include "loom/comm/impl/mpi_recovery.ipp"
 #endif
 
-#include "loom/comm/mpi_recovery.hpp"
 #include "loom/comm/impl/data_parallel_mpi.hpp"

@@ -7,30 +7,31 @@
 // only — builds a working communicator of the survivors. The protocol, and why the world
 // cannot split in two (docs/fault-tolerance.md):
 //
-// 1. Roll call. Every survivor sends its state (the steps it finished, its last completed
-//    operation, where it is now) to every rank on the control communicator, and listens for
-//    the others' for `window_s`. A rank waiting in a collective sees the first such message
-//    within a millisecond and joins; one that computes joins at its next collective.
-// 2. Verdict. The ranks heard from are this rank's proposal. The first proposal to be linked
-//    (link(2): atomic, fails if the name exists — also on NFS) as `epoch-<e>` in the shared
-//    verdict directory is the verdict for everyone; every survivor reads it. One file per
-//    epoch, so there is exactly one membership per epoch, however the network is partitioned:
-//    a rank the verdict leaves out leaves the job (and a survivor on its host kills it, so
-//    that a stopped process cannot come back into a communicator it is no longer part of).
-//    Then every member says it is ready and waits for the others' ready; whether the round
-//    goes on to the rebuild or starts again without the members that did not answer is
-//    decided once, as the verdict is: the first of the members' proposals (go or retry)
-//    linked as `epoch-<e>.decision`, so that no member rebuilds while another starts again.
-// 3. Rebuild. The members create the communicator of the verdict's group with
-//    MPI_Comm_create_group and a new control communicator; the old ones are abandoned, never
-//    freed (operations of the dead are pending on them). A member that died after the verdict
-//    makes the next collective fail, and the next epoch's recovery leaves it out; one that dies
-//    inside MPI_Comm_create_group (milliseconds) blocks it, so a watchdog ends the process
-//    after rebuild_timeout_s with status 75 and the launcher restarts the job from its
-//    checkpoint.
+// 1. Roll call (detail::take_roll_call). Every survivor sends its state (the steps it finished,
+//    its last completed operation, where it is now) to every rank on the control communicator, and
+//    listens for the others' for `window_s`. A rank waiting in a collective sees the first such
+//    message within a millisecond and joins; one that computes joins at its next collective.
+// 2. Verdict (detail::agree_on_verdict, exchange_ready, decide_round). The ranks heard from are
+//    this rank's proposal. The first proposal to be linked (link(2): atomic, fails if the name
+//    exists — also on NFS) as `epoch-<e>` in the shared verdict directory is the verdict for
+//    everyone; every survivor reads it. One file per epoch, so there is exactly one membership per
+//    epoch, however the network is partitioned: a rank the verdict leaves out leaves the job (and
+//    a survivor on its host kills it, so that a stopped process cannot come back into a
+//    communicator it is no longer part of). Then every member says it is ready and waits for the
+//    others' ready; whether the round goes on to the rebuild or starts again without the members
+//    that did not answer is decided once, as the verdict is: the first of the members' proposals
+//    (go or retry) linked as `epoch-<e>.decision`, so that no member rebuilds while another starts
+//    again.
+// 3. Rebuild (detail::rebuild_world). The members create the communicator of the verdict's
+//    group with MPI_Comm_create_group and a new control communicator; the old ones are abandoned,
+//    never freed (operations of the dead are pending on them). A member that died after the
+//    verdict makes the next collective fail, and the next epoch's recovery leaves it out; one that
+//    dies inside MPI_Comm_create_group (milliseconds) blocks it, so a watchdog ends the process
+//    after rebuild_timeout_s with status 75 and the launcher restarts the job from its checkpoint.
 //
 // The state (which step every survivor continues from) is the trainer's business: see
-// loom::trainer's recovery.
+// loom::trainer's recovery. These are declarations over loom::mpi_comm, which loom/comm/mpi.hpp
+// defines; mpi.hpp includes this header, and its definitions with its own (impl/mpi_recovery.ipp).
 
 #include <fcntl.h>
 #include <sched.h>
@@ -47,17 +48,19 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
-#include <optional>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "loom/comm/mpi.hpp"
+#include "loom/comm/open_mpi.hpp"
 #include "loom/core/config.hpp"
 #include "loom/core/fault.hpp"
 
 namespace loom {
+
+class mpi_comm;
 
 namespace detail {
 
@@ -135,7 +138,7 @@ struct replacement_spawn {
   std::string why;                 // why not (ok false), on rank 0
   /// The survivors (ranks kept) and the newcomers after them (ok). Never freed: after a
   /// failed join the newcomers may still have operations pending on it.
-  std::optional<mpi_comm> world;
+  std::shared_ptr<mpi_comm> world;
   double spawn_s = 0, merge_s = 0;
   std::string command;             // the program started (rank 0)
 };
@@ -162,7 +165,3 @@ LOOM_MPI_DECL std::vector<std::string> own_arguments();
 LOOM_MPI_DECL replacement_spawn spawn_replacements(mpi_comm& c, const std::vector<std::string>& hosts, double timeout_s);
 
 }  // namespace loom
-
-#if defined(LOOM_MPI_DEFINITIONS_VISIBLE)
-#include "loom/comm/impl/mpi_recovery.ipp"
-#endif

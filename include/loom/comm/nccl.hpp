@@ -209,7 +209,7 @@ struct nccl_state {
       const_cast<nccl_state*>(this)->broken = true;
       throw rank_failure(k, op, waited, peer,
                          std::string("loom::nccl_comm::") + op + ": rank " + std::to_string(rank) + " (" +
-                             to_string(fault_here) + "): " + why);
+                             to_string(fault_state.here) + "): " + why);
     };
     if (watch->ctl != MPI_COMM_NULL) {
       int flag = 0;
@@ -217,7 +217,7 @@ struct nccl_state {
       MPI_Iprobe(MPI_ANY_SOURCE, recovery_tag, watch->ctl, &flag, &st);
       if (flag) fail(rank_failure::kind::peer_recovery, st.MPI_SOURCE, "rank " + std::to_string(st.MPI_SOURCE) + " started a recovery");
     }
-    const double deadline = watch->deadline_s > 0 ? watch->deadline_s : shared_deadline_s;
+    const double deadline = watch->deadline_s > 0 ? watch->deadline_s : fault_state.shared_deadline_s;
     if (deadline > 0 && waited > deadline)
       fail(rank_failure::kind::deadline, -1, "not finished within its deadline of " + std::to_string(deadline) + " s");
   }

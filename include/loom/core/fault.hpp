@@ -1,15 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Fault tolerance's vocabulary, free of MPI: the options of fit (fault_options), the failure a
-// communicator raises when a collective cannot finish (rank_failure), and where this rank is in
-// its step (fault_marker), which every rank reports when the survivors of a failure take their
-// roll call. The detection and the recovery protocol are loom/comm/mpi_watch.hpp and
-// loom/comm/mpi_recovery.hpp; the trainer drives them (docs/fault-tolerance.md).
+// communicator raises when a collective cannot finish (rank_failure), where this rank is in its
+// step (fault_marker), which every rank reports when the survivors of a failure take their roll
+// call, and this process's fault state, all in one place (detail::fault_state). What loom reads
+// of Open MPI's runtime and tells a launcher is loom/comm/open_mpi.hpp; the detection and the
+// recovery protocol are loom/comm/mpi.hpp and loom/comm/mpi_recovery.hpp; the trainer drives
+// them (docs/fault-tolerance.md).
 
 #include <atomic>
 #include <csignal>
 #include <cstdint>
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -83,13 +84,6 @@ struct fault_options {
   double replace_timeout_s = 30;
 };
 
-/// Whether the runtime keeps survivors alive after a rank dies: mpirun --enable-recovery sets
-/// OMPI_MCA_orte_enable_recovery=1 in every rank's environment.
-inline bool runtime_keeps_survivors() {
-  const char* v = std::getenv("OMPI_MCA_orte_enable_recovery");
-  return v && (std::string(v) == "1" || std::string(v) == "true");
-}
-
 /// What a rank was doing, in the order of a step.
 enum class fault_phase : std::uint8_t {
   start, data, forward_backward, gradient_allreduce, loss_sums, optimizer, checkpoint, bookkeeping, evaluation,
@@ -121,72 +115,52 @@ struct fault_marker {
   fault_phase phase = fault_phase::start;
   std::int32_t bucket = -1;
 };
-namespace detail {
-inline fault_marker fault_here{};
-inline void set_phase(fault_phase p, std::int32_t bucket = -1) noexcept {
-  fault_here.phase = p;
-  fault_here.bucket = bucket;
-}
-}  // namespace detail
 inline std::string to_string(const fault_marker& m) {
   return "step " + std::to_string(m.step) + ", " + to_string(m.phase) +
          (m.bucket >= 0 ? " (bucket " + std::to_string(m.bucket) + ")" : "");
 }
 
-/// The signal that asked fit to stop (SIGUSR1 or SIGTERM while checkpoint_options::on_signal),
-/// 0 when none did. Set by the handler fit installs for its duration; a communicator waiting in
-/// a collective that does not finish reads it too (SIGTERM from mpirun after a rank died).
 namespace detail {
-inline volatile std::sig_atomic_t preemption_signal = 0;
+/// What this process knows of failures, in one place: plain stores by the trainer, the
+/// communicators and the signal handler, read where a wait decides whether to give up and by
+/// the roll call. One per process (detail::fault_state).
+struct process_fault_state {
+  /// Where this rank is: the step being computed, its phase and bucket (the roll call's "now").
+  fault_marker here{};
+  /// The signal that asked fit to stop (SIGUSR1 or SIGTERM while checkpoint_options::on_signal),
+  /// 0 when none did. Set by the handler fit installs for its duration; a communicator waiting in
+  /// a collective that does not finish reads it too (SIGTERM from mpirun after a rank died).
+  volatile std::sig_atomic_t preemption_signal = 0;
+  /// The deadline of the communicators without a failure detector of their own (0: none): set
+  /// while the runtime keeps survivors alive (mpirun --enable-recovery), so that a pipeline or a
+  /// tensor-parallel group whose peer died ends instead of waiting forever; the trainer keeps it
+  /// at its step-derived deadline.
+  double shared_deadline_s = 0;
+  /// Whether this process went through a recovery (loom::recover_world): MPI_Finalize may then
+  /// wait forever for the dead (Open MPI's fence includes them), so the end of the program does
+  /// not wait for it (loom::mpi::environment).
+  bool recovered = false;
+  /// This process was started by the survivors of a failure to replace a lost rank
+  /// (fault_options::replace; loom::mpi::environment saw a parent and merged into its world) and
+  /// has not joined the training yet: the trainer's start-up collectives, which the survivors do
+  /// not run, are skipped, and its first fit receives the survivors' state instead.
+  bool joining_as_replacement = false;
+  /// When this replacement process started MPI (unix time), for its report.
+  double replacement_started_unix = 0;
+  /// Set once this process has seen a peer fail (a loom::rank_failure was made: a deadline, a
+  /// dead peer, a recovery, the runtime's SIGTERM): a failed end of this process is then told to
+  /// the launcher as a consequence of that failure, not as the program's own error
+  /// (detail::write_exit_status, loom/comm/open_mpi.hpp).
+  std::atomic<bool> peer_failure_seen{false};
+};
+inline process_fault_state fault_state{};
 
-/// The deadline of the communicators without a failure detector of their own (0: none): set
-/// while the runtime keeps survivors alive (mpirun --enable-recovery), so that a pipeline or a
-/// tensor-parallel group whose peer died ends instead of waiting forever; the trainer keeps it
-/// at its step-derived deadline.
-inline double shared_deadline_s = 0;
-
-/// Whether this process went through a recovery (loom::recover_world): MPI_Finalize may then
-/// wait forever for the dead (Open MPI's fence includes them), so the end of the program
-/// does not wait for it (loom::mpi::environment).
-inline bool recovered = false;
-
-/// This process was started by the survivors of a failure to replace a lost rank
-/// (fault_options::replace; loom::mpi::environment saw a parent and merged into its world) and
-/// has not joined the training yet: the trainer's start-up collectives, which the survivors do
-/// not run, are skipped, and its first fit receives the survivors' state instead.
-inline bool joining_as_replacement = false;
-/// When this replacement process started MPI (unix time), for its report.
-inline double replacement_started_unix = 0;
-
-/// Set once this process has seen a peer fail (a loom::rank_failure was made: a deadline, a
-/// dead peer, a recovery, the runtime's SIGTERM): a failed end of this process is then told to
-/// the launcher as a consequence of that failure, not as the program's own error.
-inline std::atomic<bool> peer_failure_seen{false};
-
-/// Records how this process ends for a launcher (loomrun exports LOOM_STATUS_DIR; under
-/// `mpirun --enable-recovery` mpirun's own exit status is 0 whatever the ranks do): writes
-/// `<dir>/rank-<world rank>.status` holding `what` ("finished", "failed <code>", "left"), and
-/// after "failed ..." " after a peer's failure" where this process saw one (peer_failure_seen:
-/// loomrun restarts such a job, and does not restart one whose every rank failed by itself).
-/// The first call wins. Never throws.
-/// The name of this process in those files instead of its world rank (a replacement of a lost
-/// rank, whose MPI_COMM_WORLD is its own: "replacement-<pid>").
-inline std::string exit_status_name;
-inline void write_exit_status(const std::string& what) noexcept {
-  static bool written = false;
-  const char* dir = std::getenv("LOOM_STATUS_DIR");
-  if (written || !dir || !*dir) return;
-  written = true;
-  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
-  const std::string name = !exit_status_name.empty() ? exit_status_name : rank && *rank ? rank : "0";
-  const std::string path = std::string(dir) + "/rank-" + name + ".status";
-  const bool failed = what.rfind("failed", 0) == 0;
-  if (std::FILE* f = std::fopen(path.c_str(), "w")) {
-    std::fprintf(f, "%s%s\n", what.c_str(), failed && peer_failure_seen.load() ? " after a peer's failure" : "");
-    std::fclose(f);
-  }
+/// This rank is in phase p of its step (in gradient bucket `bucket`, -1: none).
+inline void set_phase(fault_phase p, std::int32_t bucket = -1) noexcept {
+  fault_state.here.phase = p;
+  fault_state.here.bucket = bucket;
 }
-}
+}  // namespace detail
 
 /// Where the verdicts of a job go (fault_options::verdict_dir's rule).
 inline std::filesystem::path verdict_directory(const fault_options& f, const std::string& checkpoint_dir) {
@@ -254,7 +228,7 @@ class rank_failure : public communication_error {
   enum class kind { deadline, peer_gone, peer_recovery, mpi_error, terminating };
   rank_failure(kind k, std::string op, double waited_s, int peer, const std::string& message)
       : communication_error(message), kind_(k), op_(std::move(op)), waited_s_(waited_s), peer_(peer) {
-    detail::peer_failure_seen.store(true);
+    detail::fault_state.peer_failure_seen.store(true);
   }
   kind why() const noexcept { return kind_; }
   /// The operation that was waiting ("allreduce", "iallreduce", "recv", ...).

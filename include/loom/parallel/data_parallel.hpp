@@ -71,12 +71,6 @@ struct shard_optimizer_state {};
 struct choose_at_run_time {};
 
 namespace detail {
-/// The trainer's shared code (detail::code_policy, loom/train/trainer.hpp) keys every
-/// data_parallel policy over one communicator by this option, so that the trainers of every
-/// wire format and ZeRO choice share one compiled body; the choice arrives as a
-/// data_parallel_choice.
-using choice_at_run_time = choose_at_run_time;
-
 template <class T>
 inline constexpr bool is_compress_v = false;
 template <class H>
@@ -131,7 +125,7 @@ constexpr bool shards_state_of() {
 template <class Option>
 inline constexpr bool is_data_parallel_option_v = is_bucket_bytes_v<Option> || is_compress_v<Option> ||
                                                   std::is_same_v<Option, shard_optimizer_state> ||
-                                                  std::is_same_v<Option, choice_at_run_time>;
+                                                  std::is_same_v<Option, choose_at_run_time>;
 
 /// Whether policy D shards the optimizer state (a data_parallel with shard_optimizer_state).
 template <class D>
@@ -173,9 +167,12 @@ struct data_parallel {
   static constexpr std::size_t bucket_cap_bytes = detail::bucket_cap_of<Options...>();
   /// What gradients travel as: loom::bf16 or loom::fp16 under compress<>, void (their own type) otherwise.
   using wire_type = typename detail::wire_of<Options...>::type;
-  /// The wire format and ZeRO chosen at run time (choose_at_run_time; also the trainer's shared code's).
-  static constexpr bool choice_at_run_time = (std::is_same_v<Options, choose_at_run_time> || ...);
-  static_assert(!choice_at_run_time || (std::is_void_v<wire_type> && !shards_state),
+  /// The wire format and ZeRO chosen at run time (choose_at_run_time). The trainer's shared code
+  /// (detail::code_policy, loom/train/trainer.hpp) keys every data_parallel policy over one
+  /// communicator by that option, so that the trainers of every wire format and ZeRO choice
+  /// share one compiled body; the choice arrives as a data_parallel_choice.
+  static constexpr bool chooses_at_run_time = (std::is_same_v<Options, choose_at_run_time> || ...);
+  static_assert(!chooses_at_run_time || (std::is_void_v<wire_type> && !shards_state),
                 "loom::data_parallel<Comm, ..., loom::choose_at_run_time>: the wire format and ZeRO are then chosen "
                 "at run time (loom::data_parallel_choice); drop compress<> and shard_optimizer_state from the policy");
 };
@@ -203,7 +200,7 @@ constexpr data_parallel_choice data_parallel_choice_of() {
 /// (data_parallel<Comm, ..., choose_at_run_time>); false for any other policy.
 template <class Policy>
 inline constexpr bool chooses_at_run_time_v = [] {
-  if constexpr (is_data_parallel_v<Policy>) return Policy::choice_at_run_time;
+  if constexpr (is_data_parallel_v<Policy>) return Policy::chooses_at_run_time;
   else return false;
 }();
 }  // namespace detail
@@ -656,7 +653,7 @@ void bucket_allreduce<T, Comm, Wire, AtRunTime, Sharded>::start(std::size_t b, T
   while (started_ <= b) {
     const auto& bk = buckets_[started_];
     if (started_ == 0) first_start_ = clock::now();
-    detail::fault_here.bucket = static_cast<std::int32_t>(started_);
+    detail::fault_state.here.bucket = static_cast<std::int32_t>(started_);
     const auto posted = clock::now();
     requests_.push_back(post(started_, grads));
     flights_.push_back({static_cast<std::int32_t>(started_), posted});
@@ -743,14 +740,14 @@ void bucket_allreduce<T, Comm, Wire, AtRunTime, Sharded>::completed(std::size_t 
 /// gradient average over replicas under loom::hybrid.
 ///
 /// The wire format (compress<>) and ZeRO (shard_optimizer_state) are Policy's; under the
-/// trainer's shared code (detail::choice_at_run_time) they are the constructor's
+/// trainer's shared code (choose_at_run_time) they are the constructor's
 /// data_parallel_choice instead, and the code of every choice is compiled in.
 template <class Network, class T, class Policy>
 class gradient_allreduce
     : public detail::bucket_allreduce<T, typename Policy::comm_type, typename Policy::wire_type,
-                                      Policy::choice_at_run_time, detail::shards_state_of_v<Policy>> {
+                                      Policy::chooses_at_run_time, detail::shards_state_of_v<Policy>> {
   using base = detail::bucket_allreduce<T, typename Policy::comm_type, typename Policy::wire_type,
-                                        Policy::choice_at_run_time, detail::shards_state_of_v<Policy>>;
+                                        Policy::chooses_at_run_time, detail::shards_state_of_v<Policy>>;
   using plan = bucket_plan<Network, T, Policy::bucket_cap_bytes>;
 
  public:
@@ -758,7 +755,7 @@ class gradient_allreduce
 
   /// Over comm; the wire format and ZeRO are Policy's, or under a run-time choice `choice`'s.
   explicit gradient_allreduce(typename Policy::comm_type comm, data_parallel_choice choice = {})
-      : base(std::move(comm), Policy::choice_at_run_time ? choice : detail::data_parallel_choice_of<Policy>(),
+      : base(std::move(comm), Policy::chooses_at_run_time ? choice : detail::data_parallel_choice_of<Policy>(),
              plan::buckets, plan::starts_after_layer, Network::parameter_counts, Network::parameter_count) {}
 
   /// Every rank holds the whole model, as replica rank(); its blocks at compile time.

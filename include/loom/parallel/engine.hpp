@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// loom::engine: what the one trainer (loom/train/trainer.hpp) asks of the engine of a policy.
-// An engine owns this rank's model and optimizer state and runs everything between "here is
-// this rank's share of a batch" and "the parameters have stepped": the passes, the loss, the
-// communication of its policy, gradient clipping over the whole model and the optimizer step.
-// The trainer owns the loop: epochs, batches, accumulation groups, progress, results.
+// loom::engine: what the one trainer (loom/train/trainer.hpp) asks of the engine of a policy,
+// and the capabilities some engines add, each a concept by name (communicating_engine,
+// detecting_engine, recovering_engine, replacing_engine, committing_engine, sharding_engine,
+// staged_engine) with engine_traits<E> as their values. An engine owns this rank's model and
+// optimizer state and runs everything between "here is this rank's share of a batch" and "the
+// parameters have stepped": the passes, the loss, the communication of its policy, gradient
+// clipping over the whole model and the optimizer step. The trainer owns the loop: epochs,
+// batches, accumulation groups, progress, results.
 //
 // The engines: loom::replica_engine (single_process, data_parallel, tensor parallelism and its
 // hybrid; loom/parallel/replica_engine.hpp) and loom::pipeline_engine (pipelines and their
@@ -18,8 +21,9 @@
 #include <type_traits>
 #include <vector>
 
+#include "loom/comm/communicator.hpp"
 #include "loom/core/error.hpp"
-#include "loom/core/memory.hpp"
+#include "loom/core/fault.hpp"
 #include "loom/core/math_mode.hpp"
 #include "loom/monitor/figures.hpp"
 #include "loom/monitor/timeline.hpp"
@@ -96,7 +100,8 @@ math_mode checked_math(math_mode math) {
 }
 }  // namespace detail
 
-/// The engine of a policy, as the trainer drives it. E::value_type is the parameters' type.
+/// The engine of a policy, as the trainer drives it. E::value_type is the parameters' type,
+/// E::backend_type the backend they live on.
 ///
 /// - rank(), world(): this process in the whole world; replica(), replicas(): the data split
 ///   (which share of every batch this rank's replica reads: the loader's rank and ranks).
@@ -117,15 +122,22 @@ math_mode checked_math(math_mode math) {
 ///   (ranks holding no loss contribute nothing). Collective.
 /// - figures(), reset_figures(), gather_figures(): this rank's figures, and every rank's on
 ///   every rank (collective); gather_timelines(t, dropped): every rank's spans on world rank 0
-///   (collective).
-/// - shard(): what this rank holds (loom::shard_map).
+///   (collective); flops_per_sample(): forward FLOPs of what this rank runs.
+/// - shard(): what this rank holds (loom::shard_map); local_parameters(), local_count(): its
+///   flat parameters in the backend's memory, and their count.
 /// - parameters_l2(), gather_parameters(): the whole model's norm and flat parameters on every
 ///   rank (collective over the model-parallel group).
+/// - model(), optimizer(): this rank's model and optimizer state; settle(): completes whatever
+///   the last step left in flight on the parameters (ZeRO's gathers; a no-op elsewhere).
+/// - E::every_rank_holds_loss: false where some ranks holding samples hold no loss (a
+///   pipeline's first stages); E::replica_ranks: the ranks that hold one model replica together
+///   (a hybrid's go on or leave whole).
 template <class E>
 concept engine = requires(E& e, const E& ce, const batch_view<typename E::value_type>& b, std::size_t n, std::uint64_t u,
                           double* v, const std::string& s, float lr, double clip, const monitor::timeline& t,
                           std::vector<std::size_t>& d) {
   typename E::value_type;
+  typename E::backend_type;
   { ce.rank() } -> std::same_as<int>;
   { ce.world() } -> std::same_as<int>;
   { ce.replica() } -> std::same_as<int>;
@@ -145,10 +157,101 @@ concept engine = requires(E& e, const E& ce, const batch_view<typename E::value_
   { e.gather_timelines(t, d) } -> std::same_as<std::vector<std::vector<monitor::span_event>>>;
   { ce.flops_per_sample() } -> std::convertible_to<double>;
   { ce.shard() } -> std::same_as<shard_map>;
+  { e.local_parameters() } -> std::same_as<typename E::value_type*>;
+  { ce.local_count() } -> std::same_as<std::size_t>;
   { e.parameters_l2() } -> std::same_as<double>;
   { e.gather_parameters() } -> std::same_as<std::vector<typename E::value_type>>;
   e.model();
   e.optimizer();
+  e.settle();
+  { E::every_rank_holds_loss } -> std::convertible_to<bool>;
+  { E::replica_ranks } -> std::convertible_to<int>;
+};
+
+/// An engine whose ranks share a communicator (every policy but single_process): world_comm(),
+/// over which the trainer's checkpoints agree (loom::comm_collectives).
+template <class E>
+concept communicating_engine = engine<E> && requires(E& e) {
+  e.world_comm();
+  requires communicator<std::remove_cvref_t<decltype(e.world_comm())>>;
+};
+
+/// An engine that detects a dead or hung rank (over loom::mpi_comm): watch_for_failures(d) puts
+/// a deadline on every communicator it uses, set_deadline(d) changes it, and the roll call of
+/// loom::recover_world (and its fencing) runs over its world — a roll call that names the lost
+/// ranks before the job ends, where the engine cannot go on without them.
+template <class E>
+concept detecting_engine = communicating_engine<E> &&
+    requires(E& e, double d, const recovery_request& q, const recovery_result& r) {
+      e.watch_for_failures(d);
+      e.set_deadline(d);
+      recover_world(e.world_comm(), q);
+      fence_left_out(e.world_comm(), r);
+    };
+
+/// An engine that goes on without the lost ranks (data parallelism, the hybrids' whole
+/// replicas: E::recoverable): can_recover() (this run can: not under ZeRO, more than one
+/// replica), after_recovery() once recover_world rebuilt its world, broadcast_state(root): the
+/// parameters and optimizer buffers of the survivor `root` to every rank.
+template <class E>
+concept recovering_engine = detecting_engine<E> && E::recoverable && requires(E& e, const E& ce, int root) {
+  { ce.can_recover() } -> std::convertible_to<bool>;
+  e.after_recovery();
+  e.broadcast_state(root);
+};
+
+/// A recovering engine that can also bring new processes in for the lost ranks
+/// (fault_options::replace): one rank per replica, over a communicator that spawns and merges
+/// them (loom::spawn_replacements, loom::mpi_comm).
+template <class E>
+concept replacing_engine = recovering_engine<E> && E::replica_ranks == 1 &&
+    requires(E& e, const std::vector<std::string>& hosts, double d) {
+      spawn_replacements(e.world_comm(), hosts, d);
+      e.world_comm().watch_deadlines_only(d);
+    };
+
+/// An engine whose optimizer steps may be committed over the world first (a hybrid that
+/// recovers: detail::step_commit): set_step_commit(on), and finish_committed_step() — the step
+/// a failure interrupted after its commit completed elsewhere, taken from this rank's reduced
+/// gradients (false: none pending).
+template <class E>
+concept committing_engine = engine<E> && requires(E& e, bool on) {
+  e.set_step_commit(on);
+  { e.finish_committed_step() } -> std::same_as<bool>;
+};
+
+/// An engine that may shard its optimizer state (ZeRO stage 1): shards_state() (whether this
+/// run does), state_shard() (what this rank holds of the state), state_count() (values per
+/// optimizer buffer here).
+template <class E>
+concept sharding_engine = engine<E> && requires(const E& ce) {
+  { ce.shards_state() } -> std::convertible_to<bool>;
+  { ce.state_shard() } -> std::same_as<shard_map>;
+  { ce.state_count() } -> std::same_as<std::size_t>;
+};
+
+/// An engine that runs one pipeline stage: stage(), models() (a std::variant over the stages'
+/// models holding this rank's), E::stages and E::stage_model_type<S>.
+template <class E>
+concept staged_engine = engine<E> && requires(E& e, const E& ce) {
+  { ce.stage() } -> std::same_as<int>;
+  e.models();
+  { E::stages } -> std::convertible_to<std::size_t>;
+  typename E::template stage_model_type<0>;
+};
+
+/// What the trainer's shared code knows of an engine type: its capabilities, as values.
+template <engine E>
+struct engine_traits {
+  static constexpr bool communicates = communicating_engine<E>;
+  static constexpr bool detects = detecting_engine<E>;
+  static constexpr bool recovers = recovering_engine<E>;
+  static constexpr bool replaces = replacing_engine<E>;
+  static constexpr bool commits = committing_engine<E>;
+  static constexpr bool shards = sharding_engine<E>;
+  static constexpr bool staged = staged_engine<E>;
+  static constexpr bool every_rank_holds_loss = E::every_rank_holds_loss;
+  static constexpr int replica_ranks = E::replica_ranks;
 };
 
 namespace detail {
@@ -172,34 +275,6 @@ inline constexpr bool may_shard_state_v = [] {
   if constexpr (requires { X::may_shard; }) return X::may_shard;
   else return false;
 }();
-
-/// Whether an optimizer state steps part of itself (step_part, end_step: loom's optimizers do).
-template <class State, class T>
-concept steps_in_place = requires(State& s, T* p, const T* g, std::size_t n, float lr) {
-  s.step_part(p, g, n, n, lr);
-  s.end_step();
-};
-
-/// ZeRO's step of a rank's slices (replica_engine and pipeline_stages): the blocks z.pieces of
-/// params (the rank's own flat layout) stepped with their reduced gradients g (the shard,
-/// z.shard_count values) and `state` (the shard's) at learning rate lr — where they lie when
-/// the state steps in place, else on a contiguous copy in `copy` (sized here). Backend's
-/// memory; z a loom::zero_layout.
-template <class Backend, class T, class State, class ZeroLayout>
-void step_zero_slices(State& state, T* params, const T* g, const ZeroLayout& z,
-                      buffer<T, typename Backend::memory_space>& copy, float lr) {
-  if constexpr (steps_in_place<State, T>) {
-    for (const shard_piece& q : z.pieces) state.step_part(params + q.whole_offset, g + q.local_offset, q.local_offset, q.count, lr);
-    state.end_step();
-  } else {
-    const std::size_t n = std::max<std::size_t>(1, z.shard_count);
-    if (copy.size() != n) copy = buffer<T, typename Backend::memory_space>(n);
-    T* p = copy.data();
-    for (const shard_piece& q : z.pieces) Backend::copy(p + q.local_offset, params + q.whole_offset, q.count);
-    state.step(p, g, z.shard_count, lr);
-    for (const shard_piece& q : z.pieces) Backend::copy(params + q.whole_offset, p + q.local_offset, q.count);
-  }
-}
 
 }  // namespace detail
 

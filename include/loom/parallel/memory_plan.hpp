@@ -37,6 +37,7 @@
 #include "loom/parallel/data_parallel.hpp"
 #include "loom/parallel/hybrid.hpp"
 #include "loom/parallel/pipeline_plan.hpp"
+#include "loom/parallel/rank_grid.hpp"
 #include "loom/parallel/single_process.hpp"
 #include "loom/parallel/tensor_parallel.hpp"
 #include "loom/parallel/tensor_parallel_plan.hpp"
@@ -676,7 +677,8 @@ constexpr rank_memory rank_memory_for(const typename Optimizer::options& options
 
 /// The world sizes on which the engines accept a job of Network under Policy, from the code's
 /// own checks: a pipeline runs on exactly its S stages (model_parallel) or on replicas x S
-/// (hybrid); tensor parallelism on T ranks, or replicas x T; data parallelism on any number;
+/// (hybrid); tensor parallelism on T ranks, or replicas x T (the rank grid's one rule,
+/// detail::grid_shape, which the engines apply); data parallelism on any number;
 /// single_process on one. The global batch needs no divisibility (the loader splits it as
 /// evenly as it goes, micro-batches too); the split-invariant mode (deterministic_chunk > 0)
 /// runs only under single_process and data_parallel, with at least one chunk of a full batch
@@ -705,8 +707,8 @@ struct world_size_rules {
   /// Whether a world of `world` ranks trains this job with global batch `batch` and
   /// deterministic_chunk `chunk` (0: off).
   static constexpr bool accepts(std::size_t world, std::size_t batch, std::size_t chunk = 0) noexcept {
-    return network_fits && world > 0 && batch > 0 && world <= largest(batch, chunk) && world % group_size == 0 &&
-           (replicated || world == group_size);
+    return network_fits && batch > 0 && world <= largest(batch, chunk) &&
+           detail::grid_shape{.group = group_size, .replicated = replicated}.accepts(world);
   }
   /// The largest world accepted (0: none), so accepts(w) iff w is a multiple of group_size up
   /// to it (just group_size without replicas).

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -30,7 +31,8 @@
 #include "loom/parallel/chunked_steps.hpp"
 #include "loom/parallel/engine.hpp"
 #include "loom/parallel/shard_map.hpp"
-#include "loom/parallel/step_commit.hpp"
+#include "loom/parallel/with_optimizer.hpp"
+#include "loom/parallel/zero_shard.hpp"
 
 namespace loom {
 
@@ -47,13 +49,14 @@ concept replica_comm_sync = requires(Sync& s) { s.comm(); } && !tensor_sync<Sync
 }  // namespace detail
 
 /// Runs one rank of Network's training with Loss on Backend; Sync (see above) communicates.
-/// Everything of replica_engine but the optimizer, so that trainers of one network and policy
-/// with different optimizers share its code.
+/// Everything of replica_engine but the optimizer (detail::with_optimizer), so that trainers of
+/// one network and policy with different optimizers share its code.
 template <class Network, class Loss, class Backend, class Sync>
 class replica_passes {
  public:
   using value_type = float;
   using T = value_type;
+  using backend_type = Backend;
   /// The network this rank runs: Network, or its tensor-parallel slice.
   using rank_network = typename Sync::rank_network;
   using model_type = ::loom::model<rank_network, T, Backend>;
@@ -74,6 +77,9 @@ class replica_passes {
     if constexpr (may_shard_state) return sync_.sharding();
     else return false;
   }
+  /// Every rank that holds samples holds their loss (the whole model, or a tensor slice whose
+  /// group computes it alike).
+  static constexpr bool every_rank_holds_loss = true;
 
   /// Takes the communication `sync`, checks that every rank runs `job` (collective), then that
   /// Backend runs `math`, initialises the model from `seed`, and makes every replica start from
@@ -85,9 +91,9 @@ class replica_passes {
         // the difference rather than one of them stopping alone.
         // (Not in a replacement of a lost rank, which the survivors do not run with: its
         // first fit checks the job and takes their parameters; fault_options::replace.)
-        math_((detail::joining_as_replacement ? void() : sync_.check_same_job(job), detail::checked_math<Backend>(math))),
+        math_((detail::fault_state.joining_as_replacement ? void() : sync_.check_same_job(job), detail::checked_math<Backend>(math))),
         model_(seed, 0, model_shard(sync_)) {
-    if (!detail::joining_as_replacement) sync_.broadcast_parameters(model_.parameters().data(), model_type::parameter_count);
+    if (!detail::fault_state.joining_as_replacement) sync_.broadcast_parameters(model_.parameters().data(), model_type::parameter_count);
     if constexpr (may_shard_state)
       if (shards_state()) bind_shard();
   }
@@ -103,26 +109,14 @@ class replica_passes {
   /// shard_optimizer_state its slices (one block per bucket, in its own flat layout), every
   /// rank as replica 0 of 1 (together they hold the one copy).
   shard_map state_shard() const {
-    shard_map m = sync_.shard();
-    if constexpr (may_shard_state) {
-      if (shards_state()) {
-        // One copy of the state, spread over every rank: to a checkpoint, they are one replica.
-        // (A tensor slice's shard: its pieces of the slice's blocks, a shared one written by
-        // slice 0's ranks.)
-        const auto& z = sync_.zero();
-        m.replica = 0;
-        m.replicas = 1;
-        m.local_count = z.shard_count;
-        if constexpr (tensor_split) m.pieces = sync_.state_pieces();
-        else m.pieces = z.pieces;
-      }
-    }
-    return m;
+    if constexpr (may_shard_state)
+      if (shards_state()) return zero_.state_map(sync_.shard());
+    return sync_.shard();
   }
   /// Values per buffer of the optimizer state (local_count(), or the shard's under ZeRO).
   std::size_t state_count() const noexcept {
     if constexpr (may_shard_state)
-      if (shards_state()) return sync_.zero().shard_count;
+      if (shards_state()) return zero_.count();
     return model_type::parameter_count;
   }
 
@@ -168,6 +162,7 @@ class replica_passes {
     settle();
     return model_.parameters().data();
   }
+  T* local_gradients() noexcept { return model_.gradients().data(); }
   std::size_t local_count() const noexcept { return model_type::parameter_count; }
   /// The communicator of data_parallel (for programs that also communicate themselves).
   decltype(auto) comm()
@@ -214,6 +209,30 @@ class replica_passes {
     chunked_.abandon();  // deterministic mode: subtrees in flight to their owners, their receive buffer
     had_samples_ = false;
   }
+  /// The parameters and the optimizer buffers `buffers` of world rank `root` to every rank; a
+  /// hybrid's slice, of its replica 0 over the replicas of the slice (the recovery has brought
+  /// them all to the same step). Collective over the world.
+  void broadcast_state(std::span<T> buffers, int root)
+    requires recoverable
+  {
+    T* params = local_parameters();
+    if constexpr (tensor_split) {
+      auto& replicas = sync_.replica_comm();
+      replicas.broadcast(params, model_type::parameter_count, 0);
+      replicas.broadcast(buffers.data(), buffers.size(), 0);
+    } else {
+      auto& world = sync_.world_comm();
+      world.broadcast(params, model_type::parameter_count, root);
+      world.broadcast(buffers.data(), buffers.size(), root);
+    }
+  }
+  /// Whether the optimizer step is committed over the world (a tensor-parallel hybrid that
+  /// recovers in the process: detail::step_commit), and whether this step is.
+  static constexpr bool commits_steps = requires(Sync& s) { s.commits(); };
+  bool commits() const noexcept {
+    if constexpr (commits_steps) return sync_.commits();
+    else return false;
+  }
 
   std::size_t prepare_fit(std::size_t batch, std::size_t deterministic_chunk) {
     chunks_.reset();
@@ -229,54 +248,7 @@ class replica_passes {
 
   /// See loom::engine. Gradients are written on the first micro-step that has samples and
   /// added to after it; a rank without samples contributes zeros.
-  loss_value micro_step(const batch_view<T>& b, std::size_t m, std::size_t group, std::uint64_t seed, std::uint64_t step) {
-    if (chunks_ || b.n == 0) settle();
-    if (chunks_) return chunked_micro_step(b, m, group, seed, step);
-    // Under ZeRO the forward may wait for the parameters' gathers: exposed communication,
-    // taken out of the compute time below.
-    const double exposed_before = sync_.figures().comm_exposed_s;
-    monitor::timed compute(sync_.figures(), &rank_figures::compute_s);
-    const bool last = m + 1 == group;
-    T* grads = model_.gradients().data();
-    loss_value v;
-    if (b.n > 0) {
-      dy_.reserve_discard(b.n * out_width);
-      run_context ctx{.training = true, .accumulate = m > 0 && had_samples_, .seed = seed, .step = step,
-                      .sample_offset = b.offset, .tensor = tensor_group(), .math = math_};
-      {
-        monitor::span fw(monitor::span_kind::forward);
-        const T* y = forward_awaiting_parameters(ctx, b);
-        v = Loss::template compute<Backend, out_width, T>(y, b.labels, dy_.data(), b.n,
-                                                          T(1) / static_cast<T>(b.global_n * group), ws_);
-      }
-      monitor::span bw(monitor::span_kind::backward);
-      if (last) {
-        // Each layer's backward as a span of its own, between the engine's calls (a clock read
-        // per layer, only while a timeline records).
-        monitor::timeline* const tl = monitor::current_timeline();
-        auto layer_start = tl ? monitor::clock::now() : monitor::clock::time_point{};
-        model_.backward(ctx, dy_.data(), b.n, [&](std::size_t layer) {
-          if (tl) {
-            const auto now = monitor::clock::now();
-            tl->add(monitor::span_kind::layer_backward, layer_start, now, static_cast<std::int32_t>(layer));
-            layer_start = now;
-          }
-          sync_.layer_done(layer, grads);
-        });
-      } else {
-        model_.backward(ctx, dy_.data(), b.n);
-      }
-      bw.stop();
-      had_samples_ = true;
-    } else if (!(m > 0 && had_samples_)) {
-      Backend::zero(grads, model_type::parameter_count);  // nothing of this batch here: contribute zeros
-      had_samples_ = true;
-    }
-    compute.stop();
-    if constexpr (may_shard_state) sync_.figures().compute_s -= sync_.figures().comm_exposed_s - exposed_before;
-    if (last) sync_.finish(grads);
-    return v;
-  }
+  loss_value micro_step(const batch_view<T>& b, std::size_t m, std::size_t group, std::uint64_t seed, std::uint64_t step);
 
   /// Clips the whole model's gradient norm to clip (0: no clipping; over the tensor group when
   /// split), and starts a new optimizer step: the next micro-step writes the gradients afresh.
@@ -298,32 +270,27 @@ class replica_passes {
   void sharded_step(State& state, float lr, double clip)
     requires may_shard_state
   {
-    const auto& z = sync_.zero();
-    T* g = gshard_.data();
     T* params = model_.parameters().data();
-    const T* grads = model_.gradients().data();
     auto& fig = sync_.figures();
     double sq = 0;  // the squared norm: the whole model's, or this shard's part of it
     if constexpr (tensor_split) {
       // A slice's shard: split and shared values apart, over both groups.
-      if (clip > 0) sq = sync_.template sharded_squares<Backend>(g);
+      if (clip > 0) sq = sync_.template sharded_squares<Backend>(zero_.gradients());
     } else {
       {
         monitor::timed compute(fig, &rank_figures::compute_s);
+        const T* grads = model_.gradients().data();
         if (chunks_)
-          for (const shard_piece& q : z.pieces) Backend::copy(g + q.local_offset, grads + q.whole_offset, q.count);
-        if (clip > 0) {
-          if (chunks_) sq = Backend::sum(model_type::parameter_count, detail::squared_term<T>{grads});
-          else if (z.shard_count) sq = Backend::sum(z.shard_count, detail::squared_term<T>{g});
-        }
+          for (const shard_piece& q : sync_.zero().pieces) Backend::copy(zero_.gradients() + q.local_offset, grads + q.whole_offset, q.count);
+        if (clip > 0) sq = chunks_ ? Backend::sum(model_type::parameter_count, detail::squared_term<T>{grads}) : zero_.squares();
       }
       if (clip > 0 && !chunks_) sync_.sum(&sq, 1);
     }
     {
       monitor::timed compute(fig, &rank_figures::compute_s);
-      if (clip > 0 && z.shard_count) scale_to_norm<Backend>(g, z.shard_count, std::sqrt(sq), clip);
+      zero_.clip_to(std::sqrt(sq), clip);
       had_samples_ = false;
-      detail::step_zero_slices<Backend>(state, params, g, z, pshard_, lr);
+      zero_.step(state, params, sync_, lr);
     }
     // In flight until the next forward reaches each unit's layers (await_layer, settle()).
     sync_.start_gather_parameters(params);
@@ -383,12 +350,13 @@ class replica_passes {
     return model_.forward(ctx, b.x, b.n);
   }
 
-  /// ZeRO: the shard's reduced gradients, sized for the world as it is, and their place given
-  /// to the communication.
+  /// ZeRO: the shard's reduced gradients, sized for the world as it is, their place given to
+  /// the communication, and their blocks of the whole layout (a tensor slice's shard: its pieces
+  /// of the slice's blocks, a shared one written by slice 0's ranks).
   void bind_shard() {
-    const std::size_t n = std::max<std::size_t>(1, sync_.zero().shard_count);
-    gshard_ = buffer<T, typename Backend::memory_space>(n);
-    sync_.bind_shard(gshard_.data());
+    zero_.bind(sync_);
+    if constexpr (tensor_split) zero_.set_pieces(sync_.state_pieces());
+    else zero_.set_pieces(sync_.zero().pieces);
   }
 
   /// Whether this run sends its gradients in 16 bits (loom::compress<>).
@@ -417,30 +385,7 @@ class replica_passes {
   /// then into the tree over the group's micro-steps, which gradients() gets on the last one
   /// (detail::chunked_steps, written once; only the passes over a chunk are this network's).
   loss_value chunked_micro_step(const batch_view<T>& b, std::size_t m, std::size_t group, std::uint64_t seed,
-                                std::uint64_t step) {
-    struct passes final : detail::chunk_passes<T> {
-      replica_passes& e;
-      run_context ctx;
-      T scale;
-      passes(replica_passes& engine, run_context c, T s) : e(engine), ctx(c), scale(s) {}
-      loss_value forward_loss(const T* x, const std::int32_t* labels, std::size_t k, std::size_t offset) override {
-        ctx.sample_offset = offset;
-        e.dy_.reserve_discard(k * out_width);
-        const T* y = e.model_.forward(ctx, x, k);
-        return Loss::template compute<Backend, out_width, T>(y, labels, e.dy_.data(), k, scale, e.ws_);
-      }
-      void backward(std::size_t k) override { e.model_.backward(ctx, e.dy_.data(), k); }
-    } p(*this, run_context{.training = true, .accumulate = false, .seed = seed, .step = step, .math = math_},
-        T(1) / static_cast<T>(b.global_n * group));
-    T* grads = model_.gradients().data();
-    constexpr std::size_t count = model_type::parameter_count;
-    const auto r = static_cast<std::size_t>(replica()), n = static_cast<std::size_t>(replicas());
-    if constexpr (detail::replica_comm_sync<Sync>)
-      return chunked_.step(*chunks_, b, m, group, &sync_.comm(), r, n, grads, count, in_width, sync_.figures(), p);
-    else
-      return chunked_.template step<void>(*chunks_, b, m, group, nullptr, r, n, grads, count, in_width,
-                                          sync_.figures(), p);
-  }
+                                std::uint64_t step);
 
   Sync sync_;
   math_mode math_;
@@ -452,77 +397,99 @@ class replica_passes {
   // and over micro-steps, and the exchange across ranks (buffers only, nothing of the plan).
   std::optional<chunk_plan> chunks_;
   detail::chunked_steps<T, Backend> chunked_;
-  // ZeRO (shard_optimizer_state): this rank's slices of the summed gradients, and of the
-  // parameters for an optimizer that cannot step them where they lie (steps_in_place).
-  buffer<T, typename Backend::memory_space> gshard_, pshard_;
+  // ZeRO (shard_optimizer_state): this rank's slices of the summed gradients and their blocks.
+  detail::zero_shard<T, Backend> zero_;
 };
 
+template <class Network, class Loss, class Backend, class Sync>
+loss_value replica_passes<Network, Loss, Backend, Sync>::micro_step(const batch_view<T>& b, std::size_t m, std::size_t group, std::uint64_t seed, std::uint64_t step) {
+  if (chunks_ || b.n == 0) settle();
+  if (chunks_) return chunked_micro_step(b, m, group, seed, step);
+  // Under ZeRO the forward may wait for the parameters' gathers: exposed communication,
+  // taken out of the compute time below.
+  const double exposed_before = sync_.figures().comm_exposed_s;
+  monitor::timed compute(sync_.figures(), &rank_figures::compute_s);
+  const bool last = m + 1 == group;
+  T* grads = model_.gradients().data();
+  loss_value v;
+  if (b.n > 0) {
+    dy_.reserve_discard(b.n * out_width);
+    run_context ctx{.training = true, .accumulate = m > 0 && had_samples_, .seed = seed, .step = step,
+                    .sample_offset = b.offset, .tensor = tensor_group(), .math = math_};
+    {
+      monitor::span fw(monitor::span_kind::forward);
+      const T* y = forward_awaiting_parameters(ctx, b);
+      v = Loss::template compute<Backend, out_width, T>(y, b.labels, dy_.data(), b.n,
+                                                        T(1) / static_cast<T>(b.global_n * group), ws_);
+    }
+    monitor::span bw(monitor::span_kind::backward);
+    if (last) {
+      // Each layer's backward as a span of its own, between the engine's calls (a clock read
+      // per layer, only while a timeline records).
+      monitor::timeline* const tl = monitor::current_timeline();
+      auto layer_start = tl ? monitor::clock::now() : monitor::clock::time_point{};
+      model_.backward(ctx, dy_.data(), b.n, [&](std::size_t layer) {
+        if (tl) {
+          const auto now = monitor::clock::now();
+          tl->add(monitor::span_kind::layer_backward, layer_start, now, static_cast<std::int32_t>(layer));
+          layer_start = now;
+        }
+        sync_.layer_done(layer, grads);
+      });
+    } else {
+      model_.backward(ctx, dy_.data(), b.n);
+    }
+    bw.stop();
+    had_samples_ = true;
+  } else if (!(m > 0 && had_samples_)) {
+    Backend::zero(grads, model_type::parameter_count);  // nothing of this batch here: contribute zeros
+    had_samples_ = true;
+  }
+  compute.stop();
+  if constexpr (may_shard_state) sync_.figures().compute_s -= sync_.figures().comm_exposed_s - exposed_before;
+  if (last) sync_.finish(grads);
+  return v;
+}
+
+template <class Network, class Loss, class Backend, class Sync>
+loss_value replica_passes<Network, Loss, Backend, Sync>::chunked_micro_step(const batch_view<T>& b, std::size_t m, std::size_t group, std::uint64_t seed,
+                              std::uint64_t step) {
+  struct passes final : detail::chunk_passes<T> {
+    replica_passes& e;
+    run_context ctx;
+    T scale;
+    passes(replica_passes& engine, run_context c, T s) : e(engine), ctx(c), scale(s) {}
+    loss_value forward_loss(const T* x, const std::int32_t* labels, std::size_t k, std::size_t offset) override {
+      ctx.sample_offset = offset;
+      e.dy_.reserve_discard(k * out_width);
+      const T* y = e.model_.forward(ctx, x, k);
+      return Loss::template compute<Backend, out_width, T>(y, labels, e.dy_.data(), k, scale, e.ws_);
+    }
+    void backward(std::size_t k) override { e.model_.backward(ctx, e.dy_.data(), k); }
+  } p(*this, run_context{.training = true, .accumulate = false, .seed = seed, .step = step, .math = math_},
+      T(1) / static_cast<T>(b.global_n * group));
+  T* grads = model_.gradients().data();
+  constexpr std::size_t count = model_type::parameter_count;
+  const auto r = static_cast<std::size_t>(replica()), n = static_cast<std::size_t>(replicas());
+  if constexpr (detail::replica_comm_sync<Sync>)
+    return chunked_.step(*chunks_, b, m, group, &sync_.comm(), r, n, grads, count, in_width, sync_.figures(), p);
+  else
+    return chunked_.template step<void>(*chunks_, b, m, group, nullptr, r, n, grads, count, in_width,
+                                        sync_.figures(), p);
+}
+
 /// Runs one rank of Network's training with Loss and Optimizer on Backend; Sync (see above)
-/// communicates. Satisfies loom::engine: the passes (replica_passes) and the optimizer state.
+/// communicates. Satisfies loom::engine: the passes (replica_passes) and the optimizer state
+/// (detail::with_optimizer).
 template <class Network, class Loss, class Optimizer, class Backend, class Sync>
-class replica_engine : public replica_passes<Network, Loss, Backend, Sync> {
-  using base = replica_passes<Network, Loss, Backend, Sync>;
+class replica_engine : public detail::with_optimizer<replica_passes<Network, Loss, Backend, Sync>, Optimizer> {
+  using base = detail::with_optimizer<replica_passes<Network, Loss, Backend, Sync>, Optimizer>;
 
  public:
-  using typename base::T;
-  using typename base::model_type;
-  using optimizer_state = typename Optimizer::template state<T, Backend>;
-  using optimizer_options = typename Optimizer::options;
-
   /// See replica_passes' constructor; also the optimizer state, from setup.optimizer (which
   /// throws for bad options).
-  replica_engine(Sync sync, const engine_setup<optimizer_options>& setup)
-      : base(std::move(sync), setup.seed, setup.math, setup.job), state_(setup.optimizer, base::state_count()) {}
-
-  optimizer_state& optimizer() noexcept { return state_; }
-
-  /// Clips the whole model's gradient norm (over the tensor group when split) and steps.
-  void optimizer_step(float lr, double clip) {
-    monitor::span span(monitor::span_kind::optimizer);
-    if constexpr (base::may_shard_state) {
-      if (base::shards_state()) {
-        base::sharded_step(state_, lr, clip);
-        return;
-      }
-    }
-    base::clip_and_close_step(clip);
-    if constexpr (commits_steps)
-      if (commit_.enabled() && base::sync().commits()) commit_.commit(base::sync().world_comm(), lr);  // the step's last collective
-    take_step(lr);
-  }
-
-  /// Whether this fit commits each step (loom::trainer: where it recovers in the process).
-  void set_step_commit(bool on) noexcept { commit_.enable(on); }
-
-  /// After a failure in a hybrid's step commit (detail::step_commit) that completed on
-  /// another rank: takes the step from the reduced, clipped gradients this rank holds, and
-  /// returns true; false when this rank is not inside a commit.
-  bool finish_committed_step() {
-    if (!commit_.pending()) return false;
-    take_step(*commit_.pending());
-    return true;
-  }
-
-  /// See replica_passes::after_recovery; a commit in flight is given up (the step is redone,
-  /// or was finished by finish_committed_step).
-  void after_recovery()
-    requires base::recoverable
-  {
-    commit_.taken();
-    base::after_recovery();
-  }
-
- private:
-  static constexpr bool commits_steps = requires(Sync& s) { s.commits(); };
-  void take_step(float lr) {
-    monitor::timed compute(base::figures(), &rank_figures::compute_s);
-    auto& m = base::model();
-    state_.step(m.parameters().data(), m.gradients().data(), model_type::parameter_count, lr);
-    commit_.taken();
-  }
-
-  optimizer_state state_;
-  detail::step_commit commit_;
+  replica_engine(Sync sync, const engine_setup<typename Optimizer::options>& setup)
+      : base(setup.optimizer, std::move(sync), setup.seed, setup.math, setup.job) {}
 };
 
 }  // namespace loom

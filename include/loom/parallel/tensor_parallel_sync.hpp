@@ -27,6 +27,7 @@
 #include "loom/parallel/engine.hpp"
 #include "loom/monitor/figures.hpp"
 #include "loom/monitor/timeline.hpp"
+#include "loom/parallel/rank_grid.hpp"
 #include "loom/parallel/shard_map.hpp"
 #include "loom/parallel/tensor_parallel.hpp"
 #include "loom/parallel/tensor_parallel_plan.hpp"
@@ -65,12 +66,12 @@ class comm_tensor_group final : public tensor_group {
 };
 
 /// One rank's tensor-parallel communication for replica_engine (the interface of
-/// gradient_allreduce). World rank r holds slice r % Width of replica r / Width. Width
-/// consecutive ranks form a tensor group (communicator split by colour r / Width), which runs the
-/// layers' allreduces; with DataParallel (a loom::data_parallel<Comm, ...>, for
-/// loom::hybrid) the ranks holding the same slice form a data-parallel group (colour r % Width)
-/// over which every gradient of this rank, split or replicated, is averaged by
-/// gradient_allreduce. DataParallel void: one replica, the world is the tensor group.
+/// gradient_allreduce). World rank r holds slice r % Width of replica r / Width
+/// (detail::rank_grid): Width consecutive ranks form a tensor group, which runs the layers'
+/// allreduces; with DataParallel (a loom::data_parallel<Comm, ...>, for loom::hybrid) the ranks
+/// holding the same slice form a data-parallel group over which every gradient of this rank,
+/// split or replicated, is averaged by gradient_allreduce. DataParallel void: one replica, the
+/// world is the tensor group.
 ///
 /// replica() / replicas() are the data-parallel index and replica count (what the data loader
 /// splits batches by: all ranks of a tensor group read the same samples); rank() / world() the
@@ -105,39 +106,33 @@ class tensor_parallel_sync {
   /// Splits world into tensor groups (and data-parallel groups for hybrid). Collective.
   /// Throws: loom::invalid_argument when world's size is not Width (model_parallel) or not a
   /// multiple of it (hybrid) — on every rank alike, before any communication.
-  explicit tensor_parallel_sync(Comm world) : world_(std::move(world)) {
-    const int n = world_.size(), r = world_.rank(), w = static_cast<int>(Width);
-    if (hybrid ? n % w != 0 : n != w)
-      throw invalid_argument(std::string(hybrid ? "loom::hybrid<data_parallel, tensor_parallel<"
-                                                : "loom::model_parallel<tensor_parallel<") +
-                             std::to_string(Width) + ">>: the communicator has " + std::to_string(n) + " ranks; " +
-                             (hybrid ? "it needs a multiple of " : "it needs exactly ") + std::to_string(Width) +
-                             " (one per slice of the tensor-parallel layers" + (hybrid ? ", times the replicas)" : ")"));
-    group_ = std::make_unique<comm_tensor_group<Comm>>(world_.split(r / w, r));
-    if constexpr (hybrid) dp_.emplace(world_.split(r % w, r));
+  explicit tensor_parallel_sync(Comm world)
+      : grid_(std::move(world), {.group = Width, .replicated = hybrid, .member = "slice"},
+              std::string(hybrid ? "loom::hybrid<data_parallel, tensor_parallel<" : "loom::model_parallel<tensor_parallel<") +
+                  std::to_string(Width) + ">>") {
+    group_ = std::make_unique<comm_tensor_group<Comm>>(grid_.split_group());
+    if constexpr (hybrid) dp_.emplace(grid_.split_data());
   }
 
   /// Data-parallel index and replica count, and the place in the whole world.
-  int replica() const { return world_.rank() / static_cast<int>(Width); }
-  int replicas() const { return world_.size() / static_cast<int>(Width); }
-  int rank() const { return world_.rank(); }
-  int world() const { return world_.size(); }
+  int replica() const { return grid_.replica(); }
+  int replicas() const { return grid_.replicas(); }
+  int rank() const { return grid_.rank(); }
+  int world() const { return grid_.size(); }
   /// The communicator over every rank (loom::comm_collectives wraps it).
-  Comm& world_comm() { return world_; }
+  Comm& world_comm() { return grid_.world(); }
   /// Failure detection over the whole job (loom::trainer, fault_options): the world
   /// communicator's detector with deadline_s, shared by the tensor group's and (hybrid) the
   /// data-parallel group's communicators. Collective over the world.
   void watch_for_failures(double deadline_s)
-    requires requires(Comm& c) { c.watch_as_part_of(c); }
+    requires detail::part_watching_communicator<Comm>
   {
-    world_.watch_for_failures(deadline_s);
-    group_->comm().watch_as_part_of(world_);
-    if constexpr (hybrid) dp_->comm().watch_as_part_of(world_);
+    grid_.watch_for_failures(deadline_s, group_->comm(), data_comm());
   }
   void set_deadline(double deadline_s)
-    requires requires(Comm& c) { c.watch_as_part_of(c); }
+    requires detail::part_watching_communicator<Comm>
   {
-    world_.set_deadline(deadline_s);
+    grid_.set_deadline(deadline_s);
   }
 
   /// Whether a recovery can go on without lost ranks (hybrid over a communicator that
@@ -145,10 +140,7 @@ class tensor_parallel_sync {
   /// leave with it (loom::recover_world's group_size, Width). Not under ZeRO (sharded): a lost
   /// rank takes its slices of the optimizer state with it (the run ends; loomrun resumes it
   /// from the last checkpoint).
-  static constexpr bool recoverable = hybrid && !may_shard && requires(Comm& c) {
-    c.watch_as_part_of(c);
-    c.replace_after_recovery(std::move(c));
-  };
+  static constexpr bool recoverable = hybrid && !may_shard && detail::regrouping_communicator<Comm>;
   /// After a recovery replaced the world communicator with whole replicas (slice r % Width
   /// kept, since whole replicas leave): splits it into tensor and data-parallel groups again,
   /// watched as part of it, and forgets the gradient buckets in flight on the old ones.
@@ -156,11 +148,7 @@ class tensor_parallel_sync {
   void after_recovery()
     requires recoverable
   {
-    const int r = world_.rank(), w = static_cast<int>(Width);
-    group_->comm().replace_after_recovery(world_.split(r / w, r));
-    group_->comm().watch_as_part_of(world_);
-    dp_->comm().replace_after_recovery(world_.split(r % w, r));
-    dp_->comm().watch_as_part_of(world_);
+    grid_.after_recovery(group_->comm(), data_comm());
     dp_->after_recovery();
     (void)group_->take();  // the time of the failed step's allreduces is not the step's to account
   }
@@ -175,7 +163,7 @@ class tensor_parallel_sync {
   /// (detail::step_commit, where the fit recovers): under failure detection, with several
   /// replicas.
   bool commits() const noexcept {
-    if constexpr (recoverable) return world_.watch() != nullptr && replicas() > 1;
+    if constexpr (recoverable) return grid_.commits();
     else return false;
   }
   /// ZeRO (sharded): see gradient_allreduce — the slice's layout cut over the data-parallel
@@ -246,8 +234,8 @@ class tensor_parallel_sync {
   /// every rank throws the same loom::communication_error naming the ranks and the fields that
   /// differ otherwise. Collective over the world.
   void check_same_job(const std::string& description) {
-    detail::check_same_job(world_, description + ";tensor_parallel=" + std::to_string(Width) + ";world=" +
-                                       std::to_string(world_.size()),
+    detail::check_same_job(grid_.world(), description + ";tensor_parallel=" + std::to_string(Width) + ";world=" +
+                                       std::to_string(grid_.size()),
                            "loom::tensor_parallel");
   }
 
@@ -290,12 +278,12 @@ class tensor_parallel_sync {
   std::vector<rank_figures> gather_figures() {
     rank_figures f = figures();
     f.parameter_bytes = static_cast<double>(rank_network::parameter_count * sizeof(T));
-    return loom::gather_figures(world_, f);
+    return loom::gather_figures(grid_.world(), f);
   }
 
   /// Every rank's spans on world rank 0 (collective over the world).
   std::vector<std::vector<monitor::span_event>> gather_timelines(const monitor::timeline& t, std::vector<std::size_t>& dropped) {
-    return monitor::gather_timelines(world_, t, dropped);
+    return monitor::gather_timelines(grid_.world(), t, dropped);
   }
 
   /// The whole model's flat parameters in Network's layout from this rank's slice (host
@@ -322,7 +310,12 @@ class tensor_parallel_sync {
   }
 
  private:
-  std::size_t slice() const { return static_cast<std::size_t>(world_.rank()) % Width; }
+  std::size_t slice() const { return static_cast<std::size_t>(grid_.place()); }
+  /// The data-parallel group's communicator (hybrid), else null.
+  Comm* data_comm() {
+    if constexpr (hybrid) return &dp_->comm();
+    else return nullptr;
+  }
   template <std::size_t... S>
   shard_map shard_of(std::index_sequence<S...>) const {
     shard_map m{.replica = replica(), .replicas = replicas(), .slice = static_cast<int>(slice()),
@@ -332,7 +325,7 @@ class tensor_parallel_sync {
     return m;
   }
 
-  Comm world_;
+  detail::rank_grid<Comm> grid_;
   std::unique_ptr<comm_tensor_group<Comm>> group_;
   std::optional<dp_engine> dp_;
   rank_figures figures_;

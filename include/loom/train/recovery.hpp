@@ -1,13 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// The trainer's side of a failed rank (docs/fault-tolerance.md): the survivors' recovery
-// (loom::recover_world, the roll call, the state of the survivor ahead), the replacement of
-// lost ranks (fault_options::replace), the handshake of a replacement, and the emergency
-// checkpoint when nothing can recover. Written once for every trainer: what depends on the
-// network and the engine (the state broadcast, the engine's fresh buffers, the checkpoint's
-// tensors) comes in through detail::recovery_host<Comm>, so that this code is compiled once per
-// communicator type (loom::mpi_comm, loom::nccl_comm) and not once per trainer type — a program
-// with a dozen trainers compiles it once (benchmarks/compile_time).
+// The trainer's side of a failed rank (docs/fault-tolerance.md): failure detection over a fit
+// and its deadlines, with the loop that retries the fit after each recovery
+// (detail::failure_watch, a step observer); the survivors' recovery (loom::recover_world, the
+// roll call, the state of the survivor ahead), the replacement of lost ranks
+// (fault_options::replace), the handshake of a replacement, and the emergency checkpoint when
+// nothing can recover. Written once for every trainer: the engine comes in erased
+// (detail::erased_engine), so that the protocol is compiled once per communicator type
+// (loom::mpi_comm, loom::nccl_comm) and the rest once per program — not once per trainer type.
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -21,38 +21,30 @@
 #include <exception>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <system_error>
 #include <vector>
 
 #include "loom/comm/communicator.hpp"
+#include "loom/comm/open_mpi.hpp"
 #include "loom/core/config.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/fault.hpp"
+#include "loom/core/step_observer.hpp"
 #include "loom/io/checkpoint.hpp"
 #include "loom/monitor/timeline.hpp"
 #include "loom/parallel/collectives.hpp"
 #include "loom/parallel/data_parallel.hpp"  // job_field_diff
+#include "loom/train/erased_engine.hpp"
+#include "loom/train/fit_options.hpp"
+#include "loom/train/run_state.hpp"
 
 namespace loom {
 namespace detail {
 
 LOOM_DECL std::string fmt_seconds(double s);
-
-/// A place in the run: the epoch in progress, the global batches of it taken, and its sums so
-/// far (this rank's, as the fit loop keeps them).
-struct fit_position {
-  bool valid = false;
-  std::size_t epoch = 0, batch = 0, batches = 0;
-  double sums[3] = {0, 0, 0};
-
-  /// Where to continue from here (an epoch that had just ended: the next one's start).
-  fit_position next() const {
-    if (valid && batch >= batches) return {.valid = true, .epoch = epoch + 1};
-    return *this;
-  }
-};
 
 /// The deadline of the collectives under failure detection: fault_options::deadline_s, or
 /// deadline_steps times the median of the last 16 step times (at least floor_s), and
@@ -60,6 +52,8 @@ struct fit_position {
 class step_clock {
  public:
   step_clock(const fault_options& f, double floor_s) : f_(f), floor_s_(floor_s) {}
+  /// The least step-derived deadline.
+  void set_floor(double floor_s) noexcept { floor_s_ = floor_s; }
   /// Adds a step's time; returns the deadline now.
   double add(double s) {
     times_[n_++ % times_.size()] = s;
@@ -103,35 +97,20 @@ class step_clock {
   bool checkpoint_measured_ = false;
 };
 
-/// What a recovery needs from the trainer that runs it: the parts that depend on its network,
-/// optimizer and engine. Implemented by loom::trainer for its communicator type.
+/// The run's place, the optimizer's step count, the parameters and the optimizer buffers of
+/// rank root to every rank of the engine's world `comm` (collective).
 template <class Comm>
-class recovery_host {
- public:
-  /// The communicator of the whole job (the engine's).
-  virtual Comm& world_comm() = 0;
-  /// The engine after its communicator changed (fresh gradient buffers, the new replica count).
-  virtual void after_recovery() = 0;
-  /// The step count, position, learning rate, parameters and optimizer buffers of rank root to
-  /// every rank of comm (collective).
-  virtual void broadcast_state(Comm& comm, int root) = 0;
-  /// The optimizer steps finished here.
-  virtual std::size_t step() const = 0;
-  /// Where the run is: the position after the last finished step.
-  virtual fit_position position() const = 0;
-  /// What a replacement must share with the survivors: the trainer's job and the fit's options.
-  virtual std::string joined_description() const = 0;
-  /// Ranks per model replica: consecutive groups of this many ranks hold one replica together
-  /// and go on only whole (a hybrid's; 1 under data_parallel).
-  virtual int replica_ranks() const { return 1; }
-  /// A hybrid whose step was committed (every rank had its reduced gradients: the step commit
-  /// completed somewhere) but not taken here: takes it from the gradients this rank holds and
-  /// returns true; false when this rank has no committed step pending.
-  virtual bool finish_committed_step() { return false; }
-
- protected:
-  ~recovery_host() = default;
-};
+void broadcast_run(Comm& comm, erased_engine& e, run_state& s, int root) {
+  std::array<double, run_head::values> v =
+      run_head{.step = s.step, .optimizer_steps = e.optimizer_steps(), .at = s.at, .lr = s.last_lr}.pack();
+  comm.broadcast(v.data(), v.size(), root);
+  const run_head h = run_head::unpack(v);
+  s.step = h.step;
+  e.set_optimizer_steps(h.optimizer_steps);
+  s.at = h.at;
+  s.last_lr = h.lr;
+  e.broadcast_state(root);
+}
 
 /// Whether a recovery over Comm can also merge new processes in (fault_options::replace): the
 /// spawn, the merge and the newcomers' detector are loom::mpi_comm's.
@@ -197,6 +176,69 @@ struct no_replica_left : rank_failure {
                       "from the newest checkpoint (" + f.what() + ")");
 }
 
+/// Failure detection over one fit (docs/fault-tolerance.md), a step observer: it turns the
+/// detection on where the engine and the run allow it (a replacement of a lost rank joins the
+/// survivors here), keeps the collectives' deadline at the one the step times give (and the
+/// checkpoints' around a checkpoint), reports a recovery once the first step after it is good,
+/// and runs the fit again after each failure it survives (run).
+class failure_watch final : public step_observer {
+ public:
+  /// Failure detection as opts.fault asks, where the engine can: recovery (e.caps.recovers),
+  /// or a roll call before the job ends (e.caps.detects); under neither, the communicators'
+  /// shared deadline where the runtime keeps survivors alive. `joining`: this process replaces
+  /// a lost rank (its first fit joins the survivors and takes their state: s.resume). `writer`:
+  /// the trainer's checkpoint writer, made by its first checkpoint (a recovery gives up the
+  /// checkpoint in flight).
+  LOOM_DECL failure_watch(erased_engine& e, run_state& s, const fit_options& opts, bool joining,
+                          const std::unique_ptr<io::checkpointer>& writer);
+
+  /// Failure detection is on (the survivors of a failure may go on).
+  bool watching() const noexcept { return s_.watching; }
+  /// A failure is survived in the process (failure detection, and a runtime that keeps the
+  /// survivors alive).
+  bool recovering() const noexcept { return recovering_; }
+
+  /// The deadline from the step's time; the last recovery's report once this step is good.
+  LOOM_DECL bool after_step(const step_point& p) override;
+  /// The step times are measured anew (new batch shapes); the checkpoints' are kept.
+  LOOM_DECL void after_recovery() override;
+
+  /// A checkpoint's collectives have a deadline of their own: checkpoint_begins() sets it,
+  /// checkpoint_ended(here_s, job_s) adds the checkpoint's times (this rank's in it; the
+  /// writers' job-wide, io::checkpointer::last_seconds) and sets the step deadline again.
+  LOOM_DECL void checkpoint_begins();
+  LOOM_DECL void checkpoint_ended(double here_s, double job_s);
+
+  /// Runs attempt(from); after each rank_failure, the recovery — the survivors agree, rebuild
+  /// and take the state of the one ahead (detail::survive) — then reshard() (the data dealt over
+  /// the world as it is now), the observers' after_recovery, and attempt again from where the
+  /// survivors are. A failure not survived ends the job: the roll call where the engine
+  /// detects, else `emergency()` (an emergency checkpoint where one is due), and the failure
+  /// goes on up. Returns the recoveries.
+  LOOM_DECL int run(const fit_position& from, step_observers& observers,
+                    const std::function<void(const fit_position&)>& attempt, const std::function<void()>& reshard,
+                    const std::function<void()>& emergency);
+
+  /// After the fit: the verdicts of a job that recovered are history (rank 0 removes them).
+  LOOM_DECL void end(int recoveries);
+
+ private:
+  void set_deadline(double d);
+  fit_position survive_failure(const rank_failure& first, int& recoveries);
+
+  erased_engine& e_;
+  run_state& s_;
+  const fit_options& opts_;
+  const std::unique_ptr<io::checkpointer>& writer_;
+  bool detecting_ = false, recovering_ = false, shared_deadlines_ = false;
+  step_clock steps_timed_;
+  std::string report_;  // the last recovery's, printed once the first step after it is good
+  monitor::clock::time_point failure_seen_{};
+};
+
+/// Rank 0's warning when fault_options::replace is on but no recovery runs in this fit.
+LOOM_DECL void warn_replace_without_recovery(const fault_options& fo, bool watching);
+
 /// The line a recovery prints once the first step after it is good.
 LOOM_DECL std::string recovery_report(int number, std::size_t step, const recovery_result& res, const rank_failure& f,
                                       const fault_marker& failed_at, int root, std::size_t behind, double exchange_s,
@@ -245,9 +287,8 @@ std::string join_exchange(Comm& m, Comm& world, bool newcomer, const fault_optio
 /// survivors with their ranks; otherwise the survivors go on as they are, and rank 0 says why.
 /// Appends its report to `report`; sets `began` to when the spawn began on success.
 template <class Comm>
-void bring_replacements(recovery_host<Comm>& h, const recovery_result& res, const fault_options& fo, int number,
-                        std::string& report, std::optional<monitor::clock::time_point>& began) {
-  Comm& comm = h.world_comm();
+void bring_replacements(Comm& comm, erased_engine& e, run_state& s, const recovery_result& res, const fault_options& fo,
+                        int number, std::string& report) {
   const auto t0 = monitor::clock::now();
   std::vector<std::string> hosts;
   for (const int l : res.lost) hosts.push_back(res.roll_call[static_cast<std::size_t>(l)].host);
@@ -263,16 +304,16 @@ void bring_replacements(recovery_host<Comm>& h, const recovery_result& res, cons
   auto merged = *sp.world;
   const auto t1 = monitor::clock::now();
   try {
-    const std::string refused = join_exchange(merged, comm, /*newcomer=*/false, fo, h.joined_description());
+    const std::string refused = join_exchange(merged, comm, /*newcomer=*/false, fo, s.joined_description);
     if (!refused.empty()) return give_up("the process started runs another job (it names the fields that differ on its stderr)");
   } catch (const rank_failure& e) {
     return give_up(std::string("it did not join within fault_options::replace_timeout_s: ") + e.what());
   }
   const int old_size = comm.size();
   comm.replace_after_recovery(std::move(merged));
-  h.broadcast_state(comm, 0);
+  broadcast_run(comm, e, s, 0);
   const double join_s = monitor::seconds_between(t1, monitor::clock::now());
-  began = t0;
+  s.replacement_began = t0;
   std::string joined;
   const auto& peers = comm.watch()->peers;
   for (int r = old_size; r < comm.size(); ++r)
@@ -282,7 +323,7 @@ void bring_replacements(recovery_host<Comm>& h, const recovery_result& res, cons
   std::snprintf(text, sizeof text,
                 "loom: replacement after recovery %d at step %zu: replaced %s by %s (%s, asked for host %s); %d ranks go on "
                 "(were %d); spawn %.3f s, merge %.3f s, join (job check, detector, state) %.3f s",
-                number, h.step(), lost.c_str(), joined.c_str(), sp.command.c_str(), hosts.empty() ? "-" : hosts[0].c_str(),
+                number, s.step, lost.c_str(), joined.c_str(), sp.command.c_str(), hosts.empty() ? "-" : hosts[0].c_str(),
                 comm.size(), old_size, sp.spawn_s, sp.merge_s, join_s);
   report += std::string("\n") + text;
 }
@@ -292,33 +333,31 @@ void bring_replacements(recovery_host<Comm>& h, const recovery_result& res, cons
 /// steps, and continue from its position with the same global batch shared by fewer ranks; with
 /// fault_options::replace, they start processes for the lost ranks (bring_replacements). A rank
 /// left out leaves the process (status 0: the job goes on without it). Returns the position to
-/// continue from; sets `report` to the line printed after the first good step and `lost_now` to
-/// the ranks lost, as soon as they are known (reported if the state exchange fails).
+/// continue from; sets `report` to the line printed after the first good step and
+/// s.interrupted_lost to the ranks lost, as soon as they are known (reported if the state
+/// exchange fails).
 template <class Comm>
-fit_position survive(recovery_host<Comm>& h, const rank_failure& f, const fault_options& fo, const std::string& checkpoint_dir,
-                     int number, const fault_marker& failed_at, io::checkpointer* ckpt, std::string& lost_now,
-                     std::string& report, std::optional<monitor::clock::time_point>& replacement_began) {
+fit_position survive(Comm& comm, erased_engine& e, run_state& s, const rank_failure& f, const fault_options& fo,
+                     const std::string& checkpoint_dir, int number, io::checkpointer* ckpt, std::string& report) {
   set_phase(fault_phase::recovery);
   const auto t0 = monitor::clock::now();
-  Comm& comm = h.world_comm();
+  const int replica_ranks = e.caps.replica_ranks;
   // The survivors wait in collectives, or compute for at most a step: they answer within a
   // deadline (at least 0.2 s; a silent peer on this host is looked at instead).
   const double window = std::max(0.2, comm.watch()->deadline_s);
   if (ckpt) ckpt->abandon();
-  const std::size_t step = h.step();
+  const std::size_t step = s.step;
   const recovery_request q{.committed_step = step, .window_s = window,
                            .verdict_dir = verdict_directory(fo, checkpoint_dir),
-                           .rebuild_timeout_s = std::max(5.0, 4 * window), .group_size = h.replica_ranks()};
+                           .rebuild_timeout_s = std::max(5.0, 4 * window), .group_size = replica_ranks};
   const int old_rank = comm.rank();
   const recovery_result res = recover_world(comm, q);
   const std::string roll = recovery_roll(res, window);
   if (res.no_whole_group) {
-    if constexpr (requires { fence_left_out(comm, res); }) {
-      recovery_result all = res;  // every survivor released: the first on a lost rank's host fences it
-      all.excluded = false;
-      all.released.clear();
-      fence_left_out(comm, all);
-    }
+    recovery_result all = res;  // every survivor released: the first on a lost rank's host fences it
+    all.excluded = false;
+    all.released.clear();
+    fence_left_out(comm, all);
     no_whole_replica_left(number, old_rank, step, res, f, roll);
   }
   if (res.excluded) {
@@ -326,18 +365,18 @@ fit_position survive(recovery_host<Comm>& h, const rank_failure& f, const fault_
       leave_with_replica(number, old_rank, res, roll);
     leave_after_verdict(number, old_rank, res, roll);
   }
-  lost_now = recovery_lost(res);
+  s.interrupted_lost = recovery_lost(res);
   // The state of the survivor that finished the most steps (the first such): a rank whose
   // last allreduce finished holds a step the others had not taken yet. A hybrid's ranks that
   // are a step behind hold that step's reduced gradients (its commit completed somewhere) and
   // take it themselves, before after_recovery gives the gradients fresh memory.
   std::uint64_t most[2] = {step, 0};
   comm.allreduce(most, 1, reduce_op::max);
-  const bool finished_here = most[0] == step + 1 && h.finish_committed_step();
+  const bool finished_here = most[0] == step + 1 && e.finish_committed_step();
   most[1] = step == most[0] ? static_cast<std::uint64_t>(comm.size() - comm.rank()) : 0;
   comm.allreduce(most + 1, 1, reduce_op::max);
   const int root = comm.size() - static_cast<int>(most[1]);
-  if (h.replica_ranks() > 1) {
+  if (replica_ranks > 1) {
     // Every rank of a hybrid must now be at the most advanced step: its slice's state is
     // taken from its own data-parallel group, where every replica has the same.
     const bool at_most = step == most[0] || finished_here;
@@ -351,10 +390,10 @@ fit_position survive(recovery_host<Comm>& h, const rank_failure& f, const fault_
           ") without the committed gradients to catch up, so the replicas cannot agree on one state; resume from the "
           "newest checkpoint");
   }
-  h.after_recovery();
-  h.broadcast_state(comm, root);
-  const fit_position p = h.position();
-  report = recovery_report(number, h.step(), res, f, failed_at, root, step, 
+  e.after_recovery();
+  broadcast_run(comm, e, s, root);
+  const fit_position p = s.at.next();
+  report = recovery_report(number, s.step, res, f, s.failed_at, root, step,
                            monitor::seconds_between(t0, monitor::clock::now()) - res.agree_s - res.rebuild_s, roll);
   if (finished_here) {
     std::fprintf(stderr, "loom: recovery %d: rank %d (was %d) finished step %llu from its reduced gradients (the step's "
@@ -363,7 +402,7 @@ fit_position survive(recovery_host<Comm>& h, const rank_failure& f, const fault_
     std::fflush(stderr);
   }
   if constexpr (can_spawn_replacements<Comm>)
-    if (fo.replace && !res.lost.empty() && h.replica_ranks() == 1) bring_replacements(h, res, fo, number, report, replacement_began);
+    if (fo.replace && !res.lost.empty() && replica_ranks == 1) bring_replacements(comm, e, s, res, fo, number, report);
   return p;
 }
 
@@ -422,9 +461,8 @@ template <class Comm>
 /// recovery (join_exchange, then their state), and returns where to continue. A replacement
 /// that runs another job, or that the survivors gave up on, says so and leaves (status 1).
 template <class Comm>
-fit_position join_as_replacement(recovery_host<Comm>& h, const fault_options& fo) {
+fit_position join_as_replacement(Comm& comm, erased_engine& e, run_state& s, const fault_options& fo) {
   set_phase(fault_phase::recovery);
-  Comm& comm = h.world_comm();
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
   auto leave = [&](const std::string& why) {
@@ -436,20 +474,20 @@ fit_position join_as_replacement(recovery_host<Comm>& h, const fault_options& fo
     std::_Exit(1);
   };
   try {
-    const std::string diff = join_exchange(comm, comm, /*newcomer=*/true, fo, h.joined_description());
+    const std::string diff = join_exchange(comm, comm, /*newcomer=*/true, fo, s.joined_description);
     if (!diff.empty()) leave("it does not run the survivors' job:" + diff);
-    h.broadcast_state(comm, 0);
+    broadcast_run(comm, e, s, 0);
   } catch (const rank_failure& e) {
     leave(std::string("the survivors did not complete its joining: ") + e.what());
   }
-  joining_as_replacement = false;
-  h.after_recovery();  // fresh gradient buffers, as on the survivors
+  fault_state.joining_as_replacement = false;
+  e.after_recovery();  // fresh gradient buffers, as on the survivors
   const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   std::fprintf(stderr, "loom: replacement: this process (pid %ld on %s) joined as rank %d of %d at step %zu, %.3f s after "
-               "it started MPI\n", static_cast<long>(::getpid()), host, comm.rank(), comm.size(), h.step(),
-               now - replacement_started_unix);
+               "it started MPI\n", static_cast<long>(::getpid()), host, comm.rank(), comm.size(), s.step,
+               now - fault_state.replacement_started_unix);
   std::fflush(stderr);
-  return h.position();
+  return s.at.next();
 }
 
 /// The first good step after a recovery: rank 0 prints the recovery's report (and the

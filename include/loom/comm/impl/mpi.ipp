@@ -86,9 +86,9 @@ LOOM_MPI_DECL void detail::mpi_watch::wait(int n, MPI_Request* r, MPI_Status* st
         // SIGTERM while a collective does not finish: mpirun ends the job because a peer
         // died (it sends SIGKILL a second later). A preemption's SIGTERM finds the peers
         // alive: their collectives finish within this grace.
-        if (preemption_signal == SIGTERM && waited > 0.1)
+        if (fault_state.preemption_signal == SIGTERM && waited > 0.1)
           fail(rank_failure::kind::terminating, op, rank, t0, -1, "SIGTERM arrived while it waited");
-        const double deadline = deadline_s > 0 ? deadline_s : whole ? whole->deadline_s : shared_deadline_s;
+        const double deadline = deadline_s > 0 ? deadline_s : whole ? whole->deadline_s : fault_state.shared_deadline_s;
         if (deadline > 0 && waited > deadline)
           fail(rank_failure::kind::deadline, op, rank, t0, -1,
                "not finished within its deadline of " + std::to_string(deadline) + " s");
@@ -114,7 +114,7 @@ LOOM_MPI_DECL void detail::mpi_watch::fail(rank_failure::kind k, const char* op,
   const double waited = std::chrono::duration<double>(clock::now() - t0).count();
   throw rank_failure(k, op, waited, peer,
                      std::string("loom::mpi_comm::") + op + ": rank " + std::to_string(rank) + " (" +
-                         to_string(fault_here) + "): " + why + " (waited " + std::to_string(waited) +
+                         to_string(fault_state.here) + "): " + why + " (waited " + std::to_string(waited) +
                          " s; last completed here: " + last_op + " at " + to_string(last_done) + ")");
 }
 
@@ -156,7 +156,7 @@ LOOM_MPI_DECL void mpi::environment::set_up() {
   detail::check_mpi(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "environment", 0);
   // The runtime keeps survivors alive: no communicator may wait forever for a dead peer.
   if (runtime_keeps_survivors()) {
-    if (detail::shared_deadline_s == 0) detail::shared_deadline_s = 60;
+    if (detail::fault_state.shared_deadline_s == 0) detail::fault_state.shared_deadline_s = 60;
     detail::ignore_broken_pipes();  // a survivor must not die writing to a dead peer's socket
   }
   MPI_Comm parent = MPI_COMM_NULL;
@@ -166,7 +166,7 @@ LOOM_MPI_DECL void mpi::environment::set_up() {
 
 LOOM_MPI_DECL void mpi::environment::join_survivors(MPI_Comm parent) {
   detail::exit_status_name = "replacement-" + std::to_string(::getpid());
-  detail::replacement_started_unix =
+  detail::fault_state.replacement_started_unix =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   MPI_Comm_set_errhandler(parent, MPI_ERRORS_RETURN);
   MPI_Comm bridge = MPI_COMM_NULL, inter = MPI_COMM_NULL, world = MPI_COMM_NULL;
@@ -176,12 +176,12 @@ LOOM_MPI_DECL void mpi::environment::join_survivors(MPI_Comm parent) {
   detail::check_mpi(MPI_Intercomm_merge(inter, 1, &world), "environment (replacement: merge with the survivors)", 0);
   MPI_Comm_set_errhandler(world, MPI_ERRORS_RETURN);
   detail::joined_world = world;
-  detail::joining_as_replacement = true;
+  detail::fault_state.joining_as_replacement = true;
   detail::restore_event_polling_after_failure();
   detail::ignore_broken_pipes();
   // The survivors' job has dead processes: MPI_Finalize's fence may never end (as after a
   // recovery).
-  detail::recovered = true;
+  detail::fault_state.recovered = true;
 }
 
 LOOM_MPI_DECL mpi_comm::mpi_comm(const boost::mpi::communicator& comm) {
@@ -193,8 +193,8 @@ LOOM_MPI_DECL mpi_comm::mpi_comm(const boost::mpi::communicator& comm) {
   detail::check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "mpi_comm", 0);
   detail::check_mpi(MPI_Comm_rank(comm_, &rank_), "mpi_comm", 0);
   detail::check_mpi(MPI_Comm_size(comm_, &size_), "mpi_comm", rank_);
-  if (detail::shared_deadline_s > 0) {
-    // Deadlines only (detail::shared_deadline_s): no control communicator, no roll call.
+  if (detail::fault_state.shared_deadline_s > 0) {
+    // Deadlines only (detail::fault_state.shared_deadline_s): no control communicator, no roll call.
     watch_ = std::make_shared<detail::mpi_watch>();
     watch_->deadline_s = 0;
   }

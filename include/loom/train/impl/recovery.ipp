@@ -7,6 +7,142 @@
 
 namespace loom::detail {
 
+LOOM_DECL failure_watch::failure_watch(erased_engine& e, run_state& s, const fit_options& opts, bool joining,
+                                       const std::unique_ptr<io::checkpointer>& writer)
+    : e_(e), s_(s), opts_(opts), writer_(writer), steps_timed_(opts.fault, opts.fault.min_deadline_s) {
+  const fault_options& fo = opts.fault;
+  const bool several = e.world() > 1;
+  const double first_deadline = fo.deadline_s > 0 ? fo.deadline_s : fo.startup_deadline_s;
+  // Failure detection (deadlines on every collective), and recovery where the runtime keeps
+  // the survivors alive: data parallelism, the hybrids' whole replicas (caps.recovers).
+  s.watching = false;
+  if (e.caps.recovers) {
+    if (e.caps.replaces && joining) {
+      s.resume = e.join_as_replacement(s, opts);  // the survivors' job check, detector and state
+      s.watching = true;
+    }
+    if (!joining && fo.detect && several) {
+      e.watch_for_failures(first_deadline);
+      s.watching = true;
+    }
+  }
+  // Where no recovery is possible (pipelines, tensor parallelism, the hybrids, sharded state):
+  // deadlines on every communicator and, on a failure, a roll call before the job ends.
+  detecting_ = e.caps.detects && fo.detect && several;
+  if (detecting_) e.watch_for_failures(first_deadline);
+  recovering_ = s.watching && (fo.recovery == recovery_mode::on ||
+                               (fo.recovery == recovery_mode::automatic && runtime_keeps_survivors()));
+  // A hybrid that recovers commits each step over the world (docs/fault-tolerance.md, "Hybrids").
+  e.set_step_commit(recovering_);
+  if (fo.replace && !recovering_ && e.rank() == 0 && several && !joining) warn_replace_without_recovery(fo, s.watching);
+  steps_timed_.set_floor(recovering_ ? fo.min_deadline_s : std::max(fo.min_deadline_s, fo.min_deadline_without_recovery_s));
+  // The communicators of a policy without a detector of its own (over a communicator other than
+  // loom::mpi_comm) wait at most the step-derived deadline too, where the runtime keeps
+  // survivors alive: a dead peer then ends the job (loomrun restarts it from its checkpoint)
+  // instead of hanging it.
+  shared_deadlines_ = !e.caps.recovers && !detecting_ && fo.detect && fault_state.shared_deadline_s > 0;
+}
+
+LOOM_DECL void failure_watch::set_deadline(double d) {
+  if (shared_deadlines_) fault_state.shared_deadline_s = d;
+  if (s_.watching || detecting_) e_.set_deadline(d);
+}
+
+LOOM_DECL bool failure_watch::after_step(const step_point& p) {
+  if (shared_deadlines_ || s_.watching || detecting_) set_deadline(steps_timed_.add(monitor::seconds_between(p.started, p.ended)));
+  if (s_.watching && !report_.empty()) {
+    report_first_good_step(e_.rank(), e_.world(), p.step, report_, failure_seen_, p.ended, s_.replacement_began);
+    report_.clear();
+    s_.replacement_began.reset();
+  }
+  return true;
+}
+
+LOOM_DECL void failure_watch::after_recovery() {
+  steps_timed_.restart();
+  if (e_.caps.recovers) e_.set_deadline(steps_timed_.deadline());
+}
+
+// The checkpoint's collectives: the peers of the rank that writes the most wait for it (and
+// for the previous checkpoint's writers). Every rank leaves a checkpoint after its last
+// collective, and an asynchronous write goes on beside the steps without holding any
+// collective of theirs: the next step has the step deadline.
+LOOM_DECL void failure_watch::checkpoint_begins() { set_deadline(steps_timed_.checkpoint_deadline()); }
+LOOM_DECL void failure_watch::checkpoint_ended(double here_s, double job_s) {
+  steps_timed_.add_checkpoint(here_s, job_s);
+  set_deadline(steps_timed_.deadline());
+}
+
+LOOM_DECL int failure_watch::run(const fit_position& from, step_observers& observers,
+                                 const std::function<void(const fit_position&)>& attempt,
+                                 const std::function<void()>& reshard, const std::function<void()>& emergency) {
+  fit_position at = from;
+  for (int recoveries = 0;;) {
+    try {
+      attempt(at);
+      return recoveries;
+    } catch (const rank_failure& f) {
+      s_.failed_at = fault_state.here;
+      failure_seen_ = monitor::clock::now() - std::chrono::duration_cast<monitor::clock::duration>(
+                                                  std::chrono::duration<double>(f.waited_s()));
+      if (!recovering_) {
+        if (detecting_ || e_.caps.ends_with_roll_call) e_.end_after_failure(s_, f, opts_);
+        emergency();
+        throw;
+      }
+      at = survive_failure(f, recoveries);
+      reshard();
+      observers.after_recovery();
+    }
+  }
+}
+
+LOOM_DECL fit_position failure_watch::survive_failure(const rank_failure& first, int& recoveries) {
+  rank_failure f = first;
+  // Reports of recoveries that another failure cut short go out with the next recovery's, by
+  // the rank 0 after it: the rank 0 of the world they left may be the one that died.
+  std::string earlier;
+  // The last recovery's report waits for its first good step; a failure came first (two
+  // failures close together).
+  if (!report_.empty()) {
+    earlier = report_ + "\nloom: recovery: no good step after it: another failure came first (" + f.what() + ")\n";
+    report_.clear();
+    s_.replacement_began.reset();
+  }
+  // A survivor that dies during the recovery (its state broadcast) makes the next one.
+  fit_position at;
+  for (;;) {
+    try {
+      at = e_.survive(s_, f, opts_, ++recoveries, writer_.get(), report_);
+      break;
+    } catch (const no_replica_left&) {
+      throw;  // a hybrid with no whole replica left: the job ends
+    } catch (const rank_failure& again) {
+      earlier += "loom: recovery " + std::to_string(recoveries) + " at step " + std::to_string(s_.step) + ": lost " +
+                 (s_.interrupted_lost.empty() ? std::string("no rank") : s_.interrupted_lost) +
+                 "; interrupted during its state exchange: " + again.what() + "\n";
+      f = again;
+      s_.failed_at = fault_state.here;
+    }
+  }
+  if (!earlier.empty()) report_ = earlier + report_;
+  return at;
+}
+
+LOOM_DECL void failure_watch::end(int recoveries) {
+  if (!s_.watching || e_.rank() != 0 || recoveries == 0 || !e_.caps.recovers) return;
+  std::error_code ec;  // the verdicts of this job are history now
+  std::filesystem::remove_all(verdict_directory(opts_.fault, opts_.checkpoint.directory) / ("job-" + e_.watch_job_id()), ec);
+}
+
+LOOM_DECL void warn_replace_without_recovery(const fault_options& fo, bool watching) {
+  std::fprintf(stderr, "loom: fault_options::replace is on, but no recovery runs in this fit (%s): a lost rank ends "
+               "the job and no replacement is started\n",
+               !watching ? "failure detection is off" : fo.recovery == recovery_mode::off ? "recovery is off"
+                                                                    : "not under mpirun --enable-recovery");
+  std::fflush(stderr);
+}
+
 LOOM_DECL std::string fmt_seconds(double s) {
   char t[32];
   std::snprintf(t, sizeof t, "%.3f s", s);
