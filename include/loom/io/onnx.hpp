@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // loom::export_onnx: a trained network as an ONNX model (opset 17, IR version 8) for ONNX
-// Runtime and TensorRT, with a symbolic batch dimension. The layers map to Conv, Gemm
-// (transB=1), Relu, LeakyRelu, Tanh, Sigmoid, GELU in its Erf form, MaxPool, AveragePool,
-// Flatten(axis=1), LayerNormalization over the whole sample, Add around a residual's inner
-// graph; dropout is left out. Initializers carry the safetensors names ("3.weight"). The file
-// is encoded by io/protobuf.hpp (no libprotobuf) and written crash-safe (io/file.hpp).
+// Runtime and TensorRT, with a symbolic batch dimension. Each layer adds its own nodes through
+// loom::onnx_graph (loom/layers/describe.hpp; loom's map to Conv, Gemm (transB=1), Relu,
+// LeakyRelu, Tanh, Sigmoid, GELU in its Erf form, MaxPool, AveragePool, Flatten(axis=1),
+// LayerNormalization over the whole sample, Add around a residual's inner graph; dropout adds
+// none), which this file implements. Initializers carry the safetensors names ("3.weight"). The
+// file is encoded by io/protobuf.hpp (no libprotobuf) and written crash-safe (io/file.hpp).
 
 #include <cstddef>
 #include <cstdint>
@@ -93,9 +94,8 @@ inline std::size_t onnx_type_bytes(onnx_precision p) { return p == onnx_precisio
 /// values converted to the precision's element type, as little-endian bytes.
 LOOM_DECL std::string onnx_raw(std::span<const float> values, onnx_precision p);
 
-LOOM_DECL protobuf::message onnx_attr(std::string_view name, std::int64_t v);
-LOOM_DECL protobuf::message onnx_attr(std::string_view name, float v);
-LOOM_DECL protobuf::message onnx_attr(std::string_view name, const std::vector<std::int64_t>& v);
+/// An AttributeProto.
+LOOM_DECL protobuf::message onnx_attribute_proto(const onnx_attribute& a);
 
 /// A TensorProto with its data inline.
 LOOM_DECL protobuf::message onnx_tensor(std::string_view name, const std::vector<std::size_t>& dims, int type,
@@ -105,8 +105,10 @@ LOOM_DECL protobuf::message onnx_tensor(std::string_view name, const std::vector
 LOOM_DECL protobuf::message onnx_value_info(std::string_view name, int type, std::string_view batch,
                                             const std::vector<std::size_t>& sample);
 
-/// The graph being built: nodes in order, then encoded once the output's name is known.
-class onnx_graph_builder {
+/// The graph being built: nodes in order, then encoded once the output's name is known. Each
+/// layer's onnx() adds its nodes through the onnx_graph interface, named after the layer's path
+/// ("/3/Gemm", "/6/0/Relu"; a repeated name gets "_1", "_2", ...).
+class onnx_graph_builder final : public onnx_graph {
  public:
   onnx_graph_builder(std::span<const float> params, const onnx_options& o) : params_(params), o_(o) {}
 
@@ -115,40 +117,44 @@ class onnx_graph_builder {
     std::vector<std::string> inputs, outputs;
     std::vector<protobuf::message> attrs;
   };
-  struct initializer {
+  struct initializer_data {
     std::string name;
     std::vector<std::size_t> dims;
     std::string raw;
   };
 
-  /// Adds node op at layer `path` and returns the name of its output.
-  std::string add(std::string_view op, const std::string& path, std::vector<std::string> inputs,
-                  std::vector<protobuf::message> attrs = {});
-  /// A scalar constant in the graph's element type, as a Constant node.
-  std::string constant(const std::string& path, float v);
-  /// Opset 17 defines Conv, MaxPool and AveragePool for float16, float and double only: in a
-  /// bf16 export their operands are cast to float (back=false) and their result back to bf16
-  /// (back=true). Other precisions: v itself.
-  std::string in_float(const std::string& path, const std::string& v, bool back = false);
-  /// The layer's parameter tensor t as an initializer; returns its name.
-  std::string weight(const tensor_description& t);
-
-  std::string layers(const std::vector<layer_description>& ls, std::string x);
-
-  std::string layer(const layer_description& l, const std::string& x);
+  std::string add_node(std::string_view op, std::initializer_list<std::string_view> inputs,
+                       std::initializer_list<onnx_attribute> attributes = {}) override;
+  std::string add_float_node(std::string_view op, std::initializer_list<std::string_view> inputs,
+                             std::initializer_list<onnx_attribute> attributes = {}) override;
+  std::string_view initializer(const tensor_description& t) override;
+  std::string constant(float v) override;
+  /// Each layer's nodes in turn, named after its path.
+  /// Throws: loom::error for a layer without an ONNX export (a description not made by loom).
+  std::string layers(const std::vector<layer_description>& ls, const std::string& x) override;
 
   /// Renames the value `from` (the output of the last node) to `to`.
   void rename_output(const std::string& from, const std::string& to);
 
   std::vector<node>& nodes() noexcept { return nodes_; }
-  std::vector<initializer>& initializers() noexcept { return inits_; }
+  std::vector<initializer_data>& initializers() noexcept { return inits_; }
 
  private:
+  /// Adds node op of the current layer, its attributes encoded; returns its output's name.
+  std::string add(std::string_view op, std::vector<std::string> inputs, std::vector<protobuf::message> attrs);
+  static std::vector<protobuf::message> encoded(std::initializer_list<onnx_attribute> attributes);
+  /// Opset 17 defines Conv, MaxPool and AveragePool for float16, float and double only: in a
+  /// bf16 export their operands are cast to float (back=false) and their result back to bf16
+  /// (back=true). Other precisions: v itself.
+  std::string in_float(const std::string& v, bool back = false);
+
   std::span<const float> params_;
   const onnx_options& o_;
   std::vector<node> nodes_;
-  std::vector<initializer> inits_;
+  std::vector<initializer_data> inits_;
   std::map<std::string, int> used_;
+  /// The path of the layer whose nodes are being added ("" for the graph's own Cast, Softmax).
+  std::string path_;
 };
 
 /// Whether weights of weight_bytes go to external data under `mode`.

@@ -4,9 +4,12 @@
 // the same shape, no parameters. They work on the activation's physical layout as it is.
 
 #include <cstddef>
+#include <string>
 #include <type_traits>
 
 #include "loom/backend/kernels/activation.hpp"
+#include "loom/core/config.hpp"
+#include "loom/layers/describe.hpp"
 #include "loom/layers/layer.hpp"
 
 namespace loom {
@@ -26,6 +29,16 @@ struct pointwise_layer {
   static constexpr std::size_t parameter_count = 0;
   template <class In>
   static constexpr double flops = 1.0 * In::size;
+
+  /// Its name; each activation gives its ONNX node (onnx()) itself, its body compiled once in
+  /// impl/activation.ipp.
+  template <class In>
+  static void describe(layer_description& d) {
+    d.set_text(Name);
+  }
+  /// It works on its input's layout as it is.
+  template <class In, class Backend>
+  static constexpr layout_effect layout = layout_effect::keeps;
 
   template <class In, class T, class Backend>
   class impl {
@@ -48,21 +61,43 @@ inline constexpr char leaky_relu_name[] = "leaky_relu";
 inline constexpr char tanh_name[] = "tanh";
 inline constexpr char sigmoid_name[] = "sigmoid";
 inline constexpr char gelu_name[] = "gelu";
+
+/// LeakyRelu with the slope as loom computes it, float(millis) / float(1000) (compiled once, as
+/// the other activations' ONNX nodes: impl/activation.ipp).
+LOOM_DECL std::string leaky_relu_onnx(onnx_graph& g, const std::string& x, int slope_millis);
 }  // namespace detail
 
 /// max(x, 0).
-struct relu : detail::pointwise_layer<kernels::relu_op, detail::relu_name> {};
+struct relu : detail::pointwise_layer<kernels::relu_op, detail::relu_name> {
+  LOOM_DECL static std::string onnx(onnx_graph& g, const layer_description& d, const std::string& x);
+};
 /// x for x > 0, SlopeMillis / 1000 * x otherwise.
 template <int SlopeMillis>
-struct leaky_relu_slope : detail::pointwise_layer<kernels::leaky_relu_op<SlopeMillis>, detail::leaky_relu_name> {};
+struct leaky_relu_slope : detail::pointwise_layer<kernels::leaky_relu_op<SlopeMillis>, detail::leaky_relu_name> {
+  template <class In>
+  static void describe(layer_description& d) {
+    d.set_text("leaky_relu_slope", {SlopeMillis});
+  }
+  static std::string onnx(onnx_graph& g, const layer_description&, const std::string& x) {
+    return detail::leaky_relu_onnx(g, x, SlopeMillis);
+  }
+};
 /// Leaky ReLU with slope 0.01 (PyTorch's default).
 struct leaky_relu : leaky_relu_slope<10> {};
 /// Hyperbolic tangent.
-struct tanh : detail::pointwise_layer<kernels::tanh_op, detail::tanh_name> {};
+struct tanh : detail::pointwise_layer<kernels::tanh_op, detail::tanh_name> {
+  LOOM_DECL static std::string onnx(onnx_graph& g, const layer_description& d, const std::string& x);
+};
 /// Logistic sigmoid 1 / (1 + e^-x), computed stably on both tails.
-struct sigmoid : detail::pointwise_layer<kernels::sigmoid_op, detail::sigmoid_name> {};
+struct sigmoid : detail::pointwise_layer<kernels::sigmoid_op, detail::sigmoid_name> {
+  LOOM_DECL static std::string onnx(onnx_graph& g, const layer_description& d, const std::string& x);
+};
 /// GELU, exact: x Phi(x).
-struct gelu : detail::pointwise_layer<kernels::gelu_op, detail::gelu_name> {};
+struct gelu : detail::pointwise_layer<kernels::gelu_op, detail::gelu_name> {
+  /// loom's exact GELU, 0.5 x (1 + erf(x * (1 / sqrt 2))), in that order of operations (opset 17
+  /// has no Gelu operator).
+  LOOM_DECL static std::string onnx(onnx_graph& g, const layer_description& d, const std::string& x);
+};
 
 // ---- ReLU fusion: the one rule ------------------------------------------------------------
 
@@ -84,3 +119,7 @@ inline constexpr bool fuses_into_previous = std::is_same_v<Next, relu> && can_fu
 }  // namespace detail
 
 }  // namespace loom
+
+#if defined(LOOM_DEFINITIONS_VISIBLE)
+#include "loom/layers/impl/activation.ipp"
+#endif

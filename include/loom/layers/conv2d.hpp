@@ -7,11 +7,39 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
 
+#include "loom/core/config.hpp"
 #include "loom/core/geometry.hpp"
+#include "loom/layers/describe.hpp"
 #include "loom/layers/layer.hpp"
 
 namespace loom {
+
+namespace detail {
+/// Whether Backend keeps activations in layouts of its own (oneDNN's nChw16c): its format holds
+/// a layout; loom::cuda's is always plain.
+template <class Backend>
+constexpr bool layouts_can_block() {
+  return !std::is_empty_v<typename Backend::format>;
+}
+/// The memory plan's model of oneDNN's choice: a convolution computes in a channel-blocked
+/// layout (nChw8c, nChw16c) when its channels split into blocks of 8 without padding, and in
+/// plain NCHW otherwise (loom refuses padded layouts, and oneDNN's kernels for few input
+/// channels, an image's 1 or 3, read plain NCHW). Exact with oneDNN 2.6 on AVX-512; on AVX2 the
+/// backward of a convolution of 1 input channel pads its input and weight gradient to 8
+/// channels besides (docs/memory-plan.md).
+template <class Backend>
+constexpr bool blocks_channels(std::size_t channels) {
+  return layouts_can_block<Backend>() && channels % 8 == 0;
+}
+
+/// conv2d's ONNX node (compiled once: impl/conv2d.ipp).
+LOOM_DECL std::string conv2d_onnx(onnx_graph& g, const layer_description& d, const std::string& x, std::int64_t kernel,
+                                  std::int64_t stride, std::int64_t pad);
+}  // namespace detail
 
 /// 2-D convolution. Input shape<C, H, W>; output shape<OutChannels, OH, OW> with
 /// OH = (H + 2 Pad - Kernel) / Stride + 1 (likewise OW). Init: He normal weights, zero biases.
@@ -66,6 +94,39 @@ struct conv2d {
   template <class In>
   static constexpr double flops = 2.0 * OutChannels * geometry<In>.oh() * geometry<In>.ow() * In::dims[0] * Kernel * Kernel;
 
+  /// As torch.nn.Conv2d(C, OutChannels, Kernel, Stride, Pad): weight (OutChannels, C, K, K), bias
+  /// (OutChannels).
+  template <class In>
+  static void describe(layer_description& d) {
+    d.set_text("conv2d", {OutChannels, Kernel, Stride, Pad});
+    d.parameter("weight", {OutChannels, In::dims[0], Kernel, Kernel});
+    d.parameter("bias", {OutChannels});
+  }
+  /// Conv with square windows, the same padding on every side.
+  static std::string onnx(onnx_graph& g, const layer_description& d, const std::string& x) {
+    return detail::conv2d_onnx(g, d, x, Kernel, Stride, Pad);
+  }
+  /// The backend's plan (cpu_conv2d_plan) holds the weights reordered for forward and for
+  /// backward-data (only when dx is asked for) and the weight gradient in the primitive's layout,
+  /// and when gradients accumulate, a plain copy of it and the bias gradient; a plain input with
+  /// channels oneDNN blocks is reordered (for forward and backward-weights, one scratch), and so
+  /// is its gradient, back to plain. Nothing on a backend whose layouts are always plain.
+  template <class In, class Backend>
+  static constexpr sequence_elements footprint(const footprint_context& c) {
+    sequence_elements e;
+    if constexpr (detail::layouts_can_block<Backend>()) {
+      constexpr std::size_t w = OutChannels * In::dims[0] * Kernel * Kernel;
+      e.fixed_scratch = w * (c.needs_input_gradient ? 3 : 2) + (c.accumulates ? w + OutChannels : 0);
+      if (!c.input_blocked && detail::blocks_channels<Backend>(In::dims[0]))
+        e.scratch = In::size + (c.needs_input_gradient ? In::size : 0);
+    }
+    return e;
+  }
+  /// Its output comes in the layout the backend computes in.
+  template <class In, class Backend>
+  static constexpr layout_effect layout =
+      detail::blocks_channels<Backend>(OutChannels) ? layout_effect::blocks : layout_effect::plain;
+
   template <class In, class T, class Backend>
   class impl {
     static constexpr conv2d_geometry g_ = geometry<In>;
@@ -101,3 +162,7 @@ struct conv2d {
 };
 
 }  // namespace loom
+
+#if defined(LOOM_DEFINITIONS_VISIBLE)
+#include "loom/layers/impl/conv2d.ipp"
+#endif

@@ -5,8 +5,10 @@
 // recomputes the mask instead of storing it.
 
 #include <cstddef>
+#include <string>
 
 #include "loom/backend/kernels/elementwise.hpp"
+#include "loom/layers/describe.hpp"
 #include "loom/layers/layer.hpp"
 
 namespace loom {
@@ -34,6 +36,16 @@ struct dropout_rate {
   static constexpr std::size_t parameter_count = 0;
   template <class In>
   static constexpr double flops = 1.0 * In::size;
+
+  template <class In>
+  static void describe(layer_description& d) {
+    d.set_text("dropout_rate", {Percent});
+  }
+  /// The identity at inference: no node.
+  static std::string onnx(onnx_graph&, const layer_description&, const std::string& x) { return x; }
+  /// It keeps its input's layout.
+  template <class In, class Backend>
+  static constexpr layout_effect layout = layout_effect::keeps;
 
   template <class In, class T, class Backend>
   class impl {

@@ -4,7 +4,10 @@
 // torch.flatten on NCHW). Converts a backend-chosen layout back to plain.
 
 #include <cstddef>
+#include <string>
 
+#include "loom/core/config.hpp"
+#include "loom/layers/describe.hpp"
 #include "loom/layers/layer.hpp"
 
 namespace loom {
@@ -23,6 +26,18 @@ struct flatten {
   static constexpr std::size_t parameter_count = 0;
   template <class In>
   static constexpr double flops = 0;
+
+  template <class In>
+  static void describe(layer_description& d) {
+    d.set_text("flatten");
+  }
+  /// Flatten(axis=1) (compiled once: impl/flatten.ipp).
+  LOOM_DECL static std::string onnx(onnx_graph& g, const layer_description& d, const std::string& x);
+  /// A blocked input is brought to plain first (its layout converter's buffer); the output is plain.
+  template <class In, class Backend>
+  static constexpr sequence_elements footprint(const footprint_context& c) {
+    return {.scratch = c.input_blocked ? In::size : 0};
+  }
 
   template <class In, class T, class Backend>
   class impl {
@@ -48,3 +63,7 @@ struct flatten {
 };
 
 }  // namespace loom
+
+#if defined(LOOM_DEFINITIONS_VISIBLE)
+#include "loom/layers/impl/flatten.ipp"
+#endif

@@ -116,10 +116,13 @@ void fill_normal(T* w, std::size_t n, double stddev, std::uint64_t seed, std::ui
 ///         static_asserts that say why not (Index is the layer's position for the message)
 ///   template <class In> using output_shape;                     — valid only when accepts<In>
 ///   template <class In> static constexpr std::size_t parameter_count;
+///   template <class In> static constexpr double flops;         — forward, per sample
 ///   template <class In, class T, class Backend> class impl;     — forward / backward
 /// impl::initialize(params, seed) writes the layer's initial parameters to host memory (the
 /// model copies them to the backend's memory space); forward and backward work on memory of
-/// the backend's space.
+/// the backend's space. Beside those it describes itself (loom/layers/describe.hpp: describe
+/// and onnx for the file formats, footprint and layout for the memory plan; or a
+/// loom::layer_traits specialisation); docs/layers.md lists them all.
 template <class L, class In>
 concept layer_for = shape_type<In> && requires {
   { L::template accepts<In> } -> std::convertible_to<bool>;

@@ -5,9 +5,12 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <string>
 
 #include "loom/backend/kernels/normalization.hpp"
+#include "loom/core/config.hpp"
 #include "loom/core/memory.hpp"
+#include "loom/layers/describe.hpp"
 #include "loom/layers/layer.hpp"
 
 namespace loom {
@@ -33,6 +36,23 @@ struct layer_norm {
   static constexpr std::size_t parameter_count = 2 * In::size;
   template <class In>
   static constexpr double flops = 8.0 * In::size;
+
+  /// As torch.nn.LayerNorm(sample shape): weight and bias of the sample's whole shape.
+  template <class In>
+  static void describe(layer_description& d) {
+    d.set_text("layer_norm");
+    d.parameter("weight", In::dims);
+    d.parameter("bias", In::dims);
+  }
+  /// LayerNormalization from axis 1 on, over every dimension of a sample, as loom::layer_norm and
+  /// nn.LayerNorm(sample shape) (compiled once: impl/layer_norm.ipp).
+  LOOM_DECL static std::string onnx(onnx_graph& g, const layer_description& d, const std::string& x);
+  /// The mean and 1/std of each sample; a blocked input is brought to plain (and so is its
+  /// gradient, when asked for). The output is plain.
+  template <class In, class Backend>
+  static constexpr sequence_elements footprint(const footprint_context& c) {
+    return {.saved = 2, .scratch = c.input_blocked ? In::size + (c.needs_input_gradient ? In::size : 0) : 0};
+  }
 
   template <class In, class T, class Backend>
   class impl {
@@ -76,3 +96,7 @@ struct layer_norm {
 };
 
 }  // namespace loom
+
+#if defined(LOOM_DEFINITIONS_VISIBLE)
+#include "loom/layers/impl/layer_norm.ipp"
+#endif

@@ -8,8 +8,11 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <string>
 
 #include "loom/backend/kernels/elementwise.hpp"
+#include "loom/core/config.hpp"
+#include "loom/layers/describe.hpp"
 #include "loom/layers/layer.hpp"
 
 namespace loom {
@@ -19,6 +22,9 @@ namespace detail {
 /// [relu](x W^T + b) in one pass (loom::cuda, through cuBLASLt's epilogues).
 template <class Backend>
 concept has_linear_forward = Backend::has_linear_forward;
+
+/// linear's ONNX node (one function for every linear<Out>, compiled once: impl/linear.ipp).
+LOOM_DECL std::string linear_onnx(onnx_graph& g, const layer_description& d, const std::string& x);
 }  // namespace detail
 
 /// A fully connected layer with Out outputs. Input: a 1-D shape<In>; output: shape<Out>.
@@ -56,6 +62,19 @@ struct linear {
   /// Multiply-adds x 2 per sample, forward only.
   template <class In>
   static constexpr double flops = 2.0 * In::size * Out;
+
+  /// As torch.nn.Linear(In, Out): weight (Out, In), bias (Out).
+  template <class In>
+  static void describe(layer_description& d) {
+    d.set_text("linear", {Out});
+    d.parameter("weight", {Out, In::size});
+    d.parameter("bias", {Out});
+  }
+  /// Gemm(x, W, b) with W transposed.
+  static std::string onnx(onnx_graph& g, const layer_description& d, const std::string& x) {
+    return detail::linear_onnx(g, d, x);
+  }
+  // Memory: nothing besides its output; the output is plain (the footprint and layout defaults).
 
   template <class In, class T, class Backend>
   class impl {
@@ -109,3 +128,7 @@ struct linear {
 };
 
 }  // namespace loom
+
+#if defined(LOOM_DEFINITIONS_VISIBLE)
+#include "loom/layers/impl/linear.ipp"
+#endif

@@ -4,13 +4,21 @@
 // windows of a (C, H, W) input, without padding. No parameters.
 
 #include <cstddef>
+#include <cstdint>
+#include <string>
 
+#include "loom/core/config.hpp"
 #include "loom/core/geometry.hpp"
+#include "loom/layers/describe.hpp"
 #include "loom/layers/layer.hpp"
 
 namespace loom {
 
 namespace detail {
+/// The pooling layers' ONNX node (compiled once: impl/pool2d.ipp).
+LOOM_DECL std::string pool2d_onnx(onnx_graph& g, const std::string& x, pool_kind kind, std::int64_t kernel,
+                                  std::int64_t stride);
+
 template <pool_kind Kind, std::size_t Kernel, std::size_t Stride>
 struct pool2d_layer {
   static constexpr bool is_loom_layer = true;
@@ -60,6 +68,18 @@ struct pool2d_layer {
   template <class In>
   static constexpr double flops = 1.0 * In::dims[0] * geometry<In>.oh() * geometry<In>.ow() * Kernel * Kernel;
 
+  template <class In>
+  static void describe(layer_description& d) {
+    d.set_text(name, {Kernel, Stride});
+  }
+  /// MaxPool or AveragePool without padding.
+  static std::string onnx(onnx_graph& g, const layer_description&, const std::string& x) {
+    return pool2d_onnx(g, x, Kind, Kernel, Stride);
+  }
+  /// It pools in its input's layout.
+  template <class In, class Backend>
+  static constexpr layout_effect layout = layout_effect::keeps;
+
   template <class In, class T, class Backend>
   class impl {
    public:
@@ -91,3 +111,7 @@ template <std::size_t Kernel, std::size_t Stride = Kernel>
 struct avg_pool2d : detail::pool2d_layer<pool_kind::average, Kernel, Stride> {};
 
 }  // namespace loom
+
+#if defined(LOOM_DEFINITIONS_VISIBLE)
+#include "loom/layers/impl/pool2d.ipp"
+#endif

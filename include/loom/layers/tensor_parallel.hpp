@@ -19,6 +19,7 @@
 #include "loom/core/error.hpp"
 #include "loom/core/memory.hpp"
 #include "loom/core/random.hpp"
+#include "loom/layers/describe.hpp"
 #include "loom/layers/layer.hpp"
 #include "loom/layers/linear.hpp"
 
@@ -98,6 +99,8 @@ void check_site(const layer_site& site, const char* layer) {
 /// initialisation and results. Split (loom::tensor_parallel_network), a slice outputs N/T
 /// features when a loom::row_parallel follows it (through point-wise activations only), and
 /// otherwise the whole N, gathered over the group; its input gradient is summed over the group.
+/// Weights files, checkpoints, ONNX and the fingerprint describe it as the linear it is whole
+/// (it inherits linear's describe and onnx).
 template <class Linear>
 struct column_parallel : detail::already_reported {
   static_assert(detail::is_linear_v<Linear>,
@@ -117,7 +120,8 @@ struct column_parallel<linear<Out, Init>> : linear<Out, Init> {
 /// whole bias b. Run whole it is loom::linear<N, Init>. Split, a slice takes the K/T features
 /// the loom::column_parallel before it produced (through point-wise activations only), or, with
 /// no such layer, its own K/T of the whole input; its partial products are summed over the
-/// group (one allreduce) and b is added once, after the sum.
+/// group (one allreduce) and b is added once, after the sum. Described as the linear it is whole,
+/// as column_parallel.
 template <class Linear>
 struct row_parallel : detail::already_reported {
   static_assert(detail::is_linear_v<Linear>,
@@ -184,6 +188,12 @@ struct column_parallel_shard<linear<Out, Init>, Width, SplitOutput> {
   static constexpr std::size_t parameter_count = local_outputs * In::size + local_outputs;
   template <class In>
   static constexpr double flops = 2.0 * In::size * local_outputs;
+
+  /// bias_: the zero-padded bias of an output it gathers over the group. Its output is plain.
+  template <class In, class Backend>
+  static constexpr sequence_elements footprint(const footprint_context&) {
+    return {.fixed_comm = !SplitOutput && Width > 1 ? Out : 0};
+  }
 
   template <class In, class T, class Backend>
   class impl {

@@ -4,13 +4,23 @@
 // shape of its input. F's parameters sit inside the residual's span of the flat buffer.
 
 #include <cstddef>
+#include <string>
 
 #include "loom/backend/kernels/elementwise.hpp"
+#include "loom/core/config.hpp"
 #include "loom/core/memory.hpp"
+#include "loom/layers/describe.hpp"
 #include "loom/layers/layer.hpp"
+#include "loom/nn/describe.hpp"
 #include "loom/nn/sequence.hpp"
 
 namespace loom {
+
+namespace detail {
+/// A residual's text, "residual<inner texts>", and its ONNX nodes (compiled once: impl/residual.ipp).
+LOOM_DECL void residual_text(layer_description& d);
+LOOM_DECL std::string residual_onnx(onnx_graph& g, const layer_description& d, const std::string& x);
+}  // namespace detail
 
 /// A skip connection around Layers...: output = input + Layers...(input). The inner stack's
 /// output shape must equal its input shape (a compile error names both otherwise).
@@ -56,6 +66,29 @@ struct residual {
     for (double f : inner<In>::flops) s += f;
     return s;
   }();
+
+  /// Its inner layers, named as the torch.nn.Sequential inside it ("3.0", "3.1", ...).
+  template <class In>
+  static void describe(layer_description& d) {
+    d.inner = detail::describe_chain<inner<In>, Layers...>(d.path + ".");
+    detail::residual_text(d);
+  }
+  /// Add(x, F(x)).
+  static std::string onnx(onnx_graph& g, const layer_description& d, const std::string& x) {
+    return detail::residual_onnx(g, d, x);
+  }
+  /// Its inner sequence's buffers; aligned_ when F(x) (and dy) come in the other layout than x's,
+  /// and dx_inner_ when its input gradient is asked for. Its output is in x's layout.
+  template <class In, class Backend>
+  static constexpr sequence_elements footprint(const footprint_context& c) {
+    sequence_elements e = detail::elements_of_sequence<inner<In>, Backend>(c);
+    if (c.input_blocked != e.output_blocked) e.scratch += In::size;
+    if (c.needs_input_gradient) e.scratch += In::size;
+    e.output_blocked = false;  // the sequence around it tracks its output's (x's)
+    return e;
+  }
+  template <class In, class Backend>
+  static constexpr layout_effect layout = layout_effect::keeps;
 
   template <class In, class T, class Backend>
   class impl {
@@ -106,3 +139,7 @@ struct residual {
 };
 
 }  // namespace loom
+
+#if defined(LOOM_DEFINITIONS_VISIBLE)
+#include "loom/nn/impl/residual.ipp"
+#endif

@@ -27,17 +27,12 @@
 #include "loom/backend/default_backend.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/type_list.hpp"
-#include "loom/layers/activation.hpp"
-#include "loom/layers/conv2d.hpp"
-#include "loom/layers/dropout.hpp"
-#include "loom/layers/flatten.hpp"
+#include "loom/layers/describe.hpp"
 #include "loom/layers/layer.hpp"
-#include "loom/layers/layer_norm.hpp"
-#include "loom/layers/pool2d.hpp"
 #include "loom/layers/tensor_parallel.hpp"
+#include "loom/nn/describe.hpp"
 #include "loom/nn/loss.hpp"
 #include "loom/nn/network.hpp"
-#include "loom/nn/residual.hpp"
 #include "loom/parallel/bucket_plan.hpp"
 #include "loom/parallel/data_parallel.hpp"
 #include "loom/parallel/hybrid.hpp"
@@ -186,21 +181,6 @@ namespace detail {
 
 // ---- The buffers of a layer list, in scalars -----------------------------------------------------
 
-/// What a loom::sequence over a layer list allocates, in scalars (float).
-struct sequence_elements {
-  std::size_t saved = 0;          // per sample: kept from forward for backward
-  std::size_t scratch = 0;        // per sample: backward's gradient buffers, layout conversions
-  std::size_t fixed_scratch = 0;  // whatever the batch (a convolution's weights in oneDNN's layout)
-  std::size_t fixed_comm = 0;     // whatever the batch, for communication
-  bool output_blocked = false;    // the last output comes in a channel-blocked oneDNN layout
-  constexpr void add(const sequence_elements& o) noexcept {
-    saved += o.saved;
-    scratch += o.scratch;
-    fixed_scratch += o.fixed_scratch;
-    fixed_comm += o.fixed_comm;
-  }
-};
-
 /// The backend the plan is for: the trainer's default, where pipelines run. A template of a type
 /// it ignores, so that the plan's code names loom::cpu only once a plan is instantiated: in
 /// code nvcc compiles, loom::cpu is only declared.
@@ -208,143 +188,13 @@ template <class Dependent>
 struct plan_backend {
   using type = cpu;
 };
-/// Whether the backend keeps activations in layouts of its own (oneDNN's nChw16c): its format
-/// holds a layout; loom::cuda's is always plain.
-template <class Dependent>
-constexpr bool layouts_can_block() {
-  return !std::is_empty_v<typename plan_backend<Dependent>::type::format>;
-}
-/// The plan's model of oneDNN's choice: a convolution computes in a channel-blocked layout
-/// (nChw8c, nChw16c) when its channels split into blocks of 8 without padding, and in plain
-/// NCHW otherwise (loom refuses padded layouts, and oneDNN's kernels for few input channels,
-/// an image's 1 or 3, read plain NCHW). Exact with oneDNN 2.6 on AVX-512; on AVX2 the backward
-/// of a convolution of 1 input channel pads its input and weight gradient to 8 channels
-/// besides (docs/memory-plan.md).
-template <class Dependent>
-constexpr bool blocks_channels(std::size_t channels) {
-  return layouts_can_block<Dependent>() && channels % 8 == 0;
-}
 
-template <class L>
-inline constexpr bool is_conv2d_v = false;
-template <std::size_t O, std::size_t K, std::size_t S, std::size_t P, class I>
-inline constexpr bool is_conv2d_v<conv2d<O, K, S, P, I>> = true;
-
-template <class L>
-inline constexpr bool is_residual_v = false;
-template <class... L>
-inline constexpr bool is_residual_v<residual<L...>> = true;
-
-template <pool_kind K, std::size_t A, std::size_t B>
-std::true_type pool_test(const pool2d_layer<K, A, B>*);
-std::false_type pool_test(...);
-template <class L>
-inline constexpr bool is_pool2d_v = decltype(pool_test(static_cast<const L*>(nullptr)))::value;
-
-template <class L>
-inline constexpr bool is_dropout_v = false;
-template <unsigned P>
-inline constexpr bool is_dropout_v<dropout_rate<P>> = true;
-template <>
-inline constexpr bool is_dropout_v<dropout> = true;
-
-/// How a layer's output layout follows from its input's (as its forward sets y.format).
-enum class layout_effect : unsigned char { plain, keeps, blocks };
-template <class L, class In>
-constexpr layout_effect layout_effect_of() {
-  if constexpr (is_conv2d_v<L>)
-    return blocks_channels<L>(L::template output_shape<In>::dims[0]) ? layout_effect::blocks : layout_effect::plain;
-  else if constexpr (is_pool2d_v<L> || is_pointwise_v<L> || is_dropout_v<L> || is_residual_v<L>) return layout_effect::keeps;
-  else return layout_effect::plain;  // linear, flatten, layer_norm, the tensor-parallel slices
-}
-
-template <class Chain, bool NeedsInputGradient, bool InputBlocked, bool Accumulates>
-constexpr sequence_elements elements_of_sequence();
-
-/// The buffers layer L's implementation holds itself for input In (besides its output, which
-/// the sequence holds): NeedsDx, whether its input gradient is asked for; Accumulates, whether
-/// its parameter gradients are added to (a pipeline of several micro-batches).
-template <class L, class In, bool InputBlocked, bool NeedsDx, bool Accumulates>
-constexpr sequence_elements elements_of_layer() {
-  sequence_elements e;
-  if constexpr (is_conv2d_v<L>) {
-    // cpu_conv2d_plan: the weights reordered for forward and for backward-data (only when dx is
-    // asked for), the weight gradient computed in the primitive's layout, and when gradients
-    // accumulate, a plain copy of it and the bias gradient; a plain input with channels oneDNN
-    // blocks is reordered (for forward and backward-weights, one scratch), and so is its
-    // gradient, back to plain.
-    if constexpr (layouts_can_block<L>()) {
-      constexpr std::size_t oc = L::template output_shape<In>::dims[0];
-      constexpr std::size_t w = L::template parameter_count<In> - oc;
-      e.fixed_scratch = w * (NeedsDx ? 3 : 2) + (Accumulates ? w + oc : 0);
-      if constexpr (!InputBlocked && blocks_channels<L>(In::dims[0])) e.scratch = In::size + (NeedsDx ? In::size : 0);
-    }
-  } else if constexpr (std::is_same_v<L, layer_norm>) {
-    e.saved = 2;  // mean_ and rstd_, one each per sample
-    if constexpr (InputBlocked) e.scratch = In::size + (NeedsDx ? In::size : 0);  // plain x, plain dx
-  } else if constexpr (std::is_same_v<L, flatten>) {
-    if constexpr (InputBlocked) e.scratch = In::size;  // x brought to plain
-  } else if constexpr (is_residual_v<L>) {
-    e = elements_of_sequence<typename L::template inner<In>, NeedsDx, InputBlocked, Accumulates>();
-    if (InputBlocked != e.output_blocked) e.scratch += In::size;  // aligned_: F(x) (and dy) in the other's layout
-    if (NeedsDx) e.scratch += In::size;                           // dx_inner_
-    e.output_blocked = false;                                     // the caller tracks the residual's (x's)
-  } else if constexpr (requires { L::width; L::local_outputs; }) {
-    // column_parallel_shard: the zero-padded bias of an output it gathers over the group.
-    if constexpr (!std::is_same_v<typename L::template output_shape<In>, shape<L::local_outputs>> && L::width > 1)
-      e.fixed_comm = L::template output_shape<In>::size;
-  }
-  return e;
-}
-
-/// Whether layer K of Chain runs inside layer K - 1 (loom::sequence's rule, on the plan's backend).
-template <class Chain, std::size_t K>
-constexpr bool fused_in_plan() {
-  if constexpr (K == 0) {
-    return false;
-  } else {
-    using prev = at<K - 1, typename Chain::layers>;
-    using backend = typename plan_backend<Chain>::type;
-    return fuses_into_previous<typename prev::template impl<typename Chain::template input_of<K - 1>, float, backend>,
-                               at<K, typename Chain::layers>>;
-  }
-}
-
-/// What loom::sequence allocates over Chain: one output per layer that is not a fused ReLU, the
-/// two input-gradient buffers of backward (layer k >= 1 writes into buffer k % 2, sized for
-/// its input; layer 0 writes the caller's dx), and each layer's own buffers.
-template <class Chain, bool NeedsInputGradient, bool InputBlocked, bool Accumulates>
-constexpr sequence_elements elements_of_sequence() {
-  if constexpr (!Chain::ok) {
-    return {};
-  } else {
-    return []<std::size_t... K>(std::index_sequence<K...>) {
-      constexpr std::size_t n = sizeof...(K);
-      using layers = typename Chain::layers;
-      constexpr std::array<sequence_elements, n> plain_input{
-          elements_of_layer<at<K, layers>, typename Chain::template input_of<K>, false, (K > 0 || NeedsInputGradient),
-                            Accumulates>()...};
-      constexpr std::array<sequence_elements, n> blocked_input{
-          elements_of_layer<at<K, layers>, typename Chain::template input_of<K>, true, (K > 0 || NeedsInputGradient),
-                            Accumulates>()...};
-      constexpr std::array<layout_effect, n> effect{layout_effect_of<at<K, layers>, typename Chain::template input_of<K>>()...};
-      constexpr std::array<bool, n> fused{fused_in_plan<Chain, K>()...};
-      constexpr std::array<std::size_t, n> in{Chain::template input_of<K>::size...};
-      constexpr std::array<std::size_t, n> out{Chain::template output_of<K>::size...};
-      sequence_elements e;
-      bool blocked = InputBlocked;
-      std::size_t gradient[2] = {0, 0};
-      for (std::size_t k = 0; k < n; ++k) {
-        e.add(blocked ? blocked_input[k] : plain_input[k]);
-        if (!fused[k]) e.saved += out[k];
-        if (k > 0) gradient[k % 2] = std::max(gradient[k % 2], in[k]);
-        blocked = effect[k] == layout_effect::blocks || (effect[k] == layout_effect::keeps && blocked);
-      }
-      e.scratch += gradient[0] + gradient[1];
-      e.output_blocked = blocked;
-      return e;
-    }(std::make_index_sequence<Chain::layer_count>{});
-  }
+/// What loom::sequence allocates over Chain on the plan's backend (loom/nn/describe.hpp: each
+/// layer's own footprint and layout effect, its output, backward's gradient buffers).
+template <class Chain>
+constexpr sequence_elements elements_of_chain(bool needs_input_gradient, bool accumulates) {
+  return elements_of_sequence<Chain, typename plan_backend<Chain>::type>(
+      {.input_blocked = false, .needs_input_gradient = needs_input_gradient, .accumulates = accumulates});
 }
 
 /// The loss's per-sample workspace (loom::loss_workspace: each sample's loss and whether it is
@@ -363,7 +213,7 @@ inline constexpr std::size_t scalar_bytes = sizeof(float);
 /// copy of a blocked output and of its gradient (loom::model), the trainer's batch.
 template <class RankNetwork>
 constexpr rank_memory replica_rank(std::size_t rank, std::size_t state_values) {
-  constexpr sequence_elements e = elements_of_sequence<typename RankNetwork::chain, false, false, false>();
+  constexpr sequence_elements e = elements_of_chain<typename RankNetwork::chain>(false, false);
   constexpr std::size_t in = RankNetwork::input_shape::size, out = RankNetwork::output_shape::size;
   constexpr std::size_t p = RankNetwork::parameter_count * scalar_bytes;
   rank_memory m;
@@ -393,7 +243,7 @@ constexpr rank_memory stage_rank(std::size_t state_values) {
   constexpr std::size_t M = Pipeline::micro_batch_count;
   constexpr std::size_t live = Pipeline::schedule::peak_live_activations(S);
   // With several micro-batches, every backward after a step's first adds to the gradients.
-  constexpr sequence_elements e = elements_of_sequence<typename net::chain, !first, false, (M > 1)>();
+  constexpr sequence_elements e = elements_of_chain<typename net::chain>(!first, M > 1);
   constexpr std::size_t in = net::input_shape::size, out = net::output_shape::size;
   constexpr std::size_t p = part::parameter_counts[S] * scalar_bytes;
   rank_memory m;

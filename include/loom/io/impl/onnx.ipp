@@ -21,23 +21,18 @@ LOOM_DECL std::string onnx_raw(std::span<const float> values, onnx_precision p) 
   return raw;
 }
 
-LOOM_DECL protobuf::message onnx_attr(std::string_view name, std::int64_t v) {
-  protobuf::message a;
-  a.bytes(1, name).varint(20, attr_int).varint(3, v);
-  return a;
-}
-
-LOOM_DECL protobuf::message onnx_attr(std::string_view name, float v) {
-  protobuf::message a;
-  a.bytes(1, name).varint(20, attr_float).fixed32(2, v);
-  return a;
-}
-
-LOOM_DECL protobuf::message onnx_attr(std::string_view name, const std::vector<std::int64_t>& v) {
-  protobuf::message a;
-  a.bytes(1, name).varint(20, attr_ints);
-  for (auto x : v) a.varint(8, x);
-  return a;
+LOOM_DECL protobuf::message onnx_attribute_proto(const onnx_attribute& a) {
+  protobuf::message m;
+  m.bytes(1, a.name);
+  switch (a.kind) {
+    case onnx_attribute::type::integer: m.varint(20, attr_int).varint(3, a.integer); break;
+    case onnx_attribute::type::real: m.varint(20, attr_float).fixed32(2, a.real); break;
+    case onnx_attribute::type::integers:
+      m.varint(20, attr_ints);
+      for (std::size_t i = 0; i < a.integer_count; ++i) m.varint(8, a.integers[i]);
+      break;
+  }
+  return m;
 }
 
 LOOM_DECL protobuf::message onnx_tensor(std::string_view name, const std::vector<std::size_t>& dims, int type,
@@ -62,11 +57,11 @@ LOOM_DECL protobuf::message onnx_value_info(std::string_view name, int type, std
   return vi;
 }
 
-LOOM_DECL std::string onnx_graph_builder::add(std::string_view op, const std::string& path, std::vector<std::string> inputs,
-                  std::vector<protobuf::message> attrs) {
+LOOM_DECL std::string onnx_graph_builder::add(std::string_view op, std::vector<std::string> inputs,
+                                              std::vector<protobuf::message> attrs) {
   std::string base = "/";
-  for (char c : path) base += c == '.' ? '/' : c;
-  if (!path.empty()) base += '/';
+  for (char c : path_) base += c == '.' ? '/' : c;
+  if (!path_.empty()) base += '/';
   base += op;
   const int n = used_[base]++;
   node x{std::string(op), n ? base + "_" + std::to_string(n) : base, std::move(inputs), {}, std::move(attrs)};
@@ -75,87 +70,58 @@ LOOM_DECL std::string onnx_graph_builder::add(std::string_view op, const std::st
   return nodes_.back().outputs[0];
 }
 
-LOOM_DECL std::string onnx_graph_builder::constant(const std::string& path, float v) {
+LOOM_DECL std::vector<protobuf::message> onnx_graph_builder::encoded(std::initializer_list<onnx_attribute> attributes) {
+  std::vector<protobuf::message> attrs;
+  attrs.reserve(attributes.size());
+  for (const auto& a : attributes) attrs.push_back(onnx_attribute_proto(a));
+  return attrs;
+}
+
+LOOM_DECL std::string onnx_graph_builder::add_node(std::string_view op, std::initializer_list<std::string_view> inputs,
+                                                   std::initializer_list<onnx_attribute> attributes) {
+  return add(op, std::vector<std::string>(inputs.begin(), inputs.end()), encoded(attributes));
+}
+
+LOOM_DECL std::string onnx_graph_builder::add_float_node(std::string_view op,
+                                                         std::initializer_list<std::string_view> inputs,
+                                                         std::initializer_list<onnx_attribute> attributes) {
+  std::vector<std::string> in;
+  in.reserve(inputs.size());
+  for (std::string_view v : inputs) in.push_back(in_float(std::string(v)));
+  return in_float(add(op, std::move(in), encoded(attributes)), /*back=*/true);
+}
+
+LOOM_DECL std::string onnx_graph_builder::constant(float v) {
   const float one[1] = {v};
   protobuf::message a;
   a.bytes(1, "value").varint(20, attr_tensor).nested(5, onnx_tensor("", {}, onnx_type(o_.precision), onnx_raw(one, o_.precision)));
   std::vector<protobuf::message> attrs;
   attrs.push_back(std::move(a));
-  return add("Constant", path, {}, std::move(attrs));
+  return add("Constant", {}, std::move(attrs));
 }
 
-LOOM_DECL std::string onnx_graph_builder::in_float(const std::string& path, const std::string& v, bool back) {
+LOOM_DECL std::string onnx_graph_builder::in_float(const std::string& v, bool back) {
   if (o_.precision != onnx_precision::bf16) return v;
-  std::vector<protobuf::message> to;
-  to.push_back(onnx_attr("to", std::int64_t{back ? onnx_bfloat16 : onnx_float}));
-  return add("Cast", path, {v}, std::move(to));
+  return add_node("Cast", {v}, {onnx_attr("to", back ? onnx_bfloat16 : onnx_float)});
 }
 
-LOOM_DECL std::string onnx_graph_builder::weight(const tensor_description& t) {
+LOOM_DECL std::string_view onnx_graph_builder::initializer(const tensor_description& t) {
   inits_.push_back({t.name, t.shape, onnx_raw(params_.subspan(t.offset, t.count), o_.precision)});
   return t.name;
 }
 
-LOOM_DECL std::string onnx_graph_builder::layers(const std::vector<layer_description>& ls, std::string x) {
-  for (const auto& l : ls) x = layer(l, std::move(x));
-  return x;
-}
-
-LOOM_DECL std::string onnx_graph_builder::layer(const layer_description& l, const std::string& x) {
-  const auto k = static_cast<std::int64_t>(l.kernel), s = static_cast<std::int64_t>(l.stride),
-             p = static_cast<std::int64_t>(l.pad);
-  auto attrs = [](auto... a) {
-    std::vector<protobuf::message> v;
-    (v.push_back(std::move(a)), ...);
-    return v;
-  };
-  switch (l.kind) {
-    case layer_kind::linear:
-      return add("Gemm", l.path, {x, weight(l.tensors[0]), weight(l.tensors[1])},
-                 attrs(onnx_attr("alpha", 1.0f), onnx_attr("beta", 1.0f), onnx_attr("transB", std::int64_t{1})));
-    case layer_kind::conv2d:
-      return in_float(l.path, add("Conv", l.path, {in_float(l.path, x), in_float(l.path, weight(l.tensors[0])),
-                                                   in_float(l.path, weight(l.tensors[1]))},
-                                  attrs(onnx_attr("dilations", std::vector<std::int64_t>{1, 1}),
-                                        onnx_attr("group", std::int64_t{1}),
-                                        onnx_attr("kernel_shape", std::vector<std::int64_t>{k, k}),
-                                        onnx_attr("pads", std::vector<std::int64_t>{p, p, p, p}),
-                                        onnx_attr("strides", std::vector<std::int64_t>{s, s}))),
-                      /*back=*/true);
-    case layer_kind::relu: return add("Relu", l.path, {x});
-    case layer_kind::leaky_relu:
-      // The slope as loom computes it: float(millis) / float(1000).
-      return add("LeakyRelu", l.path, {x}, attrs(onnx_attr("alpha", static_cast<float>(l.millis_or_percent) / 1000.0f)));
-    case layer_kind::tanh: return add("Tanh", l.path, {x});
-    case layer_kind::sigmoid: return add("Sigmoid", l.path, {x});
-    case layer_kind::gelu: {
-      // loom's exact GELU: 0.5 x (1 + erf(x * (1 / sqrt 2))), in that order of operations
-      // (opset 17 has no Gelu operator).
-      const std::string a = add("Mul", l.path, {x, constant(l.path, 0.70710678118654752440f)});
-      const std::string e = add("Erf", l.path, {a});
-      const std::string b = add("Add", l.path, {e, constant(l.path, 1.0f)});
-      const std::string m = add("Mul", l.path, {x, b});
-      return add("Mul", l.path, {m, constant(l.path, 0.5f)});
-    }
-    case layer_kind::max_pool2d:
-    case layer_kind::avg_pool2d:
-      return in_float(l.path,
-                      add(l.kind == layer_kind::max_pool2d ? "MaxPool" : "AveragePool", l.path, {in_float(l.path, x)},
-                          attrs(onnx_attr("kernel_shape", std::vector<std::int64_t>{k, k}),
-                                onnx_attr("strides", std::vector<std::int64_t>{s, s}))),
-                      /*back=*/true);
-    case layer_kind::flatten: return add("Flatten", l.path, {x}, attrs(onnx_attr("axis", std::int64_t{1})));
-    case layer_kind::layer_norm:
-      // axis 1: over every dimension of a sample, as loom::layer_norm and nn.LayerNorm(sample shape).
-      return add("LayerNormalization", l.path, {x, weight(l.tensors[0]), weight(l.tensors[1])},
-                 attrs(onnx_attr("axis", std::int64_t{1}), onnx_attr("epsilon", 1e-5f)));
-    case layer_kind::dropout: return x;  // the identity at inference
-    case layer_kind::residual: {
-      const std::string f = layers(l.inner, x);
-      return add("Add", l.path, {x, f});
-    }
+LOOM_DECL std::string onnx_graph_builder::layers(const std::vector<layer_description>& ls, const std::string& x) {
+  const std::string outer = path_;
+  std::string y = x;
+  for (const auto& l : ls) {
+    if (!l.onnx)
+      throw error("loom::export_onnx: layer " + l.path + " (" + l.text + ") has no ONNX export: its description "
+                  "was not made by loom::io::describe");
+    path_ = l.path;
+    y = l.onnx(*this, l, y);
   }
-  throw error("loom::export_onnx: layer " + l.path + " has a kind the exporter does not know");
+  path_ = outer;
+  return y;
 }
 
 LOOM_DECL void onnx_graph_builder::rename_output(const std::string& from, const std::string& to) {
@@ -182,23 +148,11 @@ LOOM_DECL std::string onnx_model(const network_description& d, std::span<const f
   onnx_graph_builder g(params, o);
   const int type = onnx_type(o.precision);
   std::string x = "input";
-  if (type != onnx_float) x = g.add("Cast", "", {x}, [&] {
-    std::vector<protobuf::message> v;
-    v.push_back(onnx_attr("to", std::int64_t{type}));
-    return v;
-  }());
+  if (type != onnx_float) x = g.add_node("Cast", {x}, {onnx_attr("to", type)});
   x = g.layers(d.layers, x);
-  if (o.softmax) x = g.add("Softmax", "", {x}, [] {
-    std::vector<protobuf::message> v;
-    v.push_back(onnx_attr("axis", std::int64_t{1}));
-    return v;
-  }());
-  if (type != onnx_float) x = g.add("Cast", "", {x}, [] {
-    std::vector<protobuf::message> v;
-    v.push_back(onnx_attr("to", std::int64_t{onnx_float}));
-    return v;
-  }());
-  if (x == "input") x = g.add("Identity", "", {x});  // a network of dropout alone
+  if (o.softmax) x = g.add_node("Softmax", {x}, {onnx_attr("axis", 1)});
+  if (type != onnx_float) x = g.add_node("Cast", {x}, {onnx_attr("to", onnx_float)});
+  if (x == "input") x = g.add_node("Identity", {x});  // a network of dropout alone
   g.rename_output(x, "output");
 
   protobuf::message graph;
