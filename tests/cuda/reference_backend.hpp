@@ -45,7 +45,7 @@ class reference_conv2d_plan {
       for (std::size_t o = 0; o < g_.oc; ++o)
         for (std::size_t i = 0; i < oh; ++i)
           for (std::size_t j = 0; j < ow; ++j) {
-            double s = b[o];
+            double s = b ? b[o] : 0.0;
             for (std::size_t c = 0; c < g_.c; ++c)
               for (std::size_t p = 0; p < g_.k; ++p)
                 for (std::size_t q = 0; q < g_.k; ++q) {
@@ -126,7 +126,9 @@ class reference_pool2d_plan {
   }
 
  private:
-  kernels::pool_planes planes(std::size_t batch) const { return {batch * g_.c, g_.h, g_.w, g_.oh(), g_.ow(), g_.k, g_.stride}; }
+  kernels::pool_planes planes(std::size_t batch) const {
+    return {batch * g_.c, g_.h, g_.w, g_.oh(), g_.ow(), g_.k, g_.stride, g_.pad};
+  }
   pool2d_geometry g_;
   pool_kind kind_;
 };
