@@ -51,6 +51,7 @@
 #include "loom/monitor/tensorboard.hpp"
 #include "loom/monitor/timeline.hpp"
 #include "loom/nn/residual.hpp"
+#include "loom/nn/residual_with.hpp"
 #include "loom/optim/validate.hpp"
 #include "loom/parallel/chunk_tree.hpp"
 #include "loom/parallel/collectives.hpp"

@@ -274,6 +274,10 @@ constexpr layout_effect layout_of() {
 /// Every tensor of layers (and of their inner layers), in order.
 LOOM_DECL void collect(const std::vector<layer_description>& layers, std::vector<tensor_description>& out);
 
+/// Adds `by` to the offsets of every parameter tensor of layers and of their inner layers, and
+/// `buffers_by` to those of every buffer tensor (a branch laid out after another).
+LOOM_DECL void shift(std::vector<layer_description>& layers, std::size_t by, std::size_t buffers_by);
+
 /// Where a layer of a chain sits: its path element (its name when it has one, loom::named, else
 /// its index) and its span of the chain's parameters and of its buffers.
 struct chain_slot {
