@@ -33,6 +33,7 @@ class batch_norm_kernels {
                         double momentum, std::size_t batch, process_group* replicas) {
     const std::size_t c = g_.c;
     const kernels::channel_layout l = layout(batch, block);
+    training_ = true;
     sums_.reserve_discard(2 * c + 1);
     mean_.reserve_discard(c);
     invstd_.reserve_discard(c);
@@ -47,6 +48,7 @@ class batch_norm_kernels {
   void forward_inference(const T* x, std::size_t block, const T* w, const T* b, const T* running_mean,
                          const T* running_var, T* y, std::size_t batch) {
     const kernels::channel_layout l = layout(batch, block);
+    training_ = false;
     mean_.reserve_discard(g_.c);
     invstd_.reserve_discard(g_.c);
     Backend::for_each(g_.c, kernels::batch_norm_running_moments<T>{running_mean, running_var, g_.eps, mean_.data(),
@@ -54,20 +56,22 @@ class batch_norm_kernels {
     Backend::for_each(l.size(), kernels::batch_norm_normalize<T>{x, mean_.data(), invstd_.data(), w, b, y, l, relu_});
   }
 
-  /// Training's backward from dy (x's layout) after forward_training: the weight and bias
-  /// gradients (overwritten, or added to when accumulate) and, when dx is not null, the input
-  /// gradient. The gradient sums are summed over `replicas` when given.
+  /// Backward from dy (x's layout) after forward_training, or after forward_inference (the
+  /// running statistics then constants): the weight and bias gradients (overwritten, or added
+  /// to when accumulate) and, when dx is not null, the input gradient. After training, the
+  /// gradient sums are summed over `replicas` when given.
   void backward(const T* x, std::size_t block, const T* w, const T* dy, T* dx, T* dw, T* db, std::size_t batch,
                 bool accumulate, process_group* replicas) {
     const std::size_t c = g_.c;
     const kernels::channel_layout l = layout(batch, block);
     grad_sums_.reserve_discard(2 * c);
     Backend::for_each(c, kernels::batch_norm_gradient_sums<T>{x, dy, mean_.data(), invstd_.data(), l, grad_sums_.data()});
-    if (replicas) replicas->allreduce_sum(grad_sums_.data(), 2 * c);
+    if (replicas && training_) replicas->allreduce_sum(grad_sums_.data(), 2 * c);
     Backend::for_each(c, kernels::batch_norm_parameter_gradients<T>{grad_sums_.data(), c, dw, db, accumulate});
     if (dx)
       Backend::for_each(l.size(), kernels::batch_norm_input_gradient<T>{x, dy, mean_.data(), invstd_.data(), w,
-                                                                        grad_sums_.data(), sums_.data() + 2 * c, l, dx});
+                                                                        grad_sums_.data(),
+                                                                        training_ ? sums_.data() + 2 * c : nullptr, l, dx});
   }
 
  private:
@@ -76,7 +80,7 @@ class batch_norm_kernels {
   }
 
   batch_norm_geometry g_;
-  bool relu_ = false;
+  bool relu_ = false, training_ = true;  // training_: the last forward normalised with the batch's statistics
   buffer<double, space> sums_, grad_sums_;  // (2C + 1): sums, squares, count; (2C): dy, dy * xhat
   buffer<T, space> mean_, invstd_;         // (C) each, the last training forward's (or evaluation's)
 };

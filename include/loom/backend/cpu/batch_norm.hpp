@@ -105,6 +105,7 @@ class cpu_batch_norm_plan {
   cpu_format forward_training(const T* x, const cpu_format& xf, const T* w, const T* b, T* y, T* running_mean,
                               T* running_var, double momentum, std::size_t batch, process_group* replicas) {
     by_kernels_ = !vendor || replicas;
+    inference_ = false;
     if (by_kernels_) {
       kernels_.forward_training(x, block(xf, batch), w, b, y, running_mean, running_var, momentum, batch, replicas);
     } else if constexpr (vendor) {
@@ -122,8 +123,15 @@ class cpu_batch_norm_plan {
   /// Evaluation: y = batch_norm(x) with the running statistics, in x's layout (returned).
   cpu_format forward_inference(const T* x, const cpu_format& xf, const T* w, const T* b, const T* running_mean,
                                const T* running_var, T* y, std::size_t batch) {
-    if constexpr (vendor) dnnl_.forward_inference(x, xf, w, b, running_mean, running_var, y, batch);
-    else kernels_.forward_inference(x, block(xf, batch), w, b, running_mean, running_var, y, batch);
+    if constexpr (vendor) {
+      dnnl_.forward_inference(x, xf, w, b, running_mean, running_var, y, batch);
+      running_mean_ = running_mean;  // a backward after evaluation (rare) runs the kernel bodies on them
+      running_var_ = running_var;
+      by_kernels_ = false;
+      inference_ = true;
+    } else {
+      kernels_.forward_inference(x, block(xf, batch), w, b, running_mean, running_var, y, batch);
+    }
     return xf;
   }
 
@@ -132,6 +140,11 @@ class cpu_batch_norm_plan {
   void backward(const T* x, const cpu_format& xf, const T* w, const T* b, const T* dy, T* dx, T* dw, T* db,
                 std::size_t batch, bool accumulate, process_group* replicas) {
     if (by_kernels_) return kernels_.backward(x, block(xf, batch), w, dy, dx, dw, db, batch, accumulate, replicas);
+    if (inference_) {  // the gradient of evaluation's normalisation, the running statistics constants
+      dx_scratch_.reserve_discard(batch * g_.c * g_.spatial());
+      kernels_.forward_inference(x, block(xf, batch), w, b, running_mean_, running_var_, dx_scratch_.data(), batch);
+      return kernels_.backward(x, block(xf, batch), w, dy, dx, dw, db, batch, accumulate, nullptr);
+    }
     if constexpr (vendor) {
       // oneDNN writes every gradient: the input's into dx (or a scratch when it is not asked
       // for), the parameters' into dw and db (or a scratch added to them when accumulating).
@@ -166,7 +179,9 @@ class cpu_batch_norm_plan {
   batch_norm_geometry g_;
   std::conditional_t<vendor, detail::dnnl_batch_norm, no_vendor> dnnl_;
   detail::batch_norm_kernels<T, detail::cpu_launcher> kernels_;
-  bool by_kernels_ = !vendor;
+  bool by_kernels_ = !vendor, inference_ = false;
+  const T* running_mean_ = nullptr;  // those of the last evaluation forward (oneDNN's)
+  const T* running_var_ = nullptr;
   buffer<T> mean_, var_;      // (C) each: the last training forward's statistics (oneDNN's)
   buffer<float> workspace_;   // the fused ReLU's mask (bytes, in floats)
   buffer<T> dx_scratch_;      // (batch, In): the input gradient nobody asked for (a first layer)

@@ -51,6 +51,7 @@ class cuda_batch_norm_plan {
   cuda_format forward_training(const T* x, const cuda_format&, const T* w, const T* b, T* y, T* running_mean,
                                T* running_var, double momentum, std::size_t batch, process_group* replicas) {
     by_kernels_ = replicas != nullptr;
+    inference_ = false;
     if (by_kernels_) {
       kernels_.forward_training(x, 1, w, b, y, running_mean, running_var, momentum, batch, replicas);
       return {};
@@ -69,6 +70,10 @@ class cuda_batch_norm_plan {
   /// Evaluation: y = batch_norm(x) with the running statistics.
   cuda_format forward_inference(const T* x, const cuda_format&, const T* w, const T* b, const T* running_mean,
                                 const T* running_var, T* y, std::size_t batch) {
+    by_kernels_ = false;
+    inference_ = true;
+    running_mean_ = running_mean;  // a backward after evaluation (rare) runs the kernel bodies on them
+    running_var_ = running_var;
     const descriptors& d = get(batch);
     const T one = 1, zero = 0;
     LOOM_CUDA_CHECK(cudnnBatchNormalizationForwardInference(detail::cudnn_handle(), CUDNN_BATCHNORM_SPATIAL, &one, &zero,
@@ -80,9 +85,14 @@ class cuda_batch_norm_plan {
 
   /// After forward_training: dw, db (overwritten, or added to when accumulate) and dx (when not
   /// null) from dy; w and b the weight and bias.
-  void backward(const T* x, const cuda_format&, const T* w, const T*, const T* dy, T* dx, T* dw, T* db,
+  void backward(const T* x, const cuda_format&, const T* w, const T* b, const T* dy, T* dx, T* dw, T* db,
                 std::size_t batch, bool accumulate, process_group* replicas) {
     if (by_kernels_) return kernels_.backward(x, 1, w, dy, dx, dw, db, batch, accumulate, replicas);
+    if (inference_) {  // the gradient of evaluation's normalisation, the running statistics constants
+      dx_scratch_.reserve_discard(batch * g_.c * g_.spatial());
+      kernels_.forward_inference(x, 1, w, b, running_mean_, running_var_, dx_scratch_.data(), batch);
+      return kernels_.backward(x, 1, w, dy, dx, dw, db, batch, accumulate, nullptr);
+    }
     const descriptors& d = get(batch);
     if (!dx) {
       dx_scratch_.reserve_discard(batch * g_.c * g_.spatial());
@@ -116,7 +126,9 @@ class cuda_batch_norm_plan {
   }
 
   batch_norm_geometry g_;
-  bool relu_ = false, by_kernels_ = false;
+  bool relu_ = false, by_kernels_ = false, inference_ = false;
+  const T* running_mean_ = nullptr;  // those of the last evaluation forward
+  const T* running_var_ = nullptr;
   descriptors d_;
   detail::batch_norm_kernels<T, detail::cuda_launcher> kernels_;
   buffer<T, cuda_space> saved_mean_, saved_invstd_;  // (C): cuDNN's statistics for backward

@@ -262,7 +262,8 @@ struct batch_norm_parameter_gradients {
 /// Training's input gradient, the statistics depending on every value of the channel:
 /// dx = weight invstd (dy - sum(dy) / n - xhat sum(dy xhat) / n), n the count of values the
 /// statistics were taken over (sums[2C] of the forward's batch_norm_sums: the global batch's
-/// when they were summed over replicas). One element per call.
+/// when they were summed over replicas). With count null (evaluation: the running statistics
+/// are constants), dx = weight invstd dy. One element per call.
 template <class T>
 struct batch_norm_input_gradient {
   const T* x;
@@ -276,6 +277,10 @@ struct batch_norm_input_gradient {
   T* dx;
   LOOM_HD void operator()(std::size_t i) const {
     const std::size_t c = l.channel_of(i);
+    if (!count) {
+      dx[i] = weight[c] * invstd[c] * dy[i];
+      return;
+    }
     const double inv_n = 1.0 / *count;
     const T xhat = (x[i] - mean[c]) * invstd[c];
     dx[i] = weight[c] * invstd[c] *
