@@ -30,6 +30,7 @@
 #include "loom/core/error.hpp"
 #include "loom/core/memory.hpp"
 #include "loom/core/type_name.hpp"
+#include "loom/nn/describe.hpp"
 #include "loom/nn/loss.hpp"
 #include "loom/nn/model.hpp"
 #include "loom/optim/clip.hpp"
@@ -50,19 +51,6 @@ struct no_data_parallel {};
 /// The first sample of micro-batch m when n samples are cut into M micro-batches: sizes
 /// n m / M .. n (m + 1) / M differ by at most one (some are empty when n < M).
 constexpr std::size_t micro_batch_begin(std::size_t n, std::size_t m, std::size_t M) { return n * m / M; }
-
-/// Whether layer K of a chain runs inside the layer before it (no buffer of its own): the rule
-/// loom::sequence fuses by, detail::fuses_into_previous.
-template <class Chain, class T, class Backend, std::size_t K>
-constexpr bool relu_fused_in() {
-  if constexpr (K == 0) {
-    return false;
-  } else {
-    using prev = at<K - 1, typename Chain::layers>;
-    return fuses_into_previous<typename prev::template impl<typename Chain::template input_of<K - 1>, T, Backend>,
-                               at<K, typename Chain::layers>>;
-  }
-}
 
 /// A schedule's tables as the stages run them: data, not types, so that one pipeline_stages
 /// serves every micro-batch count and schedule of a network cut into the same stages (the
@@ -91,12 +79,6 @@ struct stage_cut_of<pipeline<S, O...>> {
   using type = std::conditional_t<(is_cut_at<O>::value || ...), pipeline<S, first_of<is_cut_at, void, O...>>, pipeline<S>>;
 };
 
-/// Elements per sample a forward keeps for backward in a chain: every layer's output, except
-/// those of fused ReLUs.
-template <class Chain, class T, class Backend, std::size_t... K>
-constexpr std::size_t saved_elements(std::index_sequence<K...>) {
-  return (std::size_t{0} + ... + (relu_fused_in<Chain, T, Backend, K>() ? 0 : Chain::template output_of<K>::size));
-}
 }  // namespace detail
 
 /// Runs one rank's stage of Network cut by Pipeline (a loom::pipeline<S, ...>) with Loss on
@@ -197,9 +179,12 @@ class pipeline_stages {
     using out_shape = typename net::output_shape;
     static constexpr std::size_t in_size = in_shape::size, out_size = out_shape::size;
     static constexpr bool first = I == 0, last = I + 1 == stages;
-    /// Elements per sample a slot keeps for backward: the received input, the layers' outputs.
+    /// Elements per sample a slot keeps for backward: the received input, the layers' outputs
+    /// (a fused ReLU has none) and what the layers keep themselves (their footprint's saved:
+    /// layer_norm's statistics, a batch norm's fused ReLU mask).
     static constexpr std::size_t saved_per_sample =
-        (first ? 0 : in_size) + detail::saved_elements<typename net::chain, T, Backend>(std::make_index_sequence<net::layer_count>{});
+        (first ? 0 : in_size) +
+        detail::elements_of_sequence<typename net::chain, Backend>({.needs_input_gradient = !first}).saved;
     using dp_engine = std::conditional_t<hybrid, gradient_allreduce<net, T, DataParallel>, detail::no_data_parallel>;
     static_assert(!detail::compresses_v<dp_engine> || Backend::memory_space::host_accessible,
                   "loom::compress<>: compressed gradients are converted in host memory; this backend's gradients are "
@@ -437,6 +422,11 @@ class pipeline_stages {
   /// This rank's flat parameters (the stage's), in the backend's memory, and their count.
   T* local_parameters() { return parameters(); }
   std::size_t local_count() const { return parameter_count(); }
+  /// This rank's buffers (its stage's running statistics), in the backend's memory, and their count.
+  T* local_buffers() {
+    return std::visit([](auto& m) { return m.buffers().data(); }, models_);
+  }
+  std::size_t local_buffer_count() const { return partition::buffer_counts[static_cast<std::size_t>(stage_)]; }
 
   /// This stage's parameter count, and its flat parameter (complete: settle()) and gradient
   /// buffers. Under ZeRO the gradients are this rank's own after a step's backward (their sum
@@ -637,8 +627,13 @@ class pipeline_stages {
   template <std::size_t... S>
   shard_map shard_of(std::index_sequence<S...>) const {
     shard_map m{.replica = replica_, .replicas = replicas_, .stage = stage_, .stages = static_cast<int>(stages),
-                .whole_count = Network::parameter_count, .local_count = parameter_count()};
-    ((S == static_cast<std::size_t>(stage_) ? (m.pieces = shards::stage<partition, S>, 0) : 0), ...);
+                .whole_count = Network::parameter_count, .local_count = parameter_count(),
+                .whole_buffer_count = Network::buffer_count,
+                .local_buffer_count = partition::buffer_counts[static_cast<std::size_t>(stage_)]};
+    ((S == static_cast<std::size_t>(stage_)
+          ? (m.pieces = shards::stage<partition, S>, m.buffer_pieces = shards::stage_buffers<partition, S>, 0)
+          : 0),
+     ...);
     return m;
   }
 
@@ -741,6 +736,9 @@ class pipeline_stages {
     if (s == nullptr) {
       st.slots.push_back(std::make_unique<typename State::slot>(partition::bounds[State::index]));
       s = st.slots.back().get();
+      // Its layers' buffers (running statistics) are the stage model's: every micro-batch's
+      // forward in training moves them, as one after another.
+      s->seq.bind_buffers(std::get<State::index>(models_).buffers().data());
     }
     wait_all(s->sends);
     s->busy = true;

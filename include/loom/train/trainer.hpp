@@ -541,16 +541,20 @@ class state_host {
   /// (shard_optimizer_state; nullopt otherwise).
   virtual shard_map parameter_shard() const = 0;
   virtual std::optional<shard_map> optimizer_shard() const = 0;
-  /// Values of this rank's parameters, and of each of its optimizer buffers.
+  /// Values of this rank's parameters, of its buffers (running statistics), and of each of its
+  /// optimizer buffers.
   virtual std::size_t parameter_values() const = 0;
+  virtual std::size_t buffer_values() const = 0;
   virtual std::size_t state_values() const = 0;
   /// The names of the optimizer buffers this rank keeps (Optimizer::buffer_names).
   virtual std::vector<std::string> optimizer_buffer_names() = 0;
   /// Copies between this rank's state and host memory: the parameters (n values in), optimizer
   /// buffer i (state_values() values).
   virtual void parameters_to_host(float* dst) = 0;
+  virtual void buffers_to_host(float* dst) = 0;
   virtual void buffer_to_host(std::size_t i, float* dst) = 0;
   virtual void parameters_from_host(const float* src, std::size_t n) = 0;
+  virtual void buffers_from_host(const float* src, std::size_t n) = 0;
   virtual void buffer_from_host(std::size_t i, const float* src) = 0;
   virtual std::size_t optimizer_steps() = 0;
   virtual void set_optimizer_steps(std::size_t n) = 0;
@@ -583,6 +587,21 @@ const std::vector<io::tensor_description>& described_tensors() {
 LOOM_DECL void write_rank_trace(const std::string& path, const monitor::timeline& t, int rank, int world);
 LOOM_DECL void write_whole_trace(const std::string& path, const std::vector<std::vector<monitor::span_event>>& all,
                                  const std::vector<std::size_t>& dropped);
+
+/// m's view of the buffers (running statistics) as a map of their own: its buffer_pieces as
+/// pieces, for copy_to_whole and copy_from_whole.
+inline shard_map buffer_map(const shard_map& m) {
+  shard_map b = m;
+  b.whole_count = m.whole_buffer_count;
+  b.local_count = m.local_buffer_count;
+  b.pieces = m.buffer_pieces;
+  return b;
+}
+
+/// The whole network's buffers (m.whole_buffer_count values) on every rank, each value from the
+/// rank that writes it (shard_map::writes: replica 0, slice 0) of `mine`, this rank's buffers as
+/// m says. One allgather of every rank's values and the flags of those it writes. Collective.
+LOOM_DECL std::vector<float> gather_whole_buffers(collectives& c, const shard_map& m, const std::vector<float>& mine);
 
 /// The options of the last fit (what a checkpoint records of them).
 struct fit_record {
@@ -735,15 +754,18 @@ class trainer_body : private trainer_core, private state_host {
   /// torch.nn.Sequential): rank 0 writes, from the parameters every rank contributes. Collective.
   void save_weights(const std::filesystem::path& path) {
     const std::vector<value_type> whole = gather_parameters();
+    const std::unique_ptr<collectives> coll = make_collectives();
+    // The buffers (running statistics): replica 0's, the stages' own (collective).
+    const std::vector<value_type> buffers = gather_buffers(*coll);
     std::string err;
     if (rank() == 0) {
       try {
-        io::save_weights<Network, value_type>(std::span<const value_type>(whole), path);
+        io::save_weights<Network, value_type>(std::span<const value_type>(whole), std::span<const value_type>(buffers),
+                                              path);
       } catch (const std::exception& e) {
         err = e.what();
       }
     }
-    const std::unique_ptr<collectives> coll = make_collectives();
     if (const std::string all = coll->agree_on_errors(err); !all.empty()) throw io_error(all);
   }
 
@@ -752,10 +774,10 @@ class trainer_body : private trainer_core, private state_host {
   /// throws and no parameter changes.
   void load_weights(const std::filesystem::path& path) {
     if (replacement_pending()) return;  // a replacement takes the survivors' state in fit
-    std::vector<value_type> whole;
+    io::model_weights<value_type> whole;
     std::string err;
     try {
-      whole = io::load_weights<Network, value_type>(path);
+      whole = io::load_weights_and_buffers<Network, value_type>(path);
     } catch (const std::exception& e) {
       err = e.what();
     }
@@ -763,8 +785,11 @@ class trainer_body : private trainer_core, private state_host {
     if (const std::string all = coll->agree_on_errors(err); !all.empty()) throw io_error(all);
     const shard_map m = engine_.shard();
     std::vector<value_type> mine(m.local_count);
-    copy_from_whole(m, whole.data(), mine.data());
+    copy_from_whole(m, whole.parameters.data(), mine.data());
     from_host(mine.data(), mine.size(), engine_.local_parameters());
+    std::vector<value_type> mine_buffers(m.local_buffer_count);
+    copy_from_whole(detail::buffer_map(m), whole.buffers.data(), mine_buffers.data());
+    from_host(mine_buffers.data(), mine_buffers.size(), engine_.local_buffers());
   }
 
   /// Mean loss and accuracy of the current parameters on `data`, in evaluation mode: each
@@ -841,9 +866,24 @@ class trainer_body : private trainer_core, private state_host {
   /// vector, on every rank. Collective over the model-parallel group.
   std::vector<value_type> gather_parameters() { return engine_.gather_parameters(); }
 
+  /// The whole model's buffers (running statistics; Network::buffer_count, its flat buffer of
+  /// buffers) as a host vector, on every rank: replica 0's (each replica's are its own), each
+  /// stage's from its rank. Collective over the world.
+  std::vector<value_type> gather_buffers() {
+    const std::unique_ptr<collectives> coll = make_collectives();
+    return gather_buffers(*coll);
+  }
+
  private:
   static constexpr bool per_epoch_sums = detail::every_rank_holds_loss<engine_type>();
 
+
+  std::vector<value_type> gather_buffers(collectives& c) {
+    const shard_map m = engine_.shard();
+    std::vector<value_type> mine(m.local_buffer_count);
+    to_host(engine_.local_buffers(), mine.size(), mine.data());
+    return detail::gather_whole_buffers(c, m, mine);
+  }
 
   std::unique_ptr<collectives> make_collectives() {
     if constexpr (requires { engine_.world_comm(); })
@@ -930,6 +970,9 @@ class trainer_body : private trainer_core, private state_host {
     return std::nullopt;
   }
   std::size_t parameter_values() const override { return engine_.local_count(); }
+  std::size_t buffer_values() const override { return engine_.local_buffer_count(); }
+  void buffers_to_host(float* dst) override { to_host(engine_.local_buffers(), engine_.local_buffer_count(), dst); }
+  void buffers_from_host(const float* src, std::size_t n) override { from_host(src, n, engine_.local_buffers()); }
   std::size_t state_values() const override { return state_count(); }
   std::vector<std::string> optimizer_buffer_names() override { return buffer_names(); }
   void parameters_to_host(float* dst) override { to_host(engine_.local_parameters(), engine_.local_count(), dst); }
@@ -1241,9 +1284,11 @@ class trainer_body : private trainer_core, private state_host {
       auto& replicas = engine_.replica_comm();
       replicas.broadcast(engine_.local_parameters(), engine_.local_count(), 0);
       replicas.broadcast(bufs.data(), bufs.size(), 0);
+      if (engine_.local_buffer_count()) replicas.broadcast(engine_.local_buffers(), engine_.local_buffer_count(), 0);
     } else {
       comm.broadcast(engine_.local_parameters(), engine_.local_count(), root);
       comm.broadcast(bufs.data(), bufs.size(), root);
+      if (engine_.local_buffer_count()) comm.broadcast(engine_.local_buffers(), engine_.local_buffer_count(), root);
     }
     step_ = static_cast<std::size_t>(head[0]);
     engine_.optimizer().set_steps(static_cast<std::size_t>(head[1]));

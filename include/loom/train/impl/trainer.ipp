@@ -480,21 +480,25 @@ LOOM_DECL io::rank_snapshot trainer_core::snapshot(state_host& h) {
     s.state_map = std::move(*sm);
     s.own_state_map = true;
   }
-  const std::size_t n = h.parameter_values(), m = h.state_values();
+  const std::size_t n = h.parameter_values(), nb = h.buffer_values(), m = h.state_values();
   const std::size_t k = h.optimizer_buffer_names().size();
-  float* host = h.snapshot_staging(n + m * k);
+  // The parameters, the model's buffers right after them (one run, as the checkpointer writes
+  // them), then each optimizer buffer.
+  float* host = h.snapshot_staging(n + nb + m * k);
   if (host) {
     s.owner = std::shared_ptr<const void>(host, [](const void*) {});  // the trainer's; outlives the write
   } else {
-    auto v = std::make_shared<std::vector<float>>(n + m * k);
+    auto v = std::make_shared<std::vector<float>>(n + nb + m * k);
     host = v->data();
     s.owner = v;
   }
   h.parameters_to_host(host);
   s.params = {host, n};
+  if (nb) h.buffers_to_host(host + n);
+  s.model_buffers = {host + n, nb};
   for (std::size_t i = 0; i < k; ++i) {
-    h.buffer_to_host(i, host + n + i * m);
-    s.buffers.emplace_back(host + n + i * m, m);
+    h.buffer_to_host(i, host + n + nb + i * m);
+    s.buffers.emplace_back(host + n + nb + i * m, m);
   }
   return s;
 }
@@ -525,6 +529,7 @@ LOOM_DECL std::filesystem::path trainer_core::load_checkpoint(state_host& h, col
   const io::trainer_record& rec = got->record;
   if (opts) check_resumable(rec, got->path, f.seed, *opts, samples, data_identity_);
   h.parameters_from_host(got->params.data(), got->params.size());
+  if (!got->model_buffers.empty()) h.buffers_from_host(got->model_buffers.data(), got->model_buffers.size());
   for (std::size_t i = 0; i < got->buffers.size(); ++i) h.buffer_from_host(i, got->buffers[i].data());
   h.set_optimizer_steps(rec.optimizer_steps);
   step_ = rec.step;
@@ -545,6 +550,32 @@ LOOM_DECL void trainer_core::write_emergency_checkpoint(state_host& h, const fit
     writer.start(solo, co.directory, *h.state_facts().tensors, snapshot(h), record_now(h), h.optimizer_buffer_names(),
                  /*async=*/false, co.keep, 10);
   });
+}
+
+LOOM_DECL std::vector<float> gather_whole_buffers(collectives& c, const shard_map& m, const std::vector<float>& mine) {
+  const std::size_t whole_count = m.whole_buffer_count;
+  // Per rank: its values in the whole layout, then one flag byte per value it writes.
+  std::vector<char> own(whole_count * (sizeof(float) + 1), 0);
+  float value = 0;
+  for (const shard_piece& p : m.buffer_pieces) {
+    if (!m.writes(p)) continue;
+    for (std::size_t r = 0; r < p.rows; ++r)
+      for (std::size_t k = 0; k < p.count; ++k) {
+        const std::size_t w = p.whole_offset + r * p.whole_stride + k;
+        value = mine[p.local_offset + r * p.local_stride + k];
+        std::memcpy(own.data() + w * sizeof(float), &value, sizeof(float));
+        own[whole_count * sizeof(float) + w] = 1;
+      }
+  }
+  std::vector<char> all(own.size() * static_cast<std::size_t>(c.size()));
+  c.allgather(own.data(), all.data(), own.size());
+  std::vector<float> whole(whole_count, 0.0f);
+  for (int r = 0; r < c.size(); ++r) {
+    const char* from = all.data() + own.size() * static_cast<std::size_t>(r);
+    for (std::size_t w = 0; w < whole_count; ++w)
+      if (from[whole_count * sizeof(float) + w]) std::memcpy(&whole[w], from + w * sizeof(float), sizeof(float));
+  }
+  return whole;
 }
 
 LOOM_DECL void write_rank_trace(const std::string& path, const monitor::timeline& t, int rank, int world) {
