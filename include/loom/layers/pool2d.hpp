@@ -62,9 +62,9 @@ struct pool2d_layer {
       return fail_with<diagnostic::pool2d_at_layer_needs_a_3d_input_but_got<Index, In>>();
     } else {
       static_assert(fits<In>(),
-                    "loom pooling window is larger than its (padded) input: use a smaller Kernel or fewer pooling "
-                    "layers before it (layer index, input shape and kernel are in the loom::diagnostic:: name the "
-                    "compiler prints)");
+                    "loom pooling window is larger than its input (with its padding): use a smaller Kernel or fewer "
+                    "pooling layers before it (layer index, input shape and kernel are in the loom::diagnostic:: name "
+                    "the compiler prints)");
       if constexpr (!fits<In>()) return fail_with<diagnostic::pool2d_window_larger_than_input_at_layer<Index, In, Kernel>>();
       return true;
     }
