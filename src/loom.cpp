@@ -13,6 +13,7 @@
 
 // Every header with an impl/*.ipp or LOOM_INSTANTIATE lines (the ones it includes come with
 // them; listed all the same).
+#include "loom/backend/cpu/batch_norm.hpp"
 #include "loom/backend/cpu/conv2d.hpp"
 #include "loom/backend/cpu/dnnl_support.hpp"
 #include "loom/backend/cpu/features.hpp"
@@ -36,6 +37,7 @@
 #include "loom/io/onnx.hpp"
 #include "loom/io/safetensors.hpp"
 #include "loom/layers/activation.hpp"
+#include "loom/layers/batch_norm.hpp"
 #include "loom/layers/conv2d.hpp"
 #include "loom/layers/describe.hpp"
 #include "loom/layers/flatten.hpp"
@@ -49,6 +51,7 @@
 #include "loom/monitor/tensorboard.hpp"
 #include "loom/monitor/timeline.hpp"
 #include "loom/nn/residual.hpp"
+#include "loom/nn/residual_with.hpp"
 #include "loom/optim/validate.hpp"
 #include "loom/parallel/chunk_tree.hpp"
 #include "loom/parallel/collectives.hpp"

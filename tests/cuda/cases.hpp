@@ -15,6 +15,7 @@
 #include "loom/core/random.hpp"
 #include "loom/core/shape.hpp"
 #include "loom/layers/activation.hpp"
+#include "loom/layers/batch_norm.hpp"
 #include "loom/layers/conv2d.hpp"
 #include "loom/layers/dropout.hpp"
 #include "loom/layers/flatten.hpp"
@@ -22,6 +23,7 @@
 #include "loom/layers/linear.hpp"
 #include "loom/layers/pool2d.hpp"
 #include "loom/nn/residual.hpp"
+#include "loom/nn/residual_with.hpp"
 #include "loom/nn/network.hpp"
 
 namespace loom {
@@ -61,13 +63,24 @@ using cnn_case = network<input<3, 12, 12>, conv2d<8, 3, 1, 1>, relu, max_pool2d<
                          avg_pool2d<2>, flatten, linear<5>>;
 using mixed_case = network<input<2, 8, 8>, conv2d<4, 3, 1, 1>, layer_norm, residual<relu, conv2d<4, 3, 1, 1>>, dropout,
                            max_pool2d<3, 2>, flatten, linear<7>>;
+// Batch norm in training (cuDNN's on the GPU, oneDNN's on the CPU, with the ReLU after it fused
+// in on both), padded max pooling, and a ResNet block whose shortcut downsamples.
+using batch_norm_case = network<input<6, 5, 5>, batch_norm>;
+using batch_norm_relu_case = network<input<3, 8, 8>, conv2d<16, 3, 1, 1, no_bias>, batch_norm, relu>;
+using max_pool_padded_case = network<input<3, 9, 9>, max_pool2d<3, 2, 1>>;
+using resnet_block_case =
+    network<input<8, 8, 8>,
+            residual_with<layers<conv2d<16, 3, 2, 1, no_bias>, batch_norm, relu, conv2d<16, 3, 1, 1, no_bias>, batch_norm>,
+                          shortcut<conv2d<16, 1, 2, 0, no_bias>, batch_norm>>,
+            relu, global_avg_pool2d, linear<5>>;
 
 // X(name) for every case above: the instantiation lists of both sides and the test list.
 #define LOOM_CUDA_TEST_PASS_CASES(X)                                                                               \
   X(linear_case) X(linear_relu_case) X(linear_relu_unaligned_case) X(conv_case) X(conv_strided_case) X(conv_wide_case) X(conv_relu_case) X(max_pool_case)           \
   X(max_pool_overlap_case) X(avg_pool_case) X(avg_pool_overlap_case) X(flatten_case) X(relu_case)                 \
   X(leaky_relu_case) X(tanh_case) X(sigmoid_case) X(gelu_case) X(dropout_case) X(layer_norm_case)                 \
-  X(residual_case) X(mlp_case) X(cnn_case) X(mixed_case)
+  X(residual_case) X(mlp_case) X(cnn_case) X(mixed_case) X(batch_norm_case) X(batch_norm_relu_case)                \
+  X(max_pool_padded_case) X(resnet_block_case)
 
 /// Networks trained for the backend agreement of whole runs (1 x 12 x 12 images, 10 classes).
 using train_mlp = network<input<1, 12, 12>, flatten, linear<64>, relu, dropout_rate<10>, linear<32>, loom::tanh, linear<10>>;

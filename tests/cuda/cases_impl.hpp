@@ -45,6 +45,12 @@ pass_result run_pass(const pass_input& in) {
   const std::size_t batch = in.batch;
   typename Network::template sequence_type<T, Backend> seq;
   buffer<T, space> params, x, dy, dx(batch * Network::input_shape::size), dparams(Network::parameter_count);
+  // Batch norm's running statistics: initialised on the host, bound where the backend computes.
+  std::vector<float> initial_buffers(Network::buffer_count);
+  seq.initialize_buffers(initial_buffers.data());
+  buffer<T, space> buffers;
+  to_space(initial_buffers, buffers);
+  seq.bind_buffers(buffers.data());
   to_space(in.params, params);
   to_space(in.x, x);
   to_space(in.dy, dy);

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "loom/backend/batch_norm_kernels.hpp"
 #include "loom/backend/kernels/pool.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/geometry.hpp"
@@ -45,7 +46,7 @@ class reference_conv2d_plan {
       for (std::size_t o = 0; o < g_.oc; ++o)
         for (std::size_t i = 0; i < oh; ++i)
           for (std::size_t j = 0; j < ow; ++j) {
-            double s = b[o];
+            double s = b ? b[o] : 0.0;
             for (std::size_t c = 0; c < g_.c; ++c)
               for (std::size_t p = 0; p < g_.k; ++p)
                 for (std::size_t q = 0; q < g_.k; ++q) {
@@ -126,9 +127,39 @@ class reference_pool2d_plan {
   }
 
  private:
-  kernels::pool_planes planes(std::size_t batch) const { return {batch * g_.c, g_.h, g_.w, g_.oh(), g_.ow(), g_.k, g_.stride}; }
+  kernels::pool_planes planes(std::size_t batch) const {
+    return {batch * g_.c, g_.h, g_.w, g_.oh(), g_.ow(), g_.k, g_.stride, g_.pad};
+  }
   pool2d_geometry g_;
   pool_kind kind_;
+};
+
+struct reference;
+
+/// Batch normalisation by loom's kernel bodies (backend/batch_norm_kernels.hpp), serially: what
+/// loom::cuda runs for statistics summed over replicas, and loom::cpu for double.
+template <class T>
+class reference_batch_norm_plan {
+ public:
+  explicit reference_batch_norm_plan(batch_norm_geometry g) : k_(g) {}
+  void fuse_relu() { k_.fuse_relu(); }
+  reference_format forward_training(const T* x, const reference_format&, const T* w, const T* b, T* y, T* running_mean,
+                                    T* running_var, double momentum, std::size_t batch, process_group* replicas) {
+    k_.forward_training(x, 1, w, b, y, running_mean, running_var, momentum, batch, replicas);
+    return {};
+  }
+  reference_format forward_inference(const T* x, const reference_format&, const T* w, const T* b, const T* running_mean,
+                                     const T* running_var, T* y, std::size_t batch) {
+    k_.forward_inference(x, 1, w, b, running_mean, running_var, y, batch);
+    return {};
+  }
+  void backward(const T* x, const reference_format&, const T* w, const T*, const T* dy, T* dx, T* dw, T* db,
+                std::size_t batch, bool accumulate, process_group* replicas) {
+    k_.backward(x, 1, w, dy, dx, dw, db, batch, accumulate, replicas);
+  }
+
+ private:
+  detail::batch_norm_kernels<T, reference> k_;
 };
 
 /// Serial execution on the host; memory in host_space.
@@ -140,6 +171,11 @@ struct reference {
   using conv2d_plan = reference_conv2d_plan<T>;
   template <class T>
   using pool2d_plan = reference_pool2d_plan<T>;
+  template <class T>
+  using batch_norm_plan = reference_batch_norm_plan<T>;
+  static constexpr std::size_t channel_block(const format&, std::size_t, std::size_t, std::size_t, std::size_t) {
+    return 1;
+  }
 
   template <class F>
   static void for_each(std::size_t n, F f) {

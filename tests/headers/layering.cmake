@@ -15,6 +15,7 @@ set(knows_core "")
 set(knows_backend core)
 set(knows_layers core backend)
 set(knows_nn core backend layers)
+set(knows_models core backend layers nn)
 set(knows_optim core backend)
 # comm/nccl.hpp runs on CUDA streams: the one header of comm/ that knows backend/cuda.
 set(knows_comm core)

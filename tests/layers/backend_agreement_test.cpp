@@ -17,12 +17,14 @@
 #include "gradient_check.hpp"
 #include "loom/backend/cpu.hpp"
 #include "loom/layers/activation.hpp"
+#include "loom/layers/batch_norm.hpp"
 #include "loom/layers/conv2d.hpp"
 #include "loom/layers/flatten.hpp"
 #include "loom/layers/layer_norm.hpp"
 #include "loom/layers/linear.hpp"
 #include "loom/layers/pool2d.hpp"
 #include "loom/nn/residual.hpp"
+#include "loom/nn/residual_with.hpp"
 #include "loom/nn/model.hpp"
 #include "loom/nn/network.hpp"
 #include "relative_error.hpp"
@@ -44,6 +46,15 @@ using mixed = network<input<3, 12, 12>, conv2d<16, 3, 1, 1>, residual<relu, conv
 /// in a blocked layout (so the residual converts its sum and its gradient), then max_pool2d.
 using mixed_plain_into_residual = network<input<3, 8, 8>, conv2d<16, 3, 1, 1>, layer_norm, residual<relu, conv2d<16, 3, 1, 1>>,
                                           max_pool2d<2>, flatten, linear<6>>;
+
+/// A ResNet in small: batch norm (oneDNN's, on the blocked layouts convolutions leave, with the
+/// ReLU fused in) against loom's kernel bodies in double; padded max pooling; a downsampling
+/// block whose shortcut's layout may differ from its main branch's; global average pooling.
+using small_resnet =
+    network<input<3, 12, 12>, conv2d<16, 3, 1, 1, no_bias>, batch_norm, relu, max_pool2d<3, 2, 1>,
+            residual_with<layers<conv2d<32, 3, 2, 1, no_bias>, batch_norm, relu, conv2d<32, 3, 1, 1, no_bias>, batch_norm>,
+                          shortcut<conv2d<32, 1, 2, 0, no_bias>, batch_norm>>,
+            relu, residual_with<layers<conv2d<32, 3, 1, 1, no_bias>, batch_norm>>, relu, global_avg_pool2d, linear<10>>;
 
 /// Values rounded to float, so that the float and double runs start from the same numbers.
 std::vector<double> float_representable(std::vector<double> v) {
@@ -137,6 +148,12 @@ bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
 TEST_CASE("float and double agree on the example cnn at batch 8", "[layers][backend]") {
   if (!first_layer_output_is_blocked<cnn>(8)) WARN("oneDNN keeps conv2d's output plain here: no layout conversion is exercised");
   check_agreement<cnn>(8, 21);
+}
+
+TEST_CASE("float and double agree on a small ResNet: batch norm, padded pooling, residual_with, global pooling",
+          "[layers][backend][batch_norm]") {
+  if (!first_layer_output_is_blocked<small_resnet>(4)) WARN("oneDNN keeps conv2d's output plain here");
+  check_agreement<small_resnet>(4, 31);
 }
 
 TEST_CASE("float and double agree on the example cnn at an odd batch", "[layers][backend]") {

@@ -13,13 +13,16 @@
 
 #include "gradient_check.hpp"
 #include "loom/layers/activation.hpp"
+#include "loom/layers/batch_norm.hpp"
 #include "loom/layers/conv2d.hpp"
 #include "loom/layers/dropout.hpp"
 #include "loom/layers/flatten.hpp"
 #include "loom/layers/layer_norm.hpp"
 #include "loom/layers/linear.hpp"
 #include "loom/layers/pool2d.hpp"
+#include "loom/layers/named.hpp"
 #include "loom/nn/residual.hpp"
+#include "loom/nn/residual_with.hpp"
 #include "loom/nn/loss.hpp"
 #include "loom/nn/model.hpp"
 #include "loom/nn/network.hpp"
@@ -86,6 +89,34 @@ TEST_CASE("conv2d with stride 2 and padding 1, and a 1x1 conv2d, have correct gr
   CHECK_GRADIENTS((check<network<input<3, 4, 4>, conv2d<2, 1>>>(2)));
 }
 
+TEST_CASE("conv2d without bias has correct gradients and no bias", "[layers][conv2d][gradient]") {
+  const auto r = check<network<input<2, 6, 6>, conv2d<3, 3, 2, 1, no_bias>>>(2);
+  CHECK(r.parameters_checked == 3 * 2 * 3 * 3);
+  CHECK_GRADIENTS(r);
+  CHECK_GRADIENTS((check<network<input<3, 4, 4>, conv2d<4, 1, 2, 0, no_bias, init::xavier>>>(2)));
+}
+
+TEST_CASE("batch_norm in training has correct weight, bias and input gradients", "[layers][batch_norm][gradient]") {
+  // Per feature of a vector, over the batch.
+  const auto r = check<network<input<5>, batch_norm>>(4);
+  CHECK(r.parameters_checked == 10);
+  CHECK_GRADIENTS(r);
+  // Per channel of an image, over the batch and the image; at the initial weight 1, bias 0 too.
+  CHECK_GRADIENTS((check<network<input<3, 3, 4>, batch_norm>>(2)));
+  CHECK_GRADIENTS((check<network<input<3, 3, 4>, batch_norm>>(2, {}, {}, true)));
+  // After a convolution without bias, with the ReLU after it fused in.
+  CHECK_GRADIENTS((check<network<input<2, 5, 5>, conv2d<4, 3, 1, 1, no_bias>, batch_norm, relu, conv2d<3, 3>>>(3)));
+  // Two samples of one value each per channel: the smallest batch it takes.
+  CHECK_GRADIENTS((check<network<input<4, 1, 1>, batch_norm, flatten, linear<2>>>(2)));
+}
+
+TEST_CASE("batch_norm in evaluation has correct gradients (the running statistics held fixed)",
+          "[layers][batch_norm][gradient]") {
+  gradient_check_options opt;
+  opt.ctx.training = false;
+  CHECK_GRADIENTS((check<network<input<2, 3, 3>, batch_norm, relu, conv2d<2, 2>>>(2, opt)));
+}
+
 TEST_CASE("layer_norm on a 1-D input has correct gain, bias and input gradients", "[layers][layer_norm][gradient]") {
   const auto r = check<network<input<10>, layer_norm>>(3);
   CHECK(r.parameters_checked == 20);
@@ -117,6 +148,21 @@ TEST_CASE("avg_pool2d has correct gradients, also with Stride != Kernel", "[laye
   CHECK_GRADIENTS((check<network<input<2, 7, 7>, avg_pool2d<3, 2>>>(2)));  // overlapping windows
   CHECK_GRADIENTS((check<network<input<2, 8, 8>, avg_pool2d<2, 3>>>(2)));  // gaps between windows
   CHECK_GRADIENTS((check<network<input<2, 6, 6>, avg_pool2d<3, 1>>>(2)));
+}
+
+TEST_CASE("pooling with padding never reads the padding and has correct gradients", "[layers][pool2d][gradient]") {
+  // ResNet's stem pooling: 3x3 windows, stride 2, padded by 1 (torch.nn.MaxPool2d(3, 2, 1)).
+  CHECK_GRADIENTS((check<network<input<2, 7, 7>, max_pool2d<3, 2, 1>>>(2)));
+  CHECK_GRADIENTS((check<network<input<2, 6, 6>, max_pool2d<3, 2, 1>>>(2)));
+  CHECK_GRADIENTS((check<network<input<2, 6, 6>, avg_pool2d<3, 2, 1>>>(2)));
+  CHECK_GRADIENTS((check<network<input<2, 5, 5>, max_pool2d<2, 1, 1>>>(2)));
+}
+
+TEST_CASE("global_avg_pool2d averages each channel and has correct gradients", "[layers][global_avg_pool2d][gradient]") {
+  const auto r = check<network<input<3, 4, 5>, global_avg_pool2d>>(2);
+  CHECK(r.inputs_checked == 2 * 60);
+  CHECK_GRADIENTS(r);
+  CHECK_GRADIENTS((check<network<input<2, 5, 5>, conv2d<16, 3, 1, 1>, global_avg_pool2d, linear<3>>>(2)));
 }
 
 TEST_CASE("flatten passes gradients through unchanged", "[layers][flatten][gradient]") {
@@ -178,6 +224,19 @@ TEST_CASE("residual around conv2d has correct gradients", "[layers][residual][gr
   CHECK_GRADIENTS((check<network<input<2, 5, 5>, residual<conv2d<2, 3, 1, 1>>>>(2)));
   CHECK_GRADIENTS((check<network<input<2, 5, 5>, conv2d<3, 3, 1, 1>, residual<relu, conv2d<3, 3, 1, 1>>, avg_pool2d<2>,
                                  layer_norm, flatten, linear<3>>>(2)));
+}
+
+TEST_CASE("residual_with and its shortcut have correct gradients", "[layers][residual_with][gradient]") {
+  // A downsampling block: the shortcut a strided 1x1 convolution without bias and a batch norm.
+  using block = residual_with<layers<named<"conv1", conv2d<4, 3, 2, 1, no_bias>>, named<"bn1", batch_norm>, relu,
+                                     named<"conv2", conv2d<4, 3, 1, 1, no_bias>>, named<"bn2", batch_norm>>,
+                              named<"downsample", shortcut<conv2d<4, 1, 2, 0, no_bias>, batch_norm>>>;
+  CHECK_GRADIENTS((check<network<input<2, 6, 6>, block, relu, global_avg_pool2d, linear<3>>>(3)));
+  // The identity shortcut, a ReLU fused into the sum, and a block as the first layer.
+  using same = residual_with<layers<conv2d<2, 3, 1, 1, no_bias>, batch_norm>>;
+  CHECK_GRADIENTS((check<network<input<2, 4, 4>, same, relu, same>>(2)));
+  // A shortcut of vectors.
+  CHECK_GRADIENTS((check<network<input<5>, residual_with<layers<linear<3>, loom::tanh>, shortcut<linear<3>>>>>(3)));
 }
 
 TEST_CASE("nested residuals have correct gradients", "[layers][residual][gradient]") {

@@ -50,6 +50,24 @@ using zoo = loom::network<loom::input<1, 28, 28>, loom::conv2d<16, 3, 1, 1>, loo
 
 constexpr std::size_t f32 = 4;
 
+/// Batch norm on vectors (no convolution: nothing oneDNN chooses, so the plan is exact): its
+/// running statistics (2C + 1 buffer values each), its batch statistics (2C), the ReLU fused
+/// into the first (a mask of a byte per element) and not into the second.
+using bn_mlp = loom::network<loom::input<784>, loom::linear<64>, loom::batch_norm, loom::relu, loom::linear<32>,
+                             loom::batch_norm, loom::linear<10>>;
+using bn_mlp_sgd = loom::memory_plan<bn_mlp, loom::sgd, loom::single_process, loom::with_momentum>;
+static_assert(bn_mlp::buffer_count == 2 * 64 + 1 + 2 * 32 + 1);
+static_assert(bn_mlp_sgd::buffer_bytes == f32 * bn_mlp::buffer_count);
+static_assert(bn_mlp_sgd::workspace_bytes == f32 * (2 * 64 + 2 * 32));
+// Outputs (the fused relu has none: 64 + 64 + 32 + 32 + 10) and the fused ReLU's mask (64 bytes).
+static_assert(bn_mlp_sgd::activation_bytes_per_sample == f32 * (64 + 64 + 32 + 32 + 10) + 64);
+static_assert(bn_mlp_sgd::bytes_per_rank(0) == 3 * f32 * bn_mlp::parameter_count + f32 * bn_mlp::buffer_count +
+                                                   bn_mlp_sgd::workspace_bytes);
+/// The same with convolutions (within tolerance): batch norm on oneDNN's blocked layouts.
+using bn_cnn = loom::network<loom::input<1, 28, 28>, loom::conv2d<16, 3, 1, 1, loom::no_bias>, loom::batch_norm, loom::relu,
+                             loom::max_pool2d<3, 2, 1>, loom::conv2d<32, 3, 2, 1, loom::no_bias>, loom::batch_norm,
+                             loom::relu, loom::global_avg_pool2d, loom::linear<10>>;
+
 // ---- The plans by hand (compile time) ------------------------------------------------------------
 
 // The mlp: 235,146 parameters; no ReLU is fused into a linear on the CPU, so every layer keeps its
@@ -292,6 +310,12 @@ TEST_CASE("The plan is the bytes loom's buffers hold at their peak in fit, on on
       {.lr = 0.02f, .momentum = 0.9f}, 64, false);
 }
 
+TEST_CASE("The plan counts batch norm's buffers and statistics, exactly on vectors", "[memory_plan][batch_norm]") {
+  check_single_process<bn_mlp, loom::sgd, bn_mlp_sgd>({.lr = 0.02f, .momentum = 0.9f}, 64, true);
+  check_single_process<bn_cnn, loom::sgd, loom::memory_plan<bn_cnn, loom::sgd, loom::single_process, loom::with_momentum>>(
+      {.lr = 0.02f, .momentum = 0.9f}, 32, false);
+}
+
 TEST_CASE("A plan that does not match the optimizer's options says so", "[memory_plan]") {
   CHECK(mlp_sgd::counts_state_of({.lr = 0.1f, .momentum = 0.9f}));
   CHECK_FALSE(mlp_sgd::counts_state_of({.lr = 0.1f}));
@@ -397,6 +421,18 @@ TEST_CASE("Pipelines: each stage's plan, 1F1B against GPipe", "[memory_plan]") {
   // Under hybrid, each replica's stages at half the batch.
   using hp = local_hybrid_pipeline<2, loom::micro_batches<2>>;
   check_local<mlp, hp, loom::memory_plan<mlp, loom::sgd, hp, loom::with_momentum>>(4, 64, true);
+}
+
+TEST_CASE("Batch norm's buffers on each rank: replicas, pipeline stages (accumulating), tensor slices",
+          "[memory_plan][batch_norm]") {
+  check_local<bn_mlp, local_dp, loom::memory_plan<bn_mlp, loom::sgd, local_dp, loom::with_momentum>>(2, 64, true);
+  using bp = local_pipeline<2, loom::micro_batches<4>, loom::one_f_one_b>;
+  using bn_pipe = loom::memory_plan<bn_mlp, loom::sgd, bp, loom::with_momentum>;
+  static_assert(bn_pipe::for_rank(0).buffer_bytes + bn_pipe::for_rank(1).buffer_bytes == f32 * bn_mlp::buffer_count);
+  check_local<bn_mlp, bp, bn_pipe>(2, 64, true);
+  using bn_tp = loom::network<loom::input<784>, loom::column_parallel<loom::linear<64>>, loom::batch_norm, loom::relu,
+                              loom::row_parallel<loom::linear<32>>, loom::batch_norm, loom::linear<10>>;
+  check_local<bn_tp, local_tensor<2>, loom::memory_plan<bn_tp, loom::sgd, local_tensor<2>, loom::with_momentum>>(2, 64, true);
 }
 
 TEST_CASE("Tensor parallelism: each slice's plan", "[memory_plan]") {

@@ -229,6 +229,11 @@ gradient_check_report check_network_gradients(std::span<double> params, std::spa
     throw std::invalid_argument("check_network_gradients: parameter or input sizes do not match the network");
 
   seq_t seq;
+  // Layers with buffers (batch norm's running statistics) run bound to some; training-mode
+  // forwards update them but do not read them.
+  std::vector<double> buffers(Network::buffer_count);
+  seq.initialize_buffers(buffers.data());
+  seq.bind_buffers(buffers.data());
   std::vector<double> xv(x.begin(), x.end());
   const std::size_t n_out = batch * out_size;
   auto f = [&]() -> long double {

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstring>
 
+#include "loom/backend/cpu/batch_norm.hpp"
 #include "loom/backend/cpu/conv2d.hpp"
 #include "loom/backend/cpu/dnnl_support.hpp"
 #include "loom/backend/cpu/gemm.hpp"
@@ -28,6 +29,15 @@ struct cpu {
   using conv2d_plan = cpu_conv2d_plan<T>;
   template <class T>
   using pool2d_plan = cpu_pool2d_plan<T>;
+  template <class T>
+  using batch_norm_plan = cpu_batch_norm_plan<T>;
+
+  /// The channels per block of an (n, c, h, w) activation in format f: 1 when plain, 8 or 16 in
+  /// oneDNN's nChw8c / nChw16c (what loom's channel-wise kernel bodies read).
+  /// Throws loom::backend_error for another layout.
+  static std::size_t channel_block(const format& f, std::size_t n, std::size_t c, std::size_t h, std::size_t w) {
+    return detail::cpu_channel_block(f, n, c, h, w);
+  }
 
   /// Runs f(i) for every i in [0, n).
   template <class F>

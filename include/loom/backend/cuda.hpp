@@ -16,6 +16,7 @@
 #include <string>
 #include <type_traits>
 
+#include "loom/backend/cuda/batch_norm.hpp"
 #include "loom/backend/cuda/check.hpp"
 #include "loom/backend/cuda/conv2d.hpp"
 #include "loom/backend/cuda/gemm.hpp"
@@ -44,6 +45,12 @@ struct cuda {
   using conv2d_plan = cuda_conv2d_plan<T>;
   template <class T>
   using pool2d_plan = cuda_pool2d_plan<T>;
+  template <class T>
+  using batch_norm_plan = cuda_batch_norm_plan<T>;
+  /// Channels per block of an activation's layout: 1, CUDA activations are always plain.
+  static constexpr std::size_t channel_block(const format&, std::size_t, std::size_t, std::size_t, std::size_t) {
+    return 1;
+  }
 
   /// Runs f(i) for every i in [0, n) on the GPU. f is a LOOM_HD functor whose pointers are
   /// device memory.

@@ -2,9 +2,9 @@
 #pragma once
 // Checkpoints of a training run: a directory `step-<n>/` per checkpoint, committed whole.
 //
-//   step-<n>/model-00001-of-0000N.safetensors       the weights, in the whole network's layout and
-//   step-<n>/model.safetensors.index.json           with torch.nn.Sequential's names (Hugging Face's
-//   step-<n>/optimizer-00001-of-0000N.safetensors   sharded layout); the optimizer state likewise
+//   step-<n>/model-00001-of-0000N.safetensors       the weights and buffers (running statistics), in
+//   step-<n>/model.safetensors.index.json           the whole network's layout, with PyTorch's names
+//   step-<n>/optimizer-00001-of-0000N.safetensors   (Hugging Face's sharded layout); the optimizer state likewise
 //   step-<n>/optimizer.safetensors.index.json       ("<name>.exp_avg", "<name>.momentum_buffer")
 //   step-<n>/checkpoint.json                        the trainer's state and every file's size and CRC
 //
@@ -122,8 +122,8 @@ struct trainer_record {
   int ranks = 1, replicas = 1, stages = 1, slices = 1;
 };
 
-/// One rank's part of a checkpoint, in host memory: its parameters (map.local_count values) and
-/// optimizer buffers, and what it holds of each: map for the parameters, and for the buffers
+/// One rank's part of a checkpoint, in host memory: its parameters (map.local_count values), its
+/// buffers (running statistics) and optimizer buffers, and what it holds of each: map for the parameters, and for the buffers
 /// state_map where the optimizer state is sharded differently from the parameters
 /// (loom::shard_optimizer_state; own_state_map set), else map. The values live in `owner` (a
 /// host copy, or the trainer's page-locked staging buffer on a GPU backend), which must stay
@@ -131,6 +131,9 @@ struct trainer_record {
 struct rank_snapshot {
   shard_map map;
   std::span<const float> params;
+  /// Its buffers (running statistics; map.local_buffer_count values, laid out as
+  /// map.buffer_pieces say), written beside the parameters under their PyTorch names.
+  std::span<const float> model_buffers;
   std::vector<std::span<const float>> buffers;
   std::shared_ptr<const void> owner;
   shard_map state_map;
@@ -216,6 +219,18 @@ LOOM_DECL std::size_t contiguous_at(std::span<const shard_piece> pieces, std::si
 LOOM_DECL std::vector<tensor_values> assemble(collectives& c, const world_map& w, const write_plan& plan,
                                               const std::vector<tensor_description>& tensors, const shard_map& held,
                                               const std::vector<const float*>& sources);
+
+/// The model's tensors as a checkpoint lays them out: the parameters, then the buffers (running
+/// statistics) as if they followed the parameters in one flat layout, whole and local — so that
+/// every rank's buffers go through the same plan, assembly and reading as its parameters. map
+/// points into pieces: a model_layout is used where it is made, or moved whole.
+struct model_layout {
+  std::vector<tensor_description> tensors;        // parameters, then buffers (offsets after the parameters)
+  std::vector<tensor_description> parameters;     // the parameters alone (the optimizer state's tensors)
+  std::vector<shard_piece> pieces;
+  shard_map map;
+};
+LOOM_DECL model_layout model_layout_of(const std::vector<tensor_description>& tensors, const shard_map& map);
 
 /// A file of a `.step-<n>.partial` directory: written under a temporary name and renamed into
 /// place (so that rank 0, polling for another rank's note, never reads half of one), fsynced
@@ -342,7 +357,8 @@ class checkpointer {
   };
   struct job {
     std::filesystem::path dir, partial;
-    std::vector<tensor_description> tensors;
+    std::vector<tensor_description> tensors;        // the model's: parameters, then buffers (model_layout)
+    std::vector<tensor_description> state_tensors;  // the parameters': the optimizer state's
     detail::write_plan plan, state_plan;  // who writes each tensor's parameters, and its optimizer state
     std::shared_ptr<const rank_snapshot> snapshot;  // what the views of `mine` and `mine_state` point into
     std::shared_ptr<std::vector<detail::tensor_values>> mine, mine_state;
@@ -380,6 +396,7 @@ struct loaded_checkpoint {
   std::filesystem::path path;
   trainer_record record;
   std::vector<float> params;
+  std::vector<float> model_buffers;  // laid out as the map's buffer_pieces say
   std::vector<std::vector<float>> buffers;
   /// Newer checkpoints refused (damaged or not this run's) before this one was taken.
   std::size_t refused = 0;

@@ -31,6 +31,8 @@ LOOM_DECL std::string join(const std::vector<std::size_t>& v, const char* sep = 
 struct network_description {
   std::vector<std::size_t> input_shape, output_shape;
   std::size_t parameter_count = 0;
+  /// Values of its flat buffer of buffers (running statistics), 0 for most networks.
+  std::size_t buffer_count = 0;
   std::vector<layer_description> layers;
 
   /// The network as text, "network<input<784>,linear<256>,relu,...>" (its layers' texts):
@@ -38,7 +40,8 @@ struct network_description {
   std::string text() const;
   /// A 64-bit FNV-1a hash of text(), as 16 hex digits: equal for the same layer list.
   std::string fingerprint() const;
-  /// Every tensor, in flat-buffer order.
+  /// Every tensor, layer by layer: a layer's parameters (in flat-buffer order) and then its
+  /// buffers (their offsets in the flat buffer of buffers; tensor_description::kind says which).
   std::vector<tensor_description> tensors() const;
 };
 
@@ -54,6 +57,7 @@ struct network_describer<network<input<D...>, Layers...>> {
     n.input_shape = {D...};
     n.output_shape.assign(net::output_shape::dims.begin(), net::output_shape::dims.end());
     n.parameter_count = net::parameter_count;
+    n.buffer_count = net::buffer_count;
     n.layers = ::loom::detail::describe_chain<typename net::chain, Layers...>("");
     return n;
   }

@@ -4,8 +4,9 @@
 // Runtime and TensorRT, with a symbolic batch dimension. Each layer adds its own nodes through
 // loom::onnx_graph (loom/layers/describe.hpp; loom's map to Conv, Gemm (transB=1), Relu,
 // LeakyRelu, Tanh, Sigmoid, GELU in its Erf form, MaxPool, AveragePool, Flatten(axis=1),
-// LayerNormalization over the whole sample, Add around a residual's inner graph; dropout adds
-// none), which this file implements. Initializers carry the safetensors names ("3.weight"). The
+// LayerNormalization over the whole sample, BatchNormalization with the running statistics,
+// GlobalAveragePool, Add around a residual's inner graph; dropout adds none), which this file
+// implements. Initializers carry the safetensors names ("3.weight"). The
 // file is encoded by io/protobuf.hpp (no libprotobuf) and written crash-safe (io/file.hpp).
 
 #include <cstddef>
@@ -110,7 +111,8 @@ LOOM_DECL protobuf::message onnx_value_info(std::string_view name, int type, std
 /// ("/3/Gemm", "/6/0/Relu"; a repeated name gets "_1", "_2", ...).
 class onnx_graph_builder final : public onnx_graph {
  public:
-  onnx_graph_builder(std::span<const float> params, const onnx_options& o) : params_(params), o_(o) {}
+  onnx_graph_builder(std::span<const float> params, std::span<const float> buffers, const onnx_options& o)
+      : params_(params), buffers_(buffers), o_(o) {}
 
   struct node {
     std::string op, name;
@@ -148,7 +150,7 @@ class onnx_graph_builder final : public onnx_graph {
   /// (back=true). Other precisions: v itself.
   std::string in_float(const std::string& v, bool back = false);
 
-  std::span<const float> params_;
+  std::span<const float> params_, buffers_;
   const onnx_options& o_;
   std::vector<node> nodes_;
   std::vector<initializer_data> inits_;
@@ -163,13 +165,17 @@ LOOM_DECL bool onnx_external(std::uint64_t weight_bytes, onnx_external_data mode
 
 LOOM_DECL std::filesystem::path external_data_path(const std::filesystem::path& model);
 
-/// The ONNX model of network d with parameters params. external: the initializers' data go to
-/// `data` (appended at aligned offsets, named by data_name) instead of inline.
-LOOM_DECL std::string onnx_model(const network_description& d, std::span<const float> params, const onnx_options& o,
-                                 bool external, std::string* data, const std::string& data_name);
+/// The ONNX model of network d with parameters params and buffers (running statistics).
+/// external: the initializers' data go to `data` (appended at aligned offsets, named by
+/// data_name) instead of inline.
+LOOM_DECL std::string onnx_model(const network_description& d, std::span<const float> params,
+                                 std::span<const float> buffers, const onnx_options& o, bool external, std::string* data,
+                                 const std::string& data_name);
 
-/// export_onnx<Network> for the network d of `parameters` values (compiled once: loom::compiled).
+/// export_onnx<Network> for the network d of `parameters` parameters and `buffers` buffer values
+/// (compiled once: loom::compiled).
 LOOM_DECL void export_onnx_described(const network_description& d, std::size_t parameters, std::span<const float> params,
+                                     std::size_t buffers, std::span<const float> buffer_values,
                                      const std::filesystem::path& path, const onnx_options& options);
 
 }  // namespace detail
@@ -183,7 +189,19 @@ LOOM_DECL void export_onnx_described(const network_description& d, std::size_t p
 /// the wrong size, or external_data = never for weights over 2 GiB.
 template <class Network>
 void export_onnx(std::span<const float> params, const std::filesystem::path& path, const onnx_options& options = {}) {
-  detail::export_onnx_described(describe<Network>(), Network::parameter_count, params, path, options);
+  static_assert(Network::buffer_count == 0,
+                "loom::export_onnx: this network holds buffers (batch norm's running statistics), which its graph "
+                "reads: pass them too, export_onnx<Network>(parameters, buffers, path), or export the loom::model");
+  detail::export_onnx_described(describe<Network>(), Network::parameter_count, params, 0, {}, path, options);
+}
+
+/// The same with the network's buffers (Network::buffer_count values: the running statistics
+/// its batch norms normalise with at inference).
+template <class Network>
+void export_onnx(std::span<const float> params, std::span<const float> buffers, const std::filesystem::path& path,
+                 const onnx_options& options = {}) {
+  detail::export_onnx_described(describe<Network>(), Network::parameter_count, params, Network::buffer_count, buffers,
+                                path, options);
 }
 
 /// Writes a loom::model (any backend) as the ONNX model `path`; see export_onnx above.
@@ -192,7 +210,9 @@ template <class Model>
 void export_onnx(const Model& model, const std::filesystem::path& path, const onnx_options& options = {}) {
   static_assert(std::is_same_v<typename Model::value_type, float>, "loom::export_onnx exports float models");
   const std::vector<float> host = model.copy_parameters_to_host();
-  export_onnx<typename Model::network_type>(std::span<const float>(host), path, options);
+  const std::vector<float> buffers = model.copy_buffers_to_host();
+  export_onnx<typename Model::network_type>(std::span<const float>(host), std::span<const float>(buffers), path,
+                                            options);
 }
 
 }  // namespace loom::io

@@ -4,8 +4,10 @@
 // header (each tensor's dtype, shape and data_offsets, and a __metadata__ object with loom's
 // network text and fingerprint), then the raw little-endian values. The names and shapes are
 // the ones torch.nn.Sequential of the same layers has ("3.weight", linear (out, in), conv2d
-// (out, in, kh, kw)), so PyTorch loads the file with load_state_dict(strict=True), and the data
-// section is the flat parameter buffer itself. Weights only: no optimizer or trainer state.
+// (out, in, kh, kw)), so PyTorch loads the file with load_state_dict(strict=True): each layer's
+// parameters and then its buffers (batch norm's running statistics; num_batches_tracked as
+// int64, as PyTorch holds it), in the network's order. Weights only: no optimizer or trainer
+// state.
 
 #include <algorithm>
 #include <bit>
@@ -31,12 +33,14 @@ static_assert(std::endian::native == std::endian::little,
               "loom::io writes and reads safetensors' little-endian values as they lie in memory: a little-endian "
               "host is needed");
 
-/// One tensor to write: its name, shape and values (row-major).
+/// One tensor to write: its name, shape and values (row-major); an int64 one (a count held in
+/// T: batch norm's num_batches_tracked) is written as int64 ("I64"), as PyTorch holds it.
 template <class T>
 struct named_tensor {
   std::string name;
   std::vector<std::size_t> shape;
   std::span<const T> values;
+  bool int64 = false;
 };
 
 namespace detail {
@@ -82,10 +86,10 @@ void write_safetensors(const std::filesystem::path& path, std::span<const named_
     if (t.name == "__metadata__" || seen[t.name]++)
       throw invalid_argument("loom::io::write_safetensors(" + path.string() + "): the tensor name " + t.name +
                              " is reserved or given twice");
-    const std::uint64_t end = at + n * sizeof(T);
+    const std::uint64_t end = at + n * (t.int64 ? sizeof(std::int64_t) : sizeof(T));
     header += std::string(header.size() > 1 ? "," : "") + json::quote(t.name) + ":{\"dtype\":\"" +
-              detail::safetensors_dtype<T>() + "\",\"shape\":[" + detail::join(t.shape) + "],\"data_offsets\":[" +
-              std::to_string(at) + "," + std::to_string(end) + "]}";
+              (t.int64 ? "I64" : detail::safetensors_dtype<T>()) + "\",\"shape\":[" + detail::join(t.shape) +
+              "],\"data_offsets\":[" + std::to_string(at) + "," + std::to_string(end) + "]}";
     at = end;
   }
   header += "}";
@@ -95,7 +99,15 @@ void write_safetensors(const std::filesystem::path& path, std::span<const named_
   atomic_file out(path);
   out.write(len, 8);
   out.write(header);
-  for (const auto& t : tensors) out.write(t.values.data(), t.values.size_bytes());
+  for (const auto& t : tensors) {
+    if (!t.int64) {
+      out.write(t.values.data(), t.values.size_bytes());
+      continue;
+    }
+    std::vector<std::int64_t> v(t.values.size());
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<std::int64_t>(t.values[i]);
+    out.write(v.data(), v.size() * sizeof(std::int64_t));
+  }
   out.commit();
 }
 LOOM_INSTANTIATE(void write_safetensors<float>(const std::filesystem::path&, std::span<const named_tensor<float>>,
@@ -139,23 +151,38 @@ class safetensors_file {
 /// "format": "pt" (what Hugging Face's loaders look for).
 LOOM_DECL std::map<std::string, std::string> weights_metadata(const network_description& d);
 
+/// The parameters and buffers of a network, as host vectors in its flat layouts (what
+/// load_weights_and_buffers reads).
+template <class T>
+struct model_weights {
+  std::vector<T> parameters;
+  std::vector<T> buffers;
+};
+
 namespace detail {
-/// save_weights and load_weights for the network d of `parameters` values: the work of both,
-/// whatever the network (loom::compiled holds them for float).
+/// save_weights and load_weights for the network d of `parameters` parameters and `buffers`
+/// buffer values: the work of both, whatever the network (loom::compiled holds them for float).
 template <class T>
 void save_weights_described(const network_description& d, std::size_t parameters, std::span<const T> params,
-                            const std::filesystem::path& path) {
+                            std::size_t buffers, std::span<const T> buffer_values, const std::filesystem::path& path) {
   if (params.size() != parameters)
     throw invalid_argument("loom::save_weights(" + path.string() + "): the network has " +
                            std::to_string(parameters) + " parameters but " +
                            std::to_string(params.size()) + " values were given");
+  if (buffer_values.size() != buffers)
+    throw invalid_argument("loom::save_weights(" + path.string() + "): the network holds " + std::to_string(buffers) +
+                           " buffer values (running statistics) but " + std::to_string(buffer_values.size()) +
+                           " were given");
   std::vector<named_tensor<T>> tensors;
-  for (const auto& t : d.tensors()) tensors.push_back({t.name, t.shape, params.subspan(t.offset, t.count)});
+  for (const auto& t : d.tensors()) {
+    const std::span<const T> from = t.kind == tensor_kind::buffer ? buffer_values : params;
+    tensors.push_back({t.name, t.shape, from.subspan(t.offset, t.count), t.element == tensor_element::int64});
+  }
   io::write_safetensors<T>(path, tensors, weights_metadata(d));
 }
 template <class T>
-std::vector<T> load_weights_described(const network_description& d, std::size_t parameters,
-                                      const std::filesystem::path& path) {
+model_weights<T> load_weights_described(const network_description& d, std::size_t parameters, std::size_t buffers,
+                                        const std::filesystem::path& path) {
   const safetensors_file file(path);
   const std::string f = path.string();
   if (auto it = file.metadata().find("loom.network"); it != file.metadata().end() && it->second != d.text())
@@ -186,63 +213,106 @@ std::vector<T> load_weights_described(const network_description& d, std::size_t 
     msg += " expected " + std::to_string(expected.size()) + " tensors of " + d.text();
     throw io_error(msg);
   }
-  std::vector<T> params(parameters);
+  model_weights<T> w{std::vector<T>(parameters), std::vector<T>(buffers)};
   for (const auto& t : expected) {
     const auto& e = *file.find(t.name);
-    if (e.dtype != safetensors_dtype<T>())
-      throw io_error(f + ": tensor " + t.name + " is " + e.dtype + " but this model reads " +
-                     safetensors_dtype<T>() + " (convert it, e.g. tensor.float(), before saving)");
+    const bool count = t.element == tensor_element::int64;
+    const char* want = count ? "I64" : safetensors_dtype<T>();
+    if (e.dtype != want)
+      throw io_error(f + ": tensor " + t.name + " is " + e.dtype + " but this model reads " + want +
+                     (count ? " (a count, as PyTorch's num_batches_tracked: torch.int64)"
+                            : " (convert it, e.g. tensor.float(), before saving)"));
     if (e.shape != t.shape)
       throw io_error(f + ": tensor " + t.name + " has shape " + shape_text(e.shape) + " but this model expects " +
                      shape_text(t.shape));
-    file.read(e, params.data() + t.offset);
+    T* into = (t.kind == tensor_kind::buffer ? w.buffers.data() : w.parameters.data()) + t.offset;
+    if (!count) {
+      file.read(e, into);
+      continue;
+    }
+    std::vector<std::int64_t> v(t.count);
+    file.read(e, v.data());
+    for (std::size_t i = 0; i < v.size(); ++i) into[i] = static_cast<T>(v[i]);
   }
-  return params;
+  return w;
 }
 LOOM_INSTANTIATE(void save_weights_described<float>(const network_description&, std::size_t, std::span<const float>,
-                                                    const std::filesystem::path&))
-LOOM_INSTANTIATE(std::vector<float> load_weights_described<float>(const network_description&, std::size_t,
-                                                                  const std::filesystem::path&))
+                                                    std::size_t, std::span<const float>, const std::filesystem::path&))
+LOOM_INSTANTIATE(model_weights<float> load_weights_described<float>(const network_description&, std::size_t, std::size_t,
+                                                                    const std::filesystem::path&))
+
+/// Says, at compile time, that Network holds buffers that a call without them would lose.
+template <class Network>
+constexpr void check_no_buffers(const char*) {
+  static_assert(Network::buffer_count == 0,
+                "this network holds buffers (batch norm's running statistics), which are part of its weights: pass "
+                "them too (save_weights<Network>(parameters, buffers, path), load_weights_and_buffers<Network>(path), "
+                "export_onnx<Network>(parameters, buffers, path)) or give the loom::model itself");
+}
 }  // namespace detail
 
 /// Writes the whole flat parameter buffer of Network (Network::parameter_count values in
-/// Network's layout, host memory) as the safetensors file `path`, crash-safe.
+/// Network's layout, host memory) as the safetensors file `path`, crash-safe. For a network
+/// without buffers; one with them (batch norm) passes them too (below).
 /// Throws: loom::invalid_argument when params has the wrong size; loom::io_error.
 template <class Network, class T>
 void save_weights(std::span<const T> params, const std::filesystem::path& path) {
-  detail::save_weights_described<T>(describe<Network>(), Network::parameter_count, params, path);
+  detail::check_no_buffers<Network>("save_weights");
+  detail::save_weights_described<T>(describe<Network>(), Network::parameter_count, params, 0, {}, path);
+}
+
+/// The same with the network's buffers (Network::buffer_count values in its flat buffer of
+/// buffers: running statistics under their PyTorch names, num_batches_tracked as int64).
+template <class Network, class T>
+void save_weights(std::span<const T> params, std::span<const T> buffers, const std::filesystem::path& path) {
+  detail::save_weights_described<T>(describe<Network>(), Network::parameter_count, params, Network::buffer_count,
+                                    buffers, path);
 }
 
 /// Reads the safetensors file `path` as Network's flat parameter buffer (host memory). The file
 /// must hold exactly Network's tensors, with their names, shapes and dtype (F32 for float); a
-/// file that says it was saved from another loom network is refused.
+/// file that says it was saved from another loom network is refused. For a network without
+/// buffers; one with them reads them too (load_weights_and_buffers).
 /// Throws: loom::io_error naming the file, the tensor, what was expected and what was found.
 template <class Network, class T = float>
 std::vector<T> load_weights(const std::filesystem::path& path) {
-  return detail::load_weights_described<T>(describe<Network>(), Network::parameter_count, path);
+  detail::check_no_buffers<Network>("load_weights");
+  return detail::load_weights_described<T>(describe<Network>(), Network::parameter_count, 0, path).parameters;
 }
 
-/// Writes model's parameters (a loom::model, any backend) as the safetensors file `path`.
+/// Reads the safetensors file `path` as Network's parameters and buffers (a count such as
+/// num_batches_tracked from int64); the checks of load_weights.
+template <class Network, class T = float>
+model_weights<T> load_weights_and_buffers(const std::filesystem::path& path) {
+  return detail::load_weights_described<T>(describe<Network>(), Network::parameter_count, Network::buffer_count, path);
+}
+
+/// Writes model's parameters and buffers (a loom::model, any backend) as the safetensors file
+/// `path`.
 template <class Model>
 void save_weights(const Model& model, const std::filesystem::path& path) {
   using T = typename Model::value_type;
   const std::vector<T> host = model.copy_parameters_to_host();
-  save_weights<typename Model::network_type, T>(std::span<const T>(host), path);
+  const std::vector<T> buffers = model.copy_buffers_to_host();
+  save_weights<typename Model::network_type, T>(std::span<const T>(host), std::span<const T>(buffers), path);
 }
 
-/// Sets model's parameters from the safetensors file `path`; on any error the model is left as
-/// it was.
+/// Sets model's parameters and buffers from the safetensors file `path`; on any error the model
+/// is left as it was.
 template <class Model>
 void load_weights(Model& model, const std::filesystem::path& path) {
   using T = typename Model::value_type;
-  const std::vector<T> host = load_weights<typename Model::network_type, T>(path);
-  model.copy_parameters_from_host(host);
+  const model_weights<T> w = load_weights_and_buffers<typename Model::network_type, T>(path);
+  model.copy_parameters_from_host(w.parameters);
+  model.copy_buffers_from_host(w.buffers);
 }
 
 }  // namespace loom::io
 
 namespace loom {
 using io::load_weights;
+using io::load_weights_and_buffers;
+using io::model_weights;
 using io::save_weights;
 }  // namespace loom
 

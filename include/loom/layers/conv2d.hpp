@@ -1,12 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// loom::conv2d<OutChannels, Kernel, Stride, Pad>: a 2-D convolution over (C, H, W) inputs with
-// square windows and equal padding on every side. Weights are (OutChannels, C, K, K), then
-// OutChannels biases. The backend runs it (oneDNN on the CPU, cuDNN on the GPU), in the run's
-// math mode (ctx.math).
+// loom::conv2d<OutChannels, Kernel, Stride, Pad, Options...>: a 2-D convolution over (C, H, W)
+// inputs with square windows and equal padding on every side. Weights are (OutChannels, C, K, K),
+// then OutChannels biases (none with the option loom::no_bias). The backend runs it (oneDNN on
+// the CPU, cuDNN on the GPU), in the run's math mode (ctx.math).
 
 #include <algorithm>
 #include <cstddef>
+#include <concepts>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -36,17 +37,43 @@ constexpr bool blocks_channels(std::size_t channels) {
   return layouts_can_block<Backend>() && channels % 8 == 0;
 }
 
-/// conv2d's ONNX node (compiled once: impl/conv2d.ipp).
+/// conv2d's ONNX node (compiled once: impl/conv2d.ipp); without bias when bias is false.
 LOOM_DECL std::string conv2d_onnx(onnx_graph& g, const layer_description& d, const std::string& x, std::int64_t kernel,
-                                  std::int64_t stride, std::int64_t pad);
+                                  std::int64_t stride, std::int64_t pad, bool bias = true);
+
+/// An initialiser (init::he, init::xavier, one of your own): it has stddev(fan_in, fan_out).
+template <class O>
+concept initialiser = requires { { O::stddev(std::size_t{1}, std::size_t{1}) } -> std::convertible_to<double>; };
+
+/// The initialiser among conv2d's Options (init::he when none is).
+template <class... Options>
+struct init_among {
+  using type = init::he;
+};
+template <class First, class... Rest>
+struct init_among<First, Rest...> {
+  using type = std::conditional_t<initialiser<First>, First, typename init_among<Rest...>::type>;
+};
 }  // namespace detail
 
+/// Option of loom::conv2d: no bias (its convolution is followed by a normalisation that has one,
+/// as in ResNets). Its description then has no bias tensor (torch.nn.Conv2d(..., bias=False)).
+struct no_bias {};
+
 /// 2-D convolution. Input shape<C, H, W>; output shape<OutChannels, OH, OW> with
-/// OH = (H + 2 Pad - Kernel) / Stride + 1 (likewise OW). Init: He normal weights, zero biases.
-template <std::size_t OutChannels, std::size_t Kernel, std::size_t Stride = 1, std::size_t Pad = 0, class Init = init::he>
+/// OH = (H + 2 Pad - Kernel) / Stride + 1 (likewise OW). Options, in any order: an initialiser
+/// (init::he, the default, or init::xavier) and loom::no_bias. Init: He normal weights, zero
+/// biases.
+template <std::size_t OutChannels, std::size_t Kernel, std::size_t Stride = 1, std::size_t Pad = 0, class... Options>
 struct conv2d {
   static constexpr bool is_loom_layer = true;
   static constexpr const char* name = "conv2d";
+  /// Whether it adds a bias per output channel (not with loom::no_bias).
+  static constexpr bool has_bias = !(std::is_same_v<Options, no_bias> || ...);
+  using Init = typename detail::init_among<Options...>::type;
+  static_assert(((std::is_same_v<Options, no_bias> || detail::initialiser<Options>) && ...),
+                "loom::conv2d's options after Pad are an initialiser (loom::init::he, loom::init::xavier) and "
+                "loom::no_bias");
 
   template <class In>
   static constexpr bool fits() {
@@ -86,25 +113,26 @@ struct conv2d {
   }
 
   template <class In>
-  static constexpr conv2d_geometry geometry{In::dims[0], In::dims[1], In::dims[2], OutChannels, Kernel, Stride, Pad};
+  static constexpr conv2d_geometry geometry{In::dims[0], In::dims[1], In::dims[2], OutChannels, Kernel, Stride, Pad,
+                                            has_bias};
   template <class In>
   using output_shape = shape<OutChannels, geometry<In>.oh(), geometry<In>.ow()>;
   template <class In>
-  static constexpr std::size_t parameter_count = OutChannels * In::dims[0] * Kernel * Kernel + OutChannels;
+  static constexpr std::size_t parameter_count = OutChannels * In::dims[0] * Kernel * Kernel + (has_bias ? OutChannels : 0);
   template <class In>
   static constexpr double flops = 2.0 * OutChannels * geometry<In>.oh() * geometry<In>.ow() * In::dims[0] * Kernel * Kernel;
 
   /// As torch.nn.Conv2d(C, OutChannels, Kernel, Stride, Pad): weight (OutChannels, C, K, K), bias
-  /// (OutChannels).
+  /// (OutChannels); with loom::no_bias (bias=False) no bias, and the text "conv2d_no_bias<...>".
   template <class In>
   static void describe(layer_description& d) {
-    d.set_text("conv2d", {OutChannels, Kernel, Stride, Pad});
+    d.set_text(has_bias ? "conv2d" : "conv2d_no_bias", {OutChannels, Kernel, Stride, Pad});
     d.parameter("weight", {OutChannels, In::dims[0], Kernel, Kernel});
-    d.parameter("bias", {OutChannels});
+    if constexpr (has_bias) d.parameter("bias", {OutChannels});
   }
   /// Conv with square windows, the same padding on every side.
   static std::string onnx(onnx_graph& g, const layer_description& d, const std::string& x) {
-    return detail::conv2d_onnx(g, d, x, Kernel, Stride, Pad);
+    return detail::conv2d_onnx(g, d, x, Kernel, Stride, Pad, has_bias);
   }
   /// The backend's plan (cpu_conv2d_plan) holds the weights reordered for forward and for
   /// backward-data (only when dx is asked for) and the weight gradient in the primitive's layout,
@@ -116,7 +144,7 @@ struct conv2d {
     sequence_elements e;
     if constexpr (detail::layouts_can_block<Backend>()) {
       constexpr std::size_t w = OutChannels * In::dims[0] * Kernel * Kernel;
-      e.fixed_scratch = w * (c.needs_input_gradient ? 3 : 2) + (c.accumulates ? w + OutChannels : 0);
+      e.fixed_scratch = w * (c.needs_input_gradient ? 3 : 2) + (c.accumulates ? w + (has_bias ? OutChannels : 0) : 0);
       if (!c.input_blocked && detail::blocks_channels<Backend>(In::dims[0]))
         e.scratch = In::size + (c.needs_input_gradient ? In::size : 0);
     }
@@ -141,18 +169,19 @@ struct conv2d {
     void initialize(T* params, std::uint64_t seed) const {
       const std::size_t fan_in = g_.c * Kernel * Kernel, fan_out = OutChannels * Kernel * Kernel;
       detail::fill_normal(params, g_.weight_count(), Init::stddev(fan_in, fan_out), seed, site_.stream);
-      std::fill_n(params + g_.weight_count(), OutChannels, T(0));
+      if constexpr (has_bias) std::fill_n(params + g_.weight_count(), OutChannels, T(0));
     }
 
     void forward(const run_context& ctx, const T* params, activation<const T, Backend> x, activation<T, Backend>& y,
                  std::size_t batch) {
-      y.format = plan_.forward(x.data, x.format, params, params + g_.weight_count(), y.data, batch, ctx.math);
+      y.format = plan_.forward(x.data, x.format, params, has_bias ? params + g_.weight_count() : nullptr, y.data, batch,
+                               ctx.math);
     }
 
     void backward(const run_context& ctx, const T* params, activation<const T, Backend> x, activation<const T, Backend>,
                   const T* dy, T* dx, T* dparams, std::size_t batch) {
-      plan_.backward(x.data, x.format, params, dy, dx, dparams, dparams + g_.weight_count(), batch, ctx.accumulate,
-                     ctx.math);
+      plan_.backward(x.data, x.format, params, dy, dx, dparams, has_bias ? dparams + g_.weight_count() : nullptr, batch,
+                     ctx.accumulate, ctx.math);
     }
 
    private:

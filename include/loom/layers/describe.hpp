@@ -24,10 +24,17 @@ namespace loom {
 
 // ---- The file formats' view of a layer ----------------------------------------------------------
 
-/// What a tensor of a layer is to the file formats. Every tensor is a parameter today; batch
-/// norm's running statistics will be buffers (saved and loaded under PyTorch's names, never
-/// trained, their offsets in the network's buffer of buffers).
-enum class tensor_kind : unsigned char { parameter };
+/// What a tensor of a layer is to the file formats: a parameter (trained; its values in the
+/// network's flat parameter buffer) or a buffer (part of the model but not trained, as PyTorch's
+/// registered buffers: batch norm's running statistics; its values in the network's flat buffer
+/// of buffers). Both are saved and loaded under PyTorch's names; only parameters have gradients
+/// and optimizer state.
+enum class tensor_kind : unsigned char { parameter, buffer };
+
+/// How a tensor's values are held: as the model's scalars, or as a count (batch norm's
+/// num_batches_tracked) — an integral value in one scalar of the flat buffer (exact up to 2^24 in
+/// float), written to the files as int64, as PyTorch holds it.
+enum class tensor_element : unsigned char { scalar, int64 };
 
 /// One tensor of a layer: its PyTorch name ("3.weight"), its PyTorch shape, and where its values
 /// are in the network's flat buffer of its kind (offset and count, in scalars).
@@ -37,6 +44,7 @@ struct tensor_description {
   std::size_t offset = 0;
   std::size_t count = 0;
   tensor_kind kind = tensor_kind::parameter;
+  tensor_element element = tensor_element::scalar;
 };
 
 class onnx_graph;
@@ -57,8 +65,9 @@ struct layer_description {
   /// every template argument that changes what its parameters mean (an initialiser does not).
   /// Checkpoints record it, so it must stay the same once written.
   std::string text;
-  /// In flat-buffer order (weight, then bias); offsets are from the layer's first parameter
-  /// until loom makes them the network's.
+  /// In flat-buffer order (weight, then bias), its parameters and its buffers each in their own
+  /// flat buffer; offsets are from the layer's first parameter (first buffer) until loom makes
+  /// them the network's.
   std::vector<tensor_description> tensors;
   /// A layer made of layers (loom::residual): theirs, paths "3.0", "3.1", ...
   std::vector<layer_description> inner;
@@ -72,6 +81,15 @@ struct layer_description {
   LOOM_DECL tensor_description& parameter(std::string_view name, std::span<const std::size_t> shape);
   tensor_description& parameter(std::string_view name, std::initializer_list<std::size_t> shape) {
     return parameter(name, std::span<const std::size_t>(shape.begin(), shape.size()));
+  }
+  /// Adds buffer tensor `name` ("running_mean": path + ".running_mean") of PyTorch shape `shape`
+  /// (empty: a scalar), right after the layer's buffer tensors before it in the network's flat
+  /// buffer of buffers; `element` int64 for a count.
+  LOOM_DECL tensor_description& buffer(std::string_view name, std::span<const std::size_t> shape,
+                                       tensor_element element = tensor_element::scalar);
+  tensor_description& buffer(std::string_view name, std::initializer_list<std::size_t> shape,
+                             tensor_element element = tensor_element::scalar) {
+    return buffer(name, std::span<const std::size_t>(shape.begin(), shape.size()), element);
   }
 };
 
@@ -155,6 +173,9 @@ struct footprint_context {
   bool needs_input_gradient = false;
   /// Its parameter gradients are added to (a pipeline stage of several micro-batches).
   bool accumulates = false;
+  /// The loom::relu after it runs inside it (detail::fuses_into_previous): it writes the ReLU's
+  /// output itself.
+  bool relu_fused_after = false;
 };
 
 /// How a layer's output layout follows from its input's (as its forward sets y.format): plain
@@ -253,15 +274,28 @@ constexpr layout_effect layout_of() {
 /// Every tensor of layers (and of their inner layers), in order.
 LOOM_DECL void collect(const std::vector<layer_description>& layers, std::vector<tensor_description>& out);
 
-/// Describes one layer of a chain in compiled code: its path (prefix + index), one sample's shapes
-/// in and out, then `describe` (the layer's) fills the text and tensors; the layer's parameters,
-/// `parameters` of them, start at `at` in the chain's. Checks that the tensors (and the inner
-/// layers') hold `parameters` values, makes their offsets the chain's, and appends it to out.
-/// The templates only hand over their compile-time facts.
+/// Adds `by` to the offsets of every parameter tensor of layers and of their inner layers, and
+/// `buffers_by` to those of every buffer tensor (a branch laid out after another).
+LOOM_DECL void shift(std::vector<layer_description>& layers, std::size_t by, std::size_t buffers_by);
+
+/// Where a layer of a chain sits: its path element (its name when it has one, loom::named, else
+/// its index) and its span of the chain's parameters and of its buffers.
+struct chain_slot {
+  std::size_t index = 0;
+  std::string_view name;  // empty: the index names it
+  std::size_t parameters = 0, at = 0;
+  std::size_t buffers = 0, buffer_at = 0;
+};
+
+/// Describes one layer of a chain in compiled code: its path (prefix + its name or index), one
+/// sample's shapes in and out, then `describe` (the layer's) fills the text and tensors; a named
+/// layer's text is "name:text". Checks that the tensors (and the inner layers') hold the slot's
+/// parameters and buffers, makes their offsets the chain's, and appends it to out. The templates
+/// only hand over their compile-time facts.
 /// Throws: loom::error naming the layer when its describe() is wrong.
-LOOM_DECL void describe_into(const std::string& prefix, std::size_t index, const std::size_t* in, std::size_t in_rank,
-                             const std::size_t* out_dims, std::size_t out_rank, void (*describe)(layer_description&),
-                             onnx_function onnx, std::size_t parameters, std::size_t at,
+LOOM_DECL void describe_into(const std::string& prefix, const chain_slot& slot, const std::size_t* in,
+                             std::size_t in_rank, const std::size_t* out_dims, std::size_t out_rank,
+                             void (*describe)(layer_description&), onnx_function onnx,
                              std::vector<layer_description>& out);
 
 }  // namespace detail

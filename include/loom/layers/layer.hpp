@@ -13,6 +13,7 @@
 
 #include "loom/core/config.hpp"
 #include "loom/core/math_mode.hpp"
+#include "loom/core/process_group.hpp"
 #include "loom/core/random.hpp"
 #include "loom/core/shape.hpp"
 
@@ -35,14 +36,7 @@ struct activation {
 /// The ranks that share a tensor-parallel layer's weights (loom::column_parallel,
 /// loom::row_parallel): they see the same samples and each holds a slice of the weights. The
 /// engine that runs tensor parallelism implements it over its communicator.
-struct tensor_group {
-  virtual ~tensor_group() = default;
-  virtual int rank() const = 0;
-  virtual int size() const = 0;
-  /// Sums data[0, n) over the group's ranks, in place (collective over the group).
-  virtual void allreduce_sum(float* data, std::size_t n) = 0;
-  virtual void allreduce_sum(double* data, std::size_t n) = 0;
-};
+struct tensor_group : process_group {};
 
 /// What a forward or backward call needs to know besides the data.
 struct run_context {
@@ -60,6 +54,10 @@ struct run_context {
   /// The tensor-parallel group of this rank (null when the model is not split by tensor
   /// parallelism; a column/row-parallel layer then holds its whole weight).
   tensor_group* tensor = nullptr;
+  /// The data-parallel replicas of this rank, for layers whose statistics span the global batch
+  /// (loom::batch_norm sums its per-channel sums over them when set: synchronized batch norm).
+  /// Null: each replica's statistics are its own (no engine sets it yet; docs/perception.md).
+  process_group* replicas = nullptr;
   /// The precision of matrix products and convolutions (trainer_options::math): fp32, or bf16
   /// operands with float accumulation. Parameters, gradients and activations stay float.
   math_mode math = math_mode::fp32;
@@ -117,6 +115,8 @@ void fill_normal(T* w, std::size_t n, double stddev, std::uint64_t seed, std::ui
 ///   template <class In> using output_shape;                     — valid only when accepts<In>
 ///   template <class In> static constexpr std::size_t parameter_count;
 ///   template <class In> static constexpr double flops;         — forward, per sample
+///   template <class In> static constexpr std::size_t buffer_count;  — optional: values it holds
+///         that are not trained (running statistics; detail::buffer_count_of)
 ///   template <class In, class T, class Backend> class impl;     — forward / backward
 /// impl::initialize(params, seed) writes the layer's initial parameters to host memory (the
 /// model copies them to the backend's memory space); forward and backward work on memory of
@@ -164,9 +164,33 @@ template <std::size_t LayerIndex, unsigned Percent>
 struct dropout_at_layer_needs_a_rate_below_100_percent;
 template <std::size_t LayerIndex>
 struct residual_at_layer_has_no_inner_layers;
+template <std::size_t LayerIndex, class InputShape>
+struct batch_norm_at_layer_needs_a_1d_or_3d_input_but_got;
+template <std::size_t LayerIndex, class InputShape>
+struct global_avg_pool2d_at_layer_needs_a_3d_input_but_got;
+template <std::size_t LayerIndex, std::size_t Kernel, std::size_t Padding>
+struct pool2d_padding_larger_than_half_the_window_at_layer;
+template <std::size_t LayerIndex, class InputShape, class MainBranchOutputShape, class ShortcutOutputShape>
+struct residual_with_at_layer_adds_branches_of_different_shapes;
+template <std::size_t LayerIndex>
+struct residual_with_at_layer_has_no_main_branch_layers;
 }  // namespace diagnostic
 
 namespace detail {
+template <class L, class In>
+concept declares_buffers = requires { { L::template buffer_count<In> } -> std::convertible_to<std::size_t>; };
+
+/// The buffers layer L holds on input In: values that are part of the model but not trained
+/// (loom::batch_norm's running statistics), in the network's flat buffer of buffers beside the
+/// parameters. Its `template <class In> static constexpr std::size_t buffer_count`, or none. A
+/// layer with buffers gives its impl initialize_buffers(T*) (host memory) and bind_buffers(T*)
+/// (where they live, the backend's memory), and describes them (layer_description::buffer).
+template <class L, class In>
+constexpr std::size_t buffer_count_of() {
+  if constexpr (declares_buffers<L, In>) return L::template buffer_count<In>;
+  else return 0;
+}
+
 /// A layer (or a network's layers) already reported as wrong: accepts nothing and says nothing,
 /// so that code using it adds no errors to the report.
 struct already_reported {

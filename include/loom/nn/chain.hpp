@@ -47,6 +47,11 @@ template <class L, class In>
 struct params_if<true, L, In> : std::integral_constant<std::size_t, L::template parameter_count<In>> {};
 
 template <bool Ok, class L, class In>
+struct buffers_if : std::integral_constant<std::size_t, 0> {};
+template <class L, class In>
+struct buffers_if<true, L, In> : std::integral_constant<std::size_t, buffer_count_of<L, In>()> {};
+
+template <bool Ok, class L, class In>
 struct flops_if {
   static constexpr double value = 0;
 };
@@ -100,6 +105,13 @@ struct layer_chain {
       return std::array<std::size_t, sizeof...(I)>{};
   }
   template <std::size_t... I>
+  static constexpr auto buffer_counts_of(std::index_sequence<I...>) {
+    if constexpr (ok)
+      return std::array<std::size_t, sizeof...(I)>{detail::buffers_if<true, Layers, at<I, inputs>>::value...};
+    else
+      return std::array<std::size_t, sizeof...(I)>{};
+  }
+  template <std::size_t... I>
   static constexpr auto layer_flops(std::index_sequence<I...>) {
     if constexpr (ok)
       return std::array<double, sizeof...(I)>{detail::flops_if<true, Layers, at<I, inputs>>::value...};
@@ -120,6 +132,20 @@ struct layer_chain {
   static constexpr std::size_t parameter_count = [] {
     std::size_t s = 0;
     for (auto c : parameter_counts) s += c;
+    return s;
+  }();
+  /// Buffers (values not trained: running statistics) of each layer, where they start in the
+  /// flat buffer of buffers, and their sum.
+  static constexpr std::array<std::size_t, layer_count> buffer_counts = buffer_counts_of(std::index_sequence_for<Layers...>{});
+  static constexpr std::array<std::size_t, layer_count> buffer_offsets = [] {
+    std::array<std::size_t, layer_count> o{};
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < layer_count; ++i) o[i] = at, at += buffer_counts[i];
+    return o;
+  }();
+  static constexpr std::size_t buffer_count = [] {
+    std::size_t s = 0;
+    for (auto c : buffer_counts) s += c;
     return s;
   }();
   /// Forward FLOPs per sample of each layer (the cost model used to balance pipeline stages).

@@ -16,6 +16,7 @@
 #include "loom/core/type_list.hpp"
 #include "loom/layers/activation.hpp"
 #include "loom/layers/describe.hpp"
+#include "loom/layers/named.hpp"
 #include "loom/nn/chain.hpp"
 
 namespace loom::detail {
@@ -23,13 +24,16 @@ namespace loom::detail {
 // ---- The file formats' description -------------------------------------------------------------
 
 /// Layer I of Chain (L), described and appended to out, its offsets from the chain's first
-/// parameter.
+/// parameter (and first buffer); named by its loom::named name, or its index.
 template <class Chain, std::size_t I, class L>
 void describe_at(const std::string& prefix, std::vector<layer_description>& out) {
   using In = typename Chain::template input_of<I>;
   using Out = typename Chain::template output_of<I>;
-  describe_into(prefix, I, In::dims.data(), In::dims.size(), Out::dims.data(), Out::dims.size(), &describe_layer<L, In>,
-                onnx_of<L, In>(), Chain::parameter_counts[I], Chain::parameter_offsets[I], out);
+  const chain_slot slot{.index = I, .name = child_name_of<L>(), .parameters = Chain::parameter_counts[I],
+                        .at = Chain::parameter_offsets[I], .buffers = Chain::buffer_counts[I],
+                        .buffer_at = Chain::buffer_offsets[I]};
+  describe_into(prefix, slot, In::dims.data(), In::dims.size(), Out::dims.data(), Out::dims.size(),
+                &describe_layer<L, In>, onnx_of<L, In>(), out);
 }
 
 template <class Chain, class... Layers, std::size_t... I>
@@ -72,15 +76,15 @@ constexpr sequence_elements elements_of_sequence(const footprint_context& c) {
     return [&]<std::size_t... K>(std::index_sequence<K...>) {
       constexpr std::size_t n = sizeof...(K);
       using layers = typename Chain::layers;
+      constexpr std::array<bool, n> fused{fused_in_sequence<Chain, K, Backend>()...};
       auto at_k = [&](std::size_t k, bool blocked) {
-        return footprint_context{blocked, k > 0 || c.needs_input_gradient, c.accumulates};
+        return footprint_context{blocked, k > 0 || c.needs_input_gradient, c.accumulates, k + 1 < n && fused[k + 1]};
       };
       const std::array<sequence_elements, n> plain_input{
           footprint_of<at<K, layers>, typename Chain::template input_of<K>, Backend>(at_k(K, false))...};
       const std::array<sequence_elements, n> blocked_input{
           footprint_of<at<K, layers>, typename Chain::template input_of<K>, Backend>(at_k(K, true))...};
       constexpr std::array<layout_effect, n> effect{layout_of<at<K, layers>, typename Chain::template input_of<K>, Backend>()...};
-      constexpr std::array<bool, n> fused{fused_in_sequence<Chain, K, Backend>()...};
       constexpr std::array<std::size_t, n> in{Chain::template input_of<K>::size...};
       constexpr std::array<std::size_t, n> out{Chain::template output_of<K>::size...};
       sequence_elements e;

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// loom::model<Network, T, Backend>: a network's parameters and gradients as two flat buffers,
-// and its forward and backward passes. The trainer drives one; tests use it directly. The
-// buffers live in the backend's memory space (the GPU's for loom::cuda); copy_* moves values
-// between it and the host.
+// loom::model<Network, T, Backend>: a network's parameters and gradients as two flat buffers
+// (and its buffers — running statistics — as a third), and its forward and backward passes.
+// The trainer drives one; tests use it directly. The buffers live in the backend's memory space
+// (the GPU's for loom::cuda); copy_* moves values between it and the host.
 
 #include <cmath>
 #include <cstddef>
@@ -35,6 +35,8 @@ class model {
   using input_shape = typename Network::input_shape;
   using output_shape = typename Network::output_shape;
   static constexpr std::size_t parameter_count = Network::parameter_count;
+  /// Values of the buffers (batch norm's running statistics: part of the model, not trained).
+  static constexpr std::size_t buffer_count = Network::buffer_count;
 
   /// Allocates and initialises the parameters from seed (He / Xavier per layer, counter-based:
   /// the same seed gives the same parameters on every backend and thread count).
@@ -44,14 +46,21 @@ class model {
   /// network starts at its first layer's index and so initialises as that part of the whole
   /// model); shard: the slice of tensor-parallel layers this model holds.
   explicit model(std::uint64_t seed = 1, std::size_t first_layer = 0, tensor_shard shard = {})
-      : params_(parameter_count), grads_(parameter_count), seq_(0, first_layer, shard) {
+      : params_(parameter_count), grads_(parameter_count), buffers_(buffer_count), seq_(0, first_layer, shard) {
     if constexpr (space::host_accessible) {
       seq_.initialize(params_.data(), seed);
+      seq_.initialize_buffers(buffers_.data());
     } else {
       buffer<T> staging(parameter_count);
       seq_.initialize(staging.data(), seed);
       space::copy_from_host(params_.data(), staging.data(), parameter_count * sizeof(T));
+      if constexpr (buffer_count > 0) {
+        buffer<T> b(buffer_count);
+        seq_.initialize_buffers(b.data());
+        space::copy_from_host(buffers_.data(), b.data(), buffer_count * sizeof(T));
+      }
     }
+    seq_.bind_buffers(buffers_.data());
   }
 
   /// Forward on batch samples x (batch, input_shape), plain row-major, in the backend's memory
@@ -85,6 +94,10 @@ class model {
   std::span<const T> parameters() const noexcept { return {params_.data(), parameter_count}; }
   std::span<T> gradients() noexcept { return {grads_.data(), parameter_count}; }
   std::span<const T> gradients() const noexcept { return {grads_.data(), parameter_count}; }
+  /// The flat buffer of buffers (running statistics), in the backend's memory space: layer I's
+  /// start at Network::buffer_offsets[I]. Forward in training updates them; evaluation reads them.
+  std::span<T> buffers() noexcept { return {buffers_.data(), buffer_count}; }
+  std::span<const T> buffers() const noexcept { return {buffers_.data(), buffer_count}; }
   /// Layer I's parameters (a view into the flat buffer at its constexpr offset).
   template <std::size_t I>
   std::span<T> layer_parameters() noexcept {
@@ -128,6 +141,20 @@ class model {
   /// The parameters (or gradients) as a host vector.
   std::vector<T> copy_parameters_to_host() const { return to_host(params_.data()); }
   std::vector<T> copy_gradients_to_host() const { return to_host(grads_.data()); }
+  /// The buffers as a host vector.
+  std::vector<T> copy_buffers_to_host() const {
+    std::vector<T> out(buffer_count);
+    copy_to_host(buffers_.data(), buffer_count, out.data());
+    return out;
+  }
+  /// Sets every buffer from host values.
+  /// Throws: loom::invalid_argument when values does not hold buffer_count values.
+  void copy_buffers_from_host(std::span<const T> values) {
+    if (values.size() != buffer_count)
+      throw invalid_argument("loom::model::copy_buffers_from_host: expected " + std::to_string(buffer_count) +
+                             " values, got " + std::to_string(values.size()));
+    copy_from_host(values.data(), buffer_count, buffers_.data());
+  }
   /// Sets every parameter from host values.
   /// Throws: loom::invalid_argument when values does not hold parameter_count values.
   void copy_parameters_from_host(std::span<const T> values) {
@@ -144,7 +171,7 @@ class model {
     return out;
   }
 
-  buffer<T, space> params_, grads_, dy_;
+  buffer<T, space> params_, grads_, buffers_, dy_;
   seq seq_;
   typename Backend::format out_format_{};
   typename Backend::layout_converter conv_;

@@ -40,6 +40,11 @@ struct network<input<D...>, Layers...> {
   /// Parameters of layer i, and where they start in the flat buffer.
   static constexpr std::array<std::size_t, layer_count> parameter_counts = chain::parameter_counts;
   static constexpr std::array<std::size_t, layer_count> parameter_offsets = chain::parameter_offsets;
+  /// Values the network holds that are not trained (batch norm's running statistics), the size
+  /// of its flat buffer of buffers; each layer's, and where they start in it.
+  static constexpr std::size_t buffer_count = chain::buffer_count;
+  static constexpr std::array<std::size_t, layer_count> buffer_counts = chain::buffer_counts;
+  static constexpr std::array<std::size_t, layer_count> buffer_offsets = chain::buffer_offsets;
   /// Forward FLOPs per sample, layer by layer and in all.
   static constexpr std::array<double, layer_count> layer_flops = chain::flops;
   static constexpr double flops_per_sample = [] {

@@ -61,6 +61,8 @@ struct residual {
   template <class In>
   static constexpr std::size_t parameter_count = inner<In>::parameter_count;
   template <class In>
+  static constexpr std::size_t buffer_count = inner<In>::buffer_count;
+  template <class In>
   static constexpr double flops = [] {
     double s = In::size;
     for (double f : inner<In>::flops) s += f;
@@ -98,6 +100,8 @@ struct residual {
     explicit impl(layer_site site) : inner_(site.stream, 0, tensor_shard{site.shard, site.shards}) {}
 
     void initialize(T* params, std::uint64_t seed) const { inner_.initialize(params, seed); }
+    void initialize_buffers(T* buffers) const { inner_.initialize_buffers(buffers); }
+    void bind_buffers(T* buffers) { inner_.bind_buffers(buffers); }
 
     void forward(const run_context& ctx, const T* params, activation<const T, Backend> x, activation<T, Backend>& y,
                  std::size_t batch) {

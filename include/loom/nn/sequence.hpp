@@ -107,6 +107,24 @@ class sequence {
     if constexpr (chain::ok) each([&](auto i) { detail::impl_of<i>(impls_).initialize(params + chain::parameter_offsets[i], seed); });
   }
 
+  /// Values of the layers' buffers (running statistics), the size of the flat buffer of buffers.
+  static constexpr std::size_t buffer_count = chain::buffer_count;
+
+  /// Writes the layers' initial buffers into buffers[0, buffer_count) (host memory).
+  void initialize_buffers(T* buffers) const {
+    if constexpr (chain::ok && chain::buffer_count > 0) each([&](auto i) {
+      if constexpr (chain::buffer_counts[i] > 0) detail::impl_of<i>(impls_).initialize_buffers(buffers + chain::buffer_offsets[i]);
+    });
+  }
+  /// Tells the layers where their buffers live: buffers[0, buffer_count), the backend's memory
+  /// (a loom::model's buffers(); a pipeline slot's sequence is bound to its stage model's). A
+  /// sequence with buffers runs only once bound.
+  void bind_buffers(T* buffers) {
+    if constexpr (chain::ok && chain::buffer_count > 0) each([&](auto i) {
+      if constexpr (chain::buffer_counts[i] > 0) detail::impl_of<i>(impls_).bind_buffers(buffers + chain::buffer_offsets[i]);
+    });
+  }
+
   /// Runs every layer on x (batch samples) and returns the last output (kept until the next
   /// forward). In training mode everything backward needs is kept. before(i) runs just before
   /// layer i reads its parameters.

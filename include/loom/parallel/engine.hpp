@@ -159,6 +159,8 @@ concept engine = requires(E& e, const E& ce, const batch_view<typename E::value_
   { ce.shard() } -> std::same_as<shard_map>;
   { e.local_parameters() } -> std::same_as<typename E::value_type*>;
   { ce.local_count() } -> std::same_as<std::size_t>;
+  { e.local_buffers() } -> std::same_as<typename E::value_type*>;
+  { ce.local_buffer_count() } -> std::same_as<std::size_t>;
   { e.parameters_l2() } -> std::same_as<double>;
   { e.gather_parameters() } -> std::same_as<std::vector<typename E::value_type>>;
   e.model();

@@ -94,6 +94,9 @@ struct rank_memory {
   /// The rank's place in its model-parallel group: its pipeline stage or tensor slice (0 else).
   std::size_t rank = 0;
   std::size_t parameter_bytes = 0;
+  /// The model's buffers (batch norm's running statistics): the network's flat buffer of
+  /// buffers, or the stage's part of it.
+  std::size_t buffer_bytes = 0;
   std::size_t gradient_bytes = 0;
   std::size_t optimizer_state_bytes = 0;
   /// Buffers loom holds for communication that do not grow with the batch (a column_parallel
@@ -143,7 +146,7 @@ struct rank_memory {
 
   /// Everything that does not grow with the batch, but the sharded buffers (sharded_bytes).
   constexpr std::size_t fixed_bytes() const noexcept {
-    return parameter_bytes + gradient_bytes + optimizer_state_bytes + communication_bytes + workspace_bytes;
+    return parameter_bytes + buffer_bytes + gradient_bytes + optimizer_state_bytes + communication_bytes + workspace_bytes;
   }
   /// Bytes per sample of a micro-batch, at the peak.
   constexpr std::size_t micro_batch_bytes_per_sample() const noexcept {
@@ -220,6 +223,7 @@ constexpr rank_memory replica_rank(std::size_t rank, std::size_t state_values) {
   rank_memory m;
   m.rank = rank;
   m.parameter_bytes = p;
+  m.buffer_bytes = RankNetwork::buffer_count * scalar_bytes;
   m.gradient_bytes = p;
   m.optimizer_state_bytes = state_values * p;
   m.communication_bytes = e.fixed_comm * scalar_bytes;
@@ -250,6 +254,7 @@ constexpr rank_memory stage_rank(std::size_t state_values) {
   rank_memory m;
   m.rank = S;
   m.parameter_bytes = p;
+  m.buffer_bytes = net::buffer_count * scalar_bytes;
   m.gradient_bytes = p;
   m.optimizer_state_bytes = state_values * p;
   m.communication_bytes = live * e.fixed_comm * scalar_bytes;
@@ -599,6 +604,7 @@ struct memory_plan {
   static constexpr const rank_memory& for_rank(std::size_t r) noexcept { return ranks[r % ranks_per_replica]; }
 
   static constexpr std::size_t parameter_bytes = largest([](const rank_memory& r) { return r.parameter_bytes; });
+  static constexpr std::size_t buffer_bytes = largest([](const rank_memory& r) { return r.buffer_bytes; });
   static constexpr std::size_t gradient_bytes = largest([](const rank_memory& r) { return r.gradient_bytes; });
   /// The optimizer state on one replica (all of it); optimizer_state_bytes_on(R) for R replicas,
   /// which under loom::shard_optimizer_state is about 1/R of it.

@@ -176,6 +176,7 @@ class pipeline_stages : public detail::stage_runner<Network, Loss, Backend, Pipe
     Comm& replicas = replica_comm();
     replicas.broadcast(parameters(), parameter_count(), 0);
     replicas.broadcast(buffers.data(), buffers.size(), 0);
+    if (local_buffer_count()) replicas.broadcast(local_buffers(), local_buffer_count(), 0);
   }
   /// The communicator over the replicas of this rank's stage (a recovery shares the stage's
   /// state over it).
@@ -207,6 +208,11 @@ class pipeline_stages : public detail::stage_runner<Network, Loss, Backend, Pipe
   T* local_parameters() { return parameters(); }
   T* local_gradients() { return gradients(); }
   std::size_t local_count() const { return parameter_count(); }
+  /// This rank's buffers (its stage's running statistics), in the backend's memory, and their count.
+  T* local_buffers() {
+    return std::visit([](auto& m) { return m.buffers().data(); }, models_);
+  }
+  std::size_t local_buffer_count() const { return partition::buffer_counts[static_cast<std::size_t>(stage_)]; }
 
   /// This stage's parameter count, and its flat parameter (complete: settle()) and gradient
   /// buffers. Under ZeRO the gradients are this rank's own after a step's backward (their sum
@@ -394,8 +400,13 @@ class pipeline_stages : public detail::stage_runner<Network, Loss, Backend, Pipe
   template <std::size_t... S>
   shard_map shard_of(std::index_sequence<S...>) const {
     shard_map m{.replica = replica(), .replicas = replicas(), .stage = stage_, .stages = static_cast<int>(stages),
-                .whole_count = Network::parameter_count, .local_count = parameter_count()};
-    ((S == static_cast<std::size_t>(stage_) ? (m.pieces = shards::stage<partition, S>, 0) : 0), ...);
+                .whole_count = Network::parameter_count, .local_count = parameter_count(),
+                .whole_buffer_count = Network::buffer_count,
+                .local_buffer_count = partition::buffer_counts[static_cast<std::size_t>(stage_)]};
+    ((S == static_cast<std::size_t>(stage_)
+          ? (m.pieces = shards::stage<partition, S>, m.buffer_pieces = shards::stage_buffers<partition, S>, 0)
+          : 0),
+     ...);
     return m;
   }
   /// The data-parallel group's communicator (hybrid), else null.

@@ -866,6 +866,19 @@ struct stage_partition {
     for (std::size_t s = 0; s < stages; ++s) o[s] = bounds[s] < layer_count ? Network::parameter_offsets[bounds[s]] : 0;
     return o;
   }();
+  /// Buffers (running statistics) per stage, and where stage s's start in the whole network's
+  /// flat buffer of buffers: a stage holds its own layers'.
+  static constexpr std::array<std::size_t, stages> buffer_counts = [] {
+    std::array<std::size_t, stages> n{};
+    for (std::size_t s = 0; s < stages; ++s)
+      for (std::size_t i = bounds[s]; i < bounds[s + 1]; ++i) n[s] += Network::buffer_counts[i];
+    return n;
+  }();
+  static constexpr std::array<std::size_t, stages> buffer_offsets = [] {
+    std::array<std::size_t, stages> o{};
+    for (std::size_t s = 0; s < stages; ++s) o[s] = bounds[s] < layer_count ? Network::buffer_offsets[bounds[s]] : 0;
+    return o;
+  }();
   /// Forward FLOPs per sample of each stage (the sum of its layers' Network::layer_flops).
   static constexpr std::array<double, stages> flops = [] {
     std::array<double, stages> f{};

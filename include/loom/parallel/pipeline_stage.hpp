@@ -24,6 +24,7 @@
 #include "loom/core/type_name.hpp"
 #include "loom/monitor/figures.hpp"
 #include "loom/monitor/timeline.hpp"
+#include "loom/nn/describe.hpp"
 #include "loom/nn/loss.hpp"
 #include "loom/nn/model.hpp"
 #include "loom/parallel/data_parallel.hpp"
@@ -40,19 +41,6 @@ struct no_data_parallel {};
 /// The first sample of micro-batch m when n samples are cut into M micro-batches: sizes
 /// n m / M .. n (m + 1) / M differ by at most one (some are empty when n < M).
 constexpr std::size_t micro_batch_begin(std::size_t n, std::size_t m, std::size_t M) { return n * m / M; }
-
-/// Whether layer K of a chain runs inside the layer before it (no buffer of its own): the rule
-/// loom::sequence fuses by, detail::fuses_into_previous.
-template <class Chain, class T, class Backend, std::size_t K>
-constexpr bool relu_fused_in() {
-  if constexpr (K == 0) {
-    return false;
-  } else {
-    using prev = at<K - 1, typename Chain::layers>;
-    return fuses_into_previous<typename prev::template impl<typename Chain::template input_of<K - 1>, T, Backend>,
-                               at<K, typename Chain::layers>>;
-  }
-}
 
 /// A schedule's tables as the stages run them: data, not types, so that one pipeline_stages
 /// serves every micro-batch count and schedule of a network cut into the same stages (the
@@ -80,14 +68,6 @@ template <std::size_t S, class... O>
 struct stage_cut_of<pipeline<S, O...>> {
   using type = std::conditional_t<(is_cut_at<O>::value || ...), pipeline<S, first_of<is_cut_at, void, O...>>, pipeline<S>>;
 };
-
-/// Elements per sample a forward keeps for backward in a chain: every layer's output, except
-/// those of fused ReLUs.
-template <class Chain, class T, class Backend, std::size_t... K>
-constexpr std::size_t saved_elements(std::index_sequence<K...>) {
-  return (std::size_t{0} + ... + (relu_fused_in<Chain, T, Backend, K>() ? 0 : Chain::template output_of<K>::size));
-}
-
 
 /// A pipeline's own fields of the job description: whether it is replicated (a hybrid), its
 /// stages, micro-batches, schedule and cut points (`bounds`: each stage's first layer, then the
@@ -139,8 +119,10 @@ class activation_slots {
   /// A free slot for micro-batch m (m >= micro_batches: evaluation's, not recorded) of n
   /// samples: a free one (its pending sends completed first by wait_all), or a new one when
   /// every slot holds a live micro-batch.
+  /// `buffers`: the stage model's buffers (running statistics), which a new slot's layers are
+  /// bound to: every micro-batch's forward in training moves them, one after another.
   template <class WaitAll>
-  slot& acquire(std::size_t m, std::size_t n, WaitAll&& wait_all) {
+  slot& acquire(std::size_t m, std::size_t n, WaitAll&& wait_all, T* buffers) {
     slot* s = nullptr;
     std::size_t index = 0;
     for (; index < slots_.size(); ++index)
@@ -151,6 +133,7 @@ class activation_slots {
     if (s == nullptr) {
       slots_.push_back(std::make_unique<slot>(first_layer_));
       s = slots_.back().get();
+      s->seq.bind_buffers(buffers);
     }
     wait_all(s->sends);
     s->busy = true;
@@ -265,9 +248,11 @@ class stage_runner {
     using out_shape = typename net::output_shape;
     static constexpr std::size_t in_size = in_shape::size, out_size = out_shape::size;
     static constexpr bool first = I == 0, last = I + 1 == stages;
-    /// Elements per sample a slot keeps for backward: the received input, the layers' outputs.
+    /// Elements per sample a slot keeps for backward: the received input, the layers' outputs
+    /// (a fused ReLU has none) and what the layers keep themselves (their footprint's saved:
+    /// layer_norm's statistics, a batch norm's fused ReLU mask).
     static constexpr std::size_t saved_per_sample =
-        (first ? 0 : in_size) + saved_elements<typename net::chain, T, Backend>(std::make_index_sequence<net::layer_count>{});
+        (first ? 0 : in_size) + elements_of_sequence<typename net::chain, Backend>({.needs_input_gradient = !first}).saved;
     using dp_engine = std::conditional_t<hybrid, gradient_allreduce<net, T, DataParallel>, no_data_parallel>;
     static_assert(!compresses_v<dp_engine> || Backend::memory_space::host_accessible,
                   "loom::compress<>: compressed gradients are converted in host memory; this backend's gradients are "
@@ -590,7 +575,7 @@ class stage_runner {
   }
   template <class State>
   typename State::slot& acquire(State& st, std::size_t m, std::size_t n) {
-    return st.slots.acquire(m, n, waits());
+    return st.slots.acquire(m, n, waits(), std::get<State::index>(models_).buffers().data());
   }
   template <class State>
   typename State::slot& slot_of(State& st, std::size_t m) {

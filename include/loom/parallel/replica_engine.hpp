@@ -66,6 +66,8 @@ class replica_passes {
   template <std::size_t I>
   static constexpr auto pieces_of = Sync::template pieces_of<I>;
   static constexpr bool tensor_split = detail::tensor_sync<Sync>;
+  static_assert(rank_network::buffer_count == Network::buffer_count,
+                "loom: a tensor-parallel slice holds the whole network's buffers (its batch norms are whole)");
   static_assert(!detail::compresses_v<Sync> || Backend::memory_space::host_accessible,
                 "loom::compress<>: compressed gradients are converted in host memory; this backend's gradients are "
                 "not (loom::cuda): drop compress<> for now");
@@ -104,7 +106,15 @@ class replica_passes {
   int replicas() const { return sync_.replicas(); }
   bool reads_samples() const { return true; }
   bool reads_labels() const { return true; }
-  shard_map shard() const { return sync_.shard(); }
+  /// What this rank holds: the policy's blocks of the parameters, and the whole network's
+  /// buffers (running statistics: each replica its own; every tensor slice a whole copy).
+  shard_map shard() const {
+    shard_map m = sync_.shard();
+    m.whole_buffer_count = Network::buffer_count;
+    m.local_buffer_count = rank_network::buffer_count;
+    m.buffer_pieces = shards::whole_buffers<Network, tensor_split>;
+    return m;
+  }
   /// What this rank holds of the optimizer state: the same as shard(), or under
   /// shard_optimizer_state its slices (one block per bucket, in its own flat layout), every
   /// rank as replica 0 of 1 (together they hold the one copy).
@@ -164,6 +174,9 @@ class replica_passes {
   }
   T* local_gradients() noexcept { return model_.gradients().data(); }
   std::size_t local_count() const noexcept { return model_type::parameter_count; }
+  /// This rank's buffers (running statistics), in the backend's memory, and their count.
+  T* local_buffers() { return model_.buffers().data(); }
+  std::size_t local_buffer_count() const noexcept { return model_type::buffer_count; }
   /// The communicator of data_parallel (for programs that also communicate themselves).
   decltype(auto) comm()
     requires detail::replica_comm_sync<Sync>
@@ -220,10 +233,12 @@ class replica_passes {
       auto& replicas = sync_.replica_comm();
       replicas.broadcast(params, model_type::parameter_count, 0);
       replicas.broadcast(buffers.data(), buffers.size(), 0);
+      if (local_buffer_count()) replicas.broadcast(local_buffers(), local_buffer_count(), 0);
     } else {
       auto& world = sync_.world_comm();
       world.broadcast(params, model_type::parameter_count, root);
       world.broadcast(buffers.data(), buffers.size(), root);
+      if (local_buffer_count()) world.broadcast(local_buffers(), local_buffer_count(), root);
     }
   }
   /// Whether the optimizer step is committed over the world (a tensor-parallel hybrid that

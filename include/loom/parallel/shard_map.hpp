@@ -5,7 +5,8 @@
 // and as which replica, stage and slice. Every engine gives one (engine::shard()); checkpoints,
 // resharding and optimizer-state sharding read it. The blocks are compile-time values wherever
 // the policy fixes them (the whole model, a pipeline stage, a tensor slice): shards::whole,
-// shards::stage, shards::slice below, which tests static_assert. Optimizer state buffers that
+// shards::stage, shards::slice below, which tests static_assert; the network's buffers (running
+// statistics) likewise, shards::whole_buffers and shards::stage_buffers. Optimizer state buffers that
 // are laid out as the parameters (SGD's momentum, Adam's two moments) are described by the
 // same blocks. No communication here.
 
@@ -43,6 +44,12 @@ struct shard_map {
   std::size_t whole_count = 0, local_count = 0;
   /// The blocks this rank holds; together they cover its whole buffer once.
   std::span<const shard_piece> pieces{};
+  /// The same for the network's buffers (batch norm's running statistics: Network::buffer_count
+  /// values in the whole network's flat buffer of buffers, local_buffer_count in this rank's):
+  /// a replica's, a stage's own, every tensor slice's whole copy (shared). Each replica keeps
+  /// its own running statistics; replica 0's (and slice 0's) are the ones written.
+  std::size_t whole_buffer_count = 0, local_buffer_count = 0;
+  std::span<const shard_piece> buffer_pieces{};
 
   /// Whether this rank is the one to write `p` when every rank writes what it holds once
   /// (a checkpoint): replica 0 only, and a shared block from slice 0 only.
@@ -113,6 +120,25 @@ namespace shards {
 /// The whole model in one block (single_process, data_parallel).
 template <class Network>
 inline constexpr std::array<shard_piece, 1> whole{{{.whole_offset = 0, .local_offset = 0, .count = Network::parameter_count}}};
+
+/// The whole network's buffers in one block (a replica), shared by the slices of a tensor-
+/// parallel group when Shared (each holds them whole).
+template <class Network, bool Shared = false>
+inline constexpr std::array<shard_piece, Network::buffer_count ? 1 : 0> whole_buffers = [] {
+  std::array<shard_piece, Network::buffer_count ? 1 : 0> a{};
+  if constexpr (Network::buffer_count > 0) a[0] = {.whole_offset = 0, .local_offset = 0, .count = Network::buffer_count, .shared = Shared};
+  return a;
+}();
+
+/// Pipeline stage Stage of Partition (a loom::stage_partition): its layers' buffers, one block
+/// at the stage's offset in the whole network's flat buffer of buffers.
+template <class Partition, std::size_t Stage>
+inline constexpr std::array<shard_piece, Partition::buffer_counts[Stage] ? 1 : 0> stage_buffers = [] {
+  std::array<shard_piece, Partition::buffer_counts[Stage] ? 1 : 0> a{};
+  if constexpr (Partition::buffer_counts[Stage] > 0)
+    a[0] = {.whole_offset = Partition::buffer_offsets[Stage], .local_offset = 0, .count = Partition::buffer_counts[Stage]};
+  return a;
+}();
 
 /// Pipeline stage Stage of Partition (a loom::stage_partition): its layers' parameters, one
 /// block at the stage's offset.

@@ -142,6 +142,21 @@ class checkpoint_schedule final : public step_observer {
   int signal_ = 0;  // the signal that stopped the fit (0: none)
 };
 
+/// m's view of the buffers (running statistics) as a map of their own: its buffer_pieces as
+/// pieces, for copy_to_whole and copy_from_whole.
+inline shard_map buffer_map(const shard_map& m) {
+  shard_map b = m;
+  b.whole_count = m.whole_buffer_count;
+  b.local_count = m.local_buffer_count;
+  b.pieces = m.buffer_pieces;
+  return b;
+}
+
+/// The whole network's buffers (m.whole_buffer_count values) on every rank, each value from the
+/// rank that writes it (shard_map::writes: replica 0, slice 0) of `mine`, this rank's buffers as
+/// m says. One allgather of every rank's values and the flags of those it writes. Collective.
+LOOM_DECL std::vector<float> gather_whole_buffers(collectives& c, const shard_map& m, const std::vector<float>& mine);
+
 }  // namespace loom::detail
 
 #if defined(LOOM_DEFINITIONS_VISIBLE)

@@ -93,6 +93,10 @@ class erased_engine : public monitor::rank_source {
   virtual std::size_t state_count() const = 0;
   virtual void parameters_to_host(float* dst) = 0;
   virtual void parameters_from_host(const float* src, std::size_t n) = 0;
+  /// The model's buffers (running statistics) here: their count, and copies through host memory.
+  virtual std::size_t buffer_values() const = 0;
+  virtual void buffers_to_host(float* dst) = 0;
+  virtual void buffers_from_host(const float* src, std::size_t n) = 0;
   virtual void buffer_to_host(std::size_t i, float* dst) = 0;
   virtual void buffer_from_host(std::size_t i, const float* src) = 0;
   virtual std::size_t optimizer_steps() = 0;

@@ -152,6 +152,9 @@ class erased_engine_of final : public erased_engine {
   }
   void parameters_to_host(float* dst) override { copies::to_host(engine_.local_parameters(), engine_.local_count(), dst); }
   void parameters_from_host(const float* src, std::size_t n) override { copies::from_host(src, n, engine_.local_parameters()); }
+  std::size_t buffer_values() const override { return engine_.local_buffer_count(); }
+  void buffers_to_host(float* dst) override { copies::to_host(engine_.local_buffers(), engine_.local_buffer_count(), dst); }
+  void buffers_from_host(const float* src, std::size_t n) override { copies::from_host(src, n, engine_.local_buffers()); }
   void buffer_to_host(std::size_t i, float* dst) override {
     const std::size_t m = state_count();
     copies::to_host(engine_.optimizer().buffers().data() + i * m, m, dst);

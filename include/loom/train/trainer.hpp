@@ -363,15 +363,19 @@ class trainer_body {
   /// torch.nn.Sequential): rank 0 writes, from the parameters every rank contributes. Collective.
   void save_weights(const std::filesystem::path& path) {
     const std::vector<value_type> whole = gather_parameters();
+    const std::unique_ptr<collectives> coll = erased().world_collectives();
+    // The buffers (running statistics): replica 0's, the stages' own (collective).
+    const std::vector<value_type> buffers = gather_buffers(*coll);
     std::string err;
     if (rank() == 0) {
       try {
-        io::save_weights<Network, value_type>(std::span<const value_type>(whole), path);
+        io::save_weights<Network, value_type>(std::span<const value_type>(whole), std::span<const value_type>(buffers),
+                                              path);
       } catch (const std::exception& e) {
         err = e.what();
       }
     }
-    if (const std::string all = erased().world_collectives()->agree_on_errors(err); !all.empty()) throw io_error(all);
+    if (const std::string all = coll->agree_on_errors(err); !all.empty()) throw io_error(all);
   }
 
   /// Sets the parameters from a whole-model safetensors file (loom::load_weights' checks): every
@@ -379,10 +383,10 @@ class trainer_body {
   /// throws and no parameter changes.
   void load_weights(const std::filesystem::path& path) {
     if (replacement_pending()) return;  // a replacement takes the survivors' state in fit
-    std::vector<value_type> whole;
+    io::model_weights<value_type> whole;
     std::string err;
     try {
-      whole = io::load_weights<Network, value_type>(path);
+      whole = io::load_weights_and_buffers<Network, value_type>(path);
     } catch (const std::exception& e) {
       err = e.what();
     }
@@ -390,8 +394,11 @@ class trainer_body {
     if (const std::string all = e.world_collectives()->agree_on_errors(err); !all.empty()) throw io_error(all);
     const shard_map m = engine_.shard();
     std::vector<value_type> mine(m.local_count);
-    copy_from_whole(m, whole.data(), mine.data());
+    copy_from_whole(m, whole.parameters.data(), mine.data());
     e.parameters_from_host(mine.data(), mine.size());
+    std::vector<value_type> mine_buffers(m.local_buffer_count);
+    copy_from_whole(detail::buffer_map(m), whole.buffers.data(), mine_buffers.data());
+    e.buffers_from_host(mine_buffers.data(), mine_buffers.size());
   }
 
   /// Mean loss and accuracy of the current parameters on `data`, in evaluation mode: each
@@ -463,7 +470,20 @@ class trainer_body {
   /// vector, on every rank. Collective over the model-parallel group.
   std::vector<value_type> gather_parameters() { return engine_.gather_parameters(); }
 
+  /// The whole model's buffers (running statistics; Network::buffer_count, its flat buffer of
+  /// buffers) as a host vector, on every rank: replica 0's (each replica's are its own), each
+  /// stage's from its rank. Collective over the world.
+  std::vector<value_type> gather_buffers() { return gather_buffers(*erased().world_collectives()); }
+
  private:
+  std::vector<value_type> gather_buffers(collectives& c) {
+    auto e = erased();
+    const shard_map m = e.shard();
+    std::vector<value_type> mine(e.buffer_values());
+    e.buffers_to_host(mine.data());
+    return detail::gather_whole_buffers(c, m, mine);
+  }
+
   using batches_type = detail::batch_buffers<Backend, Network::input_shape::size>;
   using erased_type = detail::erased_engine_of<engine_type>;
 

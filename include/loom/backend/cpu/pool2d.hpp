@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// 2-D max and average pooling on the CPU (no padding), run by loom's own kernel bodies
+// 2-D max and average pooling on the CPU (padding never read), run by loom's own kernel bodies
 // (backend/kernels/pool.hpp) directly on the layout the input arrives in — plain NCHW or
 // oneDNN's channel-blocked nChw8c / nChw16c — so the output keeps that layout and nothing is
 // reordered. (oneDNN's pooling was measured 3-5x slower than these loops for training here.)
@@ -33,7 +33,7 @@ class cpu_pool2d_plan {
 
  private:
   kernels::pool_planes planes(std::size_t batch, std::size_t block) const {
-    return {batch * g_.c / block, g_.h, g_.w, g_.oh(), g_.ow(), g_.k, g_.stride};
+    return {batch * g_.c / block, g_.h, g_.w, g_.oh(), g_.ow(), g_.k, g_.stride, g_.pad};
   }
 
   /// Channels per block of layout f: 1 for plain NCHW, 8 or 16 for oneDNN's blocked layouts.

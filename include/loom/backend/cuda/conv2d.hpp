@@ -26,6 +26,7 @@
 #include "loom/backend/cuda/launch.hpp"
 #include "loom/backend/cuda/memory.hpp"
 #include "loom/backend/cuda/runtime.hpp"
+#include "loom/backend/kernels/activation.hpp"
 #include "loom/backend/kernels/elementwise.hpp"
 #include "loom/core/geometry.hpp"
 #include "loom/core/math_mode.hpp"
@@ -164,10 +165,13 @@ class cuda_conv2d_plan {
     LOOM_CUDA_CHECK(cudnnConvolutionForward(detail::cudnn_handle(), &one, e.x.get(), x, filter_.get(), w, conv(e.math),
                                             e.fwd, detail::cudnn_workspace(e.workspace), e.workspace, &zero, e.y.get(), y));
     const std::size_t pixels = g_.oh() * g_.ow(), count = batch * g_.oc * pixels;
-    if (relu_)
+    if (!b) {  // a convolution without bias (conv2d's no_bias): only the fused ReLU is left
+      if (relu_) detail::cuda_for_each(count, kernels::pointwise_forward<kernels::relu_op, T>{y, y});
+    } else if (relu_) {
       detail::cuda_for_each(count, kernels::add_channel_bias<T, true>{y, b, g_.oc, pixels});
-    else
+    } else {
       detail::cuda_for_each(count, kernels::add_channel_bias<T, false>{y, b, g_.oc, pixels});
+    }
     return {};
   }
 

@@ -39,7 +39,9 @@ class cuda_pool2d_plan {
   }
 
  private:
-  kernels::pool_planes planes(std::size_t batch) const { return {batch * g_.c, g_.h, g_.w, g_.oh(), g_.ow(), g_.k, g_.stride}; }
+  kernels::pool_planes planes(std::size_t batch) const {
+    return {batch * g_.c, g_.h, g_.w, g_.oh(), g_.ow(), g_.k, g_.stride, g_.pad};
+  }
 
   pool2d_geometry g_;
   pool_kind kind_;

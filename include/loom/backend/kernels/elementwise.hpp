@@ -59,6 +59,18 @@ struct add {
   LOOM_HD void operator()(std::size_t i) const { z[i] = x[i] + y[i]; }
 };
 
+/// z = max(x + y, 0): a residual's sum with the ReLU after it fused in.
+template <class T>
+struct add_relu {
+  const T* x;
+  const T* y;
+  T* z;
+  LOOM_HD void operator()(std::size_t i) const {
+    const T v = x[i] + y[i];
+    z[i] = v > T(0) ? v : T(0);
+  }
+};
+
 /// Inverted dropout: keeps an element with probability 1 - rate and scales it by 1 / (1 - rate).
 /// The mask is a pure function of (seed, stream, index), so backward recomputes it.
 template <class T>

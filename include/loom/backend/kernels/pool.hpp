@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// Kernel bodies of 2-D max and average pooling over a channel-blocked layout: element
-// (n, c, h, w) sits at (((n * CB + c / Block) * H + h) * W + w) * Block + c % Block, CB being
+// Kernel bodies of 2-D max and average pooling, and of global average pooling, over a
+// channel-blocked layout: element (n, c, h, w) sits at (((n * CB + c / Block) * H + h) * W + w) * Block + c % Block, CB being
 // C / Block. Block = 1 is plain NCHW; 8 and 16 are oneDNN's nChw8c / nChw16c. The innermost
 // loop runs over the Block channels, which are contiguous, so it vectorises.
 
@@ -12,10 +12,26 @@
 
 namespace loom::kernels {
 
-/// The sizes of one pooling over planes of Block channels.
+/// The sizes of one pooling over planes of Block channels. Windows start at -pad: the padding is
+/// never read (max pooling takes the maximum of the window's inside, as PyTorch's -inf padding
+/// does; average pooling divides by k * k, PyTorch's count_include_pad).
 struct pool_planes {
   std::size_t planes;  // batch * C / Block
   std::size_t h, w, oh, ow, k, stride;
+  std::size_t pad = 0;
+};
+
+/// The rows (or columns) [first, last) of a window's k that lie inside an input of n, for the
+/// window starting at o * stride - pad.
+struct pool_window {
+  std::size_t first, last;
+  LOOM_HD static pool_window of(std::size_t o, std::size_t stride, std::size_t pad, std::size_t k, std::size_t n) {
+    const std::size_t start = o * stride;  // in padded coordinates
+    const std::size_t first = start < pad ? pad - start : 0;
+    const std::size_t end = start + k;     // padded; the input ends at n + pad
+    const std::size_t last = end > n + pad ? k - (end - (n + pad)) : k;
+    return {first, last};
+  }
 };
 
 /// Max pooling, one output pixel (all Block channels) per call.
@@ -27,12 +43,15 @@ struct max_pool_forward {
   LOOM_HD void operator()(std::size_t i) const {
     const std::size_t ow = i % g.ow, oh = (i / g.ow) % g.oh, plane = i / (g.ow * g.oh);
     const T* in = x + plane * g.h * g.w * Block;
+    const pool_window rows = pool_window::of(oh, g.stride, g.pad, g.k, g.h);
+    const pool_window cols = pool_window::of(ow, g.stride, g.pad, g.k, g.w);
+    const std::size_t top = oh * g.stride - g.pad, left = ow * g.stride - g.pad;  // wrap around, undone below
     T best[Block];
-    const T* first = in + ((oh * g.stride) * g.w + ow * g.stride) * Block;
+    const T* first = in + ((top + rows.first) * g.w + left + cols.first) * Block;
     for (std::size_t c = 0; c < Block; ++c) best[c] = first[c];
-    for (std::size_t p = 0; p < g.k; ++p)
-      for (std::size_t q = 0; q < g.k; ++q) {
-        const T* src = in + ((oh * g.stride + p) * g.w + ow * g.stride + q) * Block;
+    for (std::size_t p = rows.first; p < rows.last; ++p)
+      for (std::size_t q = cols.first; q < cols.last; ++q) {
+        const T* src = in + ((top + p) * g.w + left + q) * Block;
         for (std::size_t c = 0; c < Block; ++c) best[c] = src[c] > best[c] ? src[c] : best[c];
       }
     T* out = y + i * Block;
@@ -57,13 +76,16 @@ struct max_pool_backward {
     for (std::size_t oh = 0; oh < g.oh; ++oh)
       for (std::size_t ow = 0; ow < g.ow; ++ow) {
         const std::size_t o = ((plane * g.oh + oh) * g.ow + ow) * Block;
-        const std::size_t corner = (oh * g.stride * g.w + ow * g.stride) * Block;
+        const pool_window rows = pool_window::of(oh, g.stride, g.pad, g.k, g.h);
+        const pool_window cols = pool_window::of(ow, g.stride, g.pad, g.k, g.w);
+        const std::size_t top = oh * g.stride - g.pad, left = ow * g.stride - g.pad;  // wrap around, undone below
+        const std::size_t corner = ((top + rows.first) * g.w + left + cols.first) * Block;
         T best[Block];
         std::size_t at[Block];
         for (std::size_t c = 0; c < Block; ++c) best[c] = in[corner + c], at[c] = corner + c;
-        for (std::size_t p = 0; p < g.k; ++p)
-          for (std::size_t q = 0; q < g.k; ++q) {
-            const std::size_t base = ((oh * g.stride + p) * g.w + ow * g.stride + q) * Block;
+        for (std::size_t p = rows.first; p < rows.last; ++p)
+          for (std::size_t q = cols.first; q < cols.last; ++q) {
+            const std::size_t base = ((top + p) * g.w + left + q) * Block;
             for (std::size_t c = 0; c < Block; ++c) {
               const bool more = in[base + c] > best[c];
               best[c] = more ? in[base + c] : best[c];
@@ -84,11 +106,14 @@ struct avg_pool_forward {
   LOOM_HD void operator()(std::size_t i) const {
     const std::size_t ow = i % g.ow, oh = (i / g.ow) % g.oh, plane = i / (g.ow * g.oh);
     const T* in = x + plane * g.h * g.w * Block;
+    const pool_window rows = pool_window::of(oh, g.stride, g.pad, g.k, g.h);
+    const pool_window cols = pool_window::of(ow, g.stride, g.pad, g.k, g.w);
+    const std::size_t top = oh * g.stride - g.pad, left = ow * g.stride - g.pad;  // wrap around, undone below
     T sum[Block];
     for (std::size_t c = 0; c < Block; ++c) sum[c] = T(0);
-    for (std::size_t p = 0; p < g.k; ++p)
-      for (std::size_t q = 0; q < g.k; ++q) {
-        const T* src = in + ((oh * g.stride + p) * g.w + ow * g.stride + q) * Block;
+    for (std::size_t p = rows.first; p < rows.last; ++p)
+      for (std::size_t q = cols.first; q < cols.last; ++q) {
+        const T* src = in + ((top + p) * g.w + left + q) * Block;
         for (std::size_t c = 0; c < Block; ++c) sum[c] += src[c];
       }
     const T inv = T(1) / static_cast<T>(g.k * g.k);
@@ -110,12 +135,49 @@ struct avg_pool_backward {
     for (std::size_t oh = 0; oh < g.oh; ++oh)
       for (std::size_t ow = 0; ow < g.ow; ++ow) {
         const std::size_t o = ((plane * g.oh + oh) * g.ow + ow) * Block;
-        for (std::size_t p = 0; p < g.k; ++p)
-          for (std::size_t q = 0; q < g.k; ++q) {
-            T* dst = din + ((oh * g.stride + p) * g.w + ow * g.stride + q) * Block;
+        const pool_window rows = pool_window::of(oh, g.stride, g.pad, g.k, g.h);
+        const pool_window cols = pool_window::of(ow, g.stride, g.pad, g.k, g.w);
+        const std::size_t top = oh * g.stride - g.pad, left = ow * g.stride - g.pad;  // wrap around, undone below
+        for (std::size_t p = rows.first; p < rows.last; ++p)
+          for (std::size_t q = cols.first; q < cols.last; ++q) {
+            T* dst = din + ((top + p) * g.w + left + q) * Block;
             for (std::size_t c = 0; c < Block; ++c) dst[c] += dy[o + c] * inv;
           }
       }
+  }
+};
+
+/// Global average pooling of a (batch, C, spatial) activation whose channels come in blocks of
+/// Block (1: plain NCHW) into a plain (batch, C): one (sample, channel block) per call, the
+/// Block channels' sums side by side.
+template <class T, std::size_t Block>
+struct global_avg_pool_forward {
+  const T* x;
+  T* y;
+  std::size_t channels, spatial;
+  LOOM_HD void operator()(std::size_t i) const {  // i = n * (channels / Block) + cb
+    const T* in = x + i * spatial * Block;
+    T sum[Block];
+    for (std::size_t c = 0; c < Block; ++c) sum[c] = T(0);
+    for (std::size_t s = 0; s < spatial; ++s)
+      for (std::size_t c = 0; c < Block; ++c) sum[c] += in[s * Block + c];
+    const T inv = T(1) / static_cast<T>(spatial);
+    const std::size_t blocks = channels / Block, n = i / blocks, cb = i % blocks;
+    for (std::size_t c = 0; c < Block; ++c) y[n * channels + cb * Block + c] = sum[c] * inv;
+  }
+};
+
+/// Its backward: each input element's gradient is its (sample, channel)'s dy over spatial, in
+/// the input's layout. One input element per call.
+template <class T, std::size_t Block>
+struct global_avg_pool_backward {
+  const T* dy;
+  T* dx;
+  std::size_t channels, spatial;
+  LOOM_HD void operator()(std::size_t i) const {
+    const std::size_t c_in_block = i % Block, plane = i / (spatial * Block);  // plane = n * (channels / Block) + cb
+    const std::size_t blocks = channels / Block, n = plane / blocks, cb = plane % blocks;
+    dx[i] = dy[n * channels + cb * Block + c_in_block] / static_cast<T>(spatial);
   }
 };
 

@@ -76,6 +76,8 @@ LOOM_DECL write_plan plan_writes(const world_map& w, const std::vector<tensor_de
     const auto& d = tensors[t];
     std::vector<int> whole, parts;
     for (int r = 0; r < world; ++r) {
+      // A buffer (running statistics) is each replica's own: replica 0's is the one written.
+      if (d.kind == tensor_kind::buffer && w.ranks[static_cast<std::size_t>(r)].replica != 0) continue;
       const std::size_t c = covered(w.ranks[static_cast<std::size_t>(r)].pieces, d.offset, d.count);
       if (c == d.count) whole.push_back(r);
       if (c > 0) parts.push_back(r);
@@ -85,7 +87,7 @@ LOOM_DECL write_plan plan_writes(const world_map& w, const std::vector<tensor_de
       e.writer = lightest(whole);
     } else {
       const int replicas = std::max(1, w.ranks[0].replicas);
-      const int replica = static_cast<int>(t % static_cast<std::size_t>(replicas));
+      const int replica = d.kind == tensor_kind::buffer ? 0 : static_cast<int>(t % static_cast<std::size_t>(replicas));
       std::vector<int> group;
       std::size_t sum = 0;
       for (int r : parts)
@@ -116,6 +118,33 @@ LOOM_DECL std::size_t contiguous_at(std::span<const shard_piece> pieces, std::si
     got += k;
   });
   return runs == 1 && got == n ? at : static_cast<std::size_t>(-1);
+}
+
+LOOM_DECL model_layout model_layout_of(const std::vector<tensor_description>& tensors, const shard_map& map) {
+  model_layout l;
+  for (const auto& t : tensors) {
+    if (t.kind == tensor_kind::buffer) continue;
+    l.tensors.push_back(t);
+    l.parameters.push_back(t);
+  }
+  for (const auto& t : tensors) {
+    if (t.kind != tensor_kind::buffer) continue;
+    l.tensors.push_back(t);
+    l.tensors.back().offset += map.whole_count;
+  }
+  l.pieces.assign(map.pieces.begin(), map.pieces.end());
+  for (shard_piece p : map.buffer_pieces) {
+    p.whole_offset += map.whole_count;
+    p.local_offset += map.local_count;
+    l.pieces.push_back(p);
+  }
+  l.map = map;
+  l.map.whole_count = map.whole_count + map.whole_buffer_count;
+  l.map.local_count = map.local_count + map.local_buffer_count;
+  l.map.pieces = l.pieces;
+  l.map.whole_buffer_count = l.map.local_buffer_count = 0;
+  l.map.buffer_pieces = {};
+  return l;
 }
 
 LOOM_DECL std::vector<tensor_values> assemble(collectives& c, const world_map& w, const write_plan& plan,
@@ -213,9 +242,25 @@ LOOM_DECL void partial_file::discard() noexcept {
 LOOM_DECL written_file write_tensor_file(const std::filesystem::path& dir, const std::string& name,
                                          const std::vector<named_tensor<float>>& tensors,
                                          std::map<std::string, std::string> metadata) {
-  std::string crcs;
+  // A count (int64) is written as PyTorch holds it; its CRC covers the bytes written.
+  std::vector<std::vector<std::int64_t>> counts;
   for (const auto& t : tensors)
-    crcs += (crcs.empty() ? "" : ",") + t.name + "=" + crc32c_hex(crc32c(t.values.data(), t.values.size_bytes())).data();
+    if (t.int64) {
+      counts.emplace_back(t.values.size());
+      for (std::size_t i = 0; i < t.values.size(); ++i) counts.back()[i] = static_cast<std::int64_t>(t.values[i]);
+    }
+  std::vector<std::pair<const void*, std::size_t>> data;  // each tensor's bytes as written
+  for (std::size_t k = 0, c = 0; k < tensors.size(); ++k) {
+    if (tensors[k].int64) {
+      data.emplace_back(counts[c].data(), counts[c].size() * sizeof(std::int64_t));
+      ++c;
+    } else {
+      data.emplace_back(tensors[k].values.data(), tensors[k].values.size_bytes());
+    }
+  }
+  std::string crcs;
+  for (std::size_t k = 0; k < tensors.size(); ++k)
+    crcs += (crcs.empty() ? "" : ",") + tensors[k].name + "=" + crc32c_hex(crc32c(data[k].first, data[k].second)).data();
   metadata["loom.crc32c"] = crcs;
   std::string header = "{\"__metadata__\":{";
   bool first = true;
@@ -229,11 +274,12 @@ LOOM_DECL written_file write_tensor_file(const std::filesystem::path& dir, const
   }
   header += "}";
   std::uint64_t at = 0;
-  for (const auto& t : tensors) {
-    const std::uint64_t end = at + t.values.size_bytes();
+  for (std::size_t k = 0; k < tensors.size(); ++k) {
+    const auto& t = tensors[k];
+    const std::uint64_t end = at + data[k].second;
     header += ',';
     header += json::quote(t.name);
-    header += ":{\"dtype\":\"F32\",\"shape\":[";
+    header += t.int64 ? ":{\"dtype\":\"I64\",\"shape\":[" : ":{\"dtype\":\"F32\",\"shape\":[";
     header += io::detail::join(t.shape);
     header += "],\"data_offsets\":[";
     header += std::to_string(at);
@@ -251,9 +297,9 @@ LOOM_DECL written_file write_tensor_file(const std::filesystem::path& dir, const
   crc = crc32c(header.data(), header.size(), crc);
   out.write(len, 8);
   out.write(header);
-  for (const auto& t : tensors) {
-    crc = crc32c(t.values.data(), t.values.size_bytes(), crc);
-    out.write(t.values.data(), t.values.size_bytes());
+  for (const auto& [p, n] : data) {
+    crc = crc32c(p, n, crc);
+    out.write(p, n);
   }
   const std::uint64_t bytes = out.size();
   out.commit(/*durable=*/true);
@@ -440,7 +486,7 @@ LOOM_DECL std::string index_json(const std::vector<tensor_description>& tensors,
     const std::string file = shard_name(kind, static_cast<std::size_t>(plan.file_of(plan.tensors[t].writer)), plan.writers.size());
     for (const auto& suffix : suffixes) {
       map += std::string(map.empty() ? "" : ",") + "\n    " + json::quote(tensors[t].name + suffix) + ": " + json::quote(file);
-      total += tensors[t].count * 4;
+      total += tensors[t].count * (tensors[t].element == tensor_element::int64 ? 8 : 4);
     }
   }
   return "{\n  \"metadata\": {\"total_size\": " + std::to_string(total) + "},\n  \"weight_map\": {" + map + "\n  }\n}\n";
@@ -503,22 +549,36 @@ LOOM_DECL void checkpointer::start(collectives& c, const std::filesystem::path& 
   }
   if (const std::string all = c.agree_on_errors(err); !all.empty())
     throw io_error("loom::checkpoint step-" + std::to_string(record.step) + " in " + dir.string() + ": " + all);
+  // The model's tensors: the parameters, then the buffers after them in one layout.
+  detail::model_layout layout = detail::model_layout_of(tensors, snapshot.map);
   if (!map_ || map_->ranks.size() != static_cast<std::size_t>(c.size())) {
-    map_ = detail::gather_world_map(c, snapshot.map);
-    plan_ = detail::plan_writes(*map_, tensors);
-    // The optimizer state: held as the parameters, or sharded its own way (ZeRO), when
-    // its writers are chosen from what each rank holds of it.
+    map_ = detail::gather_world_map(c, layout.map);
+    plan_ = detail::plan_writes(*map_, layout.tensors);
+    // The optimizer state, of the parameters only: held as the parameters, or sharded its own
+    // way (ZeRO), when its writers are chosen from what each rank holds of it.
     state_map_ = snapshot.own_state_map ? detail::gather_world_map(c, snapshot.state_map) : *map_;
-    state_plan_ = snapshot.own_state_map ? detail::plan_writes(*state_map_, tensors) : plan_;
+    state_plan_ = detail::plan_writes(*state_map_, layout.parameters);
+  }
+  // The snapshot's parameters and buffers as one run (the trainer's snapshot lays them so; else
+  // a copy, owned by the snapshot).
+  if (!snapshot.model_buffers.empty() && snapshot.model_buffers.data() != snapshot.params.data() + snapshot.params.size()) {
+    auto joined = std::make_shared<std::vector<float>>(snapshot.params.begin(), snapshot.params.end());
+    joined->insert(joined->end(), snapshot.model_buffers.begin(), snapshot.model_buffers.end());
+    snapshot.params = std::span<const float>(joined->data(), snapshot.params.size());
+    snapshot.model_buffers = std::span<const float>(joined->data() + snapshot.params.size(), snapshot.model_buffers.size());
+    snapshot.owner = std::make_shared<std::pair<std::shared_ptr<const void>, std::shared_ptr<std::vector<float>>>>(
+        snapshot.owner, joined);
   }
   auto snap = std::make_shared<const rank_snapshot>(std::move(snapshot));
   auto mine = std::make_shared<std::vector<detail::tensor_values>>(
-      detail::assemble(c, *map_, plan_, tensors, snap->map, {snap->params.data()}));
+      detail::assemble(c, *map_, plan_, layout.tensors, layout.map, {snap->params.data()}));
   std::vector<const float*> bufs;
   for (const auto& b : snap->buffers) bufs.push_back(b.data());
   auto mine_state = std::make_shared<std::vector<detail::tensor_values>>();
-  if (!bufs.empty()) *mine_state = detail::assemble(c, *state_map_, state_plan_, tensors, snap->buffers_map(), bufs);
-  job j{.dir = dir, .partial = partial, .tensors = tensors, .plan = plan_, .state_plan = state_plan_,
+  if (!bufs.empty())
+    *mine_state = detail::assemble(c, *state_map_, state_plan_, layout.parameters, snap->buffers_map(), bufs);
+  job j{.dir = dir, .partial = partial, .tensors = layout.tensors, .state_tensors = layout.parameters, .plan = plan_,
+        .state_plan = state_plan_,
         .snapshot = std::move(snap), .mine = std::move(mine), .mine_state = std::move(mine_state), .record = record,
         .buffer_names = buffer_names, .rank = c.rank(), .world = c.size(), .keep = keep, .timeout_s = commit_timeout_s,
         .state = std::make_shared<shared_state>()};
@@ -611,7 +671,7 @@ LOOM_DECL void checkpointer::write_files(job& j) {
     std::vector<named_tensor<float>> model;
     for (const auto& tv : *j.mine) {
       const auto& d = j.tensors[tv.tensor];
-      model.push_back({d.name, d.shape, tv.views[0]});
+      model.push_back({d.name, d.shape, tv.views[0], d.element == tensor_element::int64});
     }
     files.push_back(detail::write_tensor_file(j.partial, detail::shard_name("model", static_cast<std::size_t>(k), j.plan.writers.size()),
                                               model, meta));
@@ -619,7 +679,7 @@ LOOM_DECL void checkpointer::write_files(job& j) {
   if (const int ks = j.state_plan.file_of(j.rank); ks >= 0 && !j.buffer_names.empty()) {
     std::vector<named_tensor<float>> opt;
     for (const auto& tv : *j.mine_state) {
-      const auto& d = j.tensors[tv.tensor];
+      const auto& d = j.state_tensors[tv.tensor];
       for (std::size_t b = 0; b < j.buffer_names.size(); ++b)
         opt.push_back({d.name + "." + j.buffer_names[b], d.shape, tv.views[b]});
     }
@@ -667,7 +727,7 @@ LOOM_DECL std::filesystem::path checkpointer::commit(job& j) {
     std::vector<std::string> suffixes;
     for (const auto& b : j.buffer_names) suffixes.push_back("." + b);
     detail::write_text_file(j.partial / "optimizer.safetensors.index.json",
-                            detail::index_json(j.tensors, j.state_plan, "optimizer", suffixes));
+                            detail::index_json(j.state_tensors, j.state_plan, "optimizer", suffixes));
   }
   detail::write_text_file(j.partial / "checkpoint.json", detail::record_json(j.record, files, j.plan.writers.size()));
   detail::fsync_directory(j.partial);
@@ -811,13 +871,15 @@ LOOM_DECL loaded_checkpoint read_part(const std::filesystem::path& path, const s
     }
     const auto* e = sf->find(name);
     if (!e) throw io_error(sf->path().string() + " has no tensor " + name + " (its index says it does)");
-    if (e->dtype != "F32") throw io_error(sf->path().string() + ": tensor " + name + " is " + e->dtype + ", expected F32");
+    const bool count = d.element == tensor_element::int64;
+    if (e->dtype != (count ? "I64" : "F32"))
+      throw io_error(sf->path().string() + ": tensor " + name + " is " + e->dtype + ", expected " + (count ? "I64" : "F32"));
     if (e->shape != d.shape)
       throw io_error(sf->path().string() + ": tensor " + name + " has shape " + shape_text(e->shape) + ", expected " +
                      shape_text(d.shape));
     // Held in one contiguous run here: read in place (local is a temporary buffer; nothing is
     // applied before every check passed); else into the scratch buffer and copied piece by piece.
-    const std::size_t in_place = contiguous_at(held.pieces, d.offset, d.count);
+    const std::size_t in_place = count ? static_cast<std::size_t>(-1) : contiguous_at(held.pieces, d.offset, d.count);
     float* whole = nullptr;
     if (in_place != static_cast<std::size_t>(-1)) {
       whole = local.data() + in_place;
@@ -825,11 +887,14 @@ LOOM_DECL loaded_checkpoint read_part(const std::filesystem::path& path, const s
       if (scratch.size() < d.count) scratch.resize(d.count);
       whole = scratch.data();
     }
-    sf->read(*e, whole);
+    std::vector<std::int64_t> counted(count ? d.count : 0);
+    sf->read(*e, count ? static_cast<void*>(counted.data()) : static_cast<void*>(whole));
     const auto& cm = crcs[it->second];
     auto c = cm.find(name);
     if (c == cm.end()) throw io_error(sf->path().string() + " has no CRC-32C for tensor " + name);
-    const auto got = crc32c_hex(crc32c(whole, d.count * 4));
+    const auto got = count ? crc32c_hex(crc32c(counted.data(), d.count * sizeof(std::int64_t)))
+                           : crc32c_hex(crc32c(whole, d.count * 4));
+    for (std::size_t i = 0; i < counted.size(); ++i) whole[i] = static_cast<float>(counted[i]);
     if (got.data() != c->second)
       throw io_error(sf->path().string() + ": tensor " + name + " has CRC-32C " + got.data() + ", its header says " +
                      c->second + " (the data is damaged)");
@@ -838,17 +903,21 @@ LOOM_DECL loaded_checkpoint read_part(const std::filesystem::path& path, const s
         std::memcpy(local.data() + l, whole + (g - d.offset), k * 4);
       });
   };
-  out.params.assign(map.local_count, 0.0f);
+  // The model's tensors in one layout, the buffers after the parameters (model_layout).
+  const model_layout layout = model_layout_of(tensors, map);
+  std::vector<float> model(layout.map.local_count, 0.0f);
   out.buffers.assign(want.buffer_names.size(), std::vector<float>(state_map.local_count, 0.0f));
   const auto model_map = weight_map("model.safetensors.index.json");
   std::map<std::string, std::string> opt_map;
   if (!want.buffer_names.empty()) opt_map = weight_map("optimizer.safetensors.index.json");
-  for (const auto& d : tensors) {
-    if (covered(map.pieces, d.offset, d.count) > 0) read_into(model_map, d.name, d, out.params, map);
+  for (const auto& d : layout.tensors)
+    if (covered(layout.map.pieces, d.offset, d.count) > 0) read_into(model_map, d.name, d, model, layout.map);
+  for (const auto& d : layout.parameters)
     if (covered(state_map.pieces, d.offset, d.count) > 0)
       for (std::size_t b = 0; b < want.buffer_names.size(); ++b)
         read_into(opt_map, d.name + "." + want.buffer_names[b], d, out.buffers[b], state_map);
-  }
+  out.params.assign(model.begin(), model.begin() + static_cast<std::ptrdiff_t>(map.local_count));
+  out.model_buffers.assign(model.begin() + static_cast<std::ptrdiff_t>(map.local_count), model.end());
   // This rank's share of the whole-file checksums (headers and padding included).
   for (std::size_t i = 0; i < files.items.size(); ++i) {
     if (static_cast<int>(i % static_cast<std::size_t>(world)) != rank) continue;

@@ -106,7 +106,8 @@ LOOM_DECL std::string onnx_graph_builder::in_float(const std::string& v, bool ba
 }
 
 LOOM_DECL std::string_view onnx_graph_builder::initializer(const tensor_description& t) {
-  inits_.push_back({t.name, t.shape, onnx_raw(params_.subspan(t.offset, t.count), o_.precision)});
+  const std::span<const float> from = t.kind == tensor_kind::buffer ? buffers_ : params_;
+  inits_.push_back({t.name, t.shape, onnx_raw(from.subspan(t.offset, t.count), o_.precision)});
   return t.name;
 }
 
@@ -143,9 +144,10 @@ LOOM_DECL std::filesystem::path external_data_path(const std::filesystem::path& 
   return model.parent_path() / (model.filename().string() + ".data");
 }
 
-LOOM_DECL std::string onnx_model(const network_description& d, std::span<const float> params, const onnx_options& o,
-                                 bool external, std::string* data, const std::string& data_name) {
-  onnx_graph_builder g(params, o);
+LOOM_DECL std::string onnx_model(const network_description& d, std::span<const float> params,
+                                 std::span<const float> buffers, const onnx_options& o, bool external, std::string* data,
+                                 const std::string& data_name) {
+  onnx_graph_builder g(params, buffers, o);
   const int type = onnx_type(o.precision);
   std::string x = "input";
   if (type != onnx_float) x = g.add_node("Cast", {x}, {onnx_attr("to", type)});
@@ -202,17 +204,23 @@ LOOM_DECL std::string onnx_model(const network_description& d, std::span<const f
 }
 
 LOOM_DECL void export_onnx_described(const network_description& d, std::size_t parameters,
-                                     std::span<const float> params, const std::filesystem::path& path,
+                                     std::span<const float> params, std::size_t buffers,
+                                     std::span<const float> buffer_values, const std::filesystem::path& path,
                                      const onnx_options& options) {
   if (params.size() != parameters)
     throw invalid_argument("loom::export_onnx(" + path.string() + "): the network has " +
                            std::to_string(parameters) + " parameters but " +
                            std::to_string(params.size()) + " values were given");
+  if (buffer_values.size() != buffers)
+    throw invalid_argument("loom::export_onnx(" + path.string() + "): the network holds " + std::to_string(buffers) +
+                           " buffer values (running statistics) but " + std::to_string(buffer_values.size()) +
+                           " were given");
   const bool external = onnx_external(
-      std::uint64_t{parameters} * onnx_type_bytes(options.precision), options.external_data, path);
+      std::uint64_t{parameters + buffers} * onnx_type_bytes(options.precision), options.external_data, path);
   const auto data_path = external_data_path(path);
   std::string data;
-  const std::string model = onnx_model(d, params, options, external, &data, data_path.filename().string());
+  const std::string model =
+      onnx_model(d, params, buffer_values, options, external, &data, data_path.filename().string());
   if (external) {
     atomic_file out(data_path);
     out.write(data);

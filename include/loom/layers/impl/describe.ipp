@@ -31,6 +31,17 @@ LOOM_DECL tensor_description& layer_description::parameter(std::string_view name
   return tensors.back();
 }
 
+LOOM_DECL tensor_description& layer_description::buffer(std::string_view name, std::span<const std::size_t> shape,
+                                                         tensor_element element) {
+  std::size_t offset = 0, count = 1;
+  for (const auto& t : tensors)
+    if (t.kind == tensor_kind::buffer) offset += t.count;
+  for (auto e : shape) count *= e;
+  tensors.push_back(
+      {path + "." + std::string(name), {shape.begin(), shape.end()}, offset, count, tensor_kind::buffer, element});
+  return tensors.back();
+}
+
 LOOM_DECL onnx_attribute onnx_attr(std::string_view name, std::initializer_list<std::int64_t> v) {
   if (v.size() > onnx_attribute::max_integers)
     throw invalid_argument("loom::onnx_attr(\"" + std::string(name) + "\"): " + std::to_string(v.size()) +
@@ -59,35 +70,40 @@ LOOM_DECL void collect(const std::vector<layer_description>& layers, std::vector
   }
 }
 
-/// Adds `by` to the offsets of every tensor of layers and of their inner layers.
-LOOM_DECL void shift(std::vector<layer_description>& layers, std::size_t by) {
+/// Adds `by` to the offsets of every parameter tensor of layers and of their inner layers, and
+/// `buffers_by` to those of every buffer tensor.
+LOOM_DECL void shift(std::vector<layer_description>& layers, std::size_t by, std::size_t buffers_by) {
   for (auto& l : layers) {
-    for (auto& t : l.tensors) t.offset += by;
-    shift(l.inner, by);
+    for (auto& t : l.tensors) t.offset += t.kind == tensor_kind::buffer ? buffers_by : by;
+    shift(l.inner, by, buffers_by);
   }
 }
 
-LOOM_DECL void describe_into(const std::string& prefix, std::size_t index, const std::size_t* in, std::size_t in_rank,
-                             const std::size_t* out_dims, std::size_t out_rank, void (*describe)(layer_description&),
-                             onnx_function onnx, std::size_t parameters, std::size_t at,
+LOOM_DECL void describe_into(const std::string& prefix, const chain_slot& slot, const std::size_t* in,
+                             std::size_t in_rank, const std::size_t* out_dims, std::size_t out_rank,
+                             void (*describe)(layer_description&), onnx_function onnx,
                              std::vector<layer_description>& out) {
   layer_description d;
-  d.path = prefix + std::to_string(index);
+  d.path = prefix + (slot.name.empty() ? std::to_string(slot.index) : std::string(slot.name));
   d.input_shape.assign(in, in + in_rank);
   d.output_shape.assign(out_dims, out_dims + out_rank);
   describe(d);
   d.onnx = onnx;
-  std::size_t described = 0;
-  for (const auto& t : d.tensors) described += t.count;
-  std::vector<tensor_description> inner;
-  collect(d.inner, inner);
-  for (const auto& t : inner) described += t.count;
-  if (described != parameters)
-    throw error("loom: layer " + d.path + " (" + d.text + ") is described with " + std::to_string(described) +
-                " parameters but has " + std::to_string(parameters) +
+  if (!slot.name.empty()) d.text = std::string(slot.name) + ":" + d.text;
+  std::size_t params = 0, buffers = 0;
+  std::vector<tensor_description> all = d.tensors;
+  collect(d.inner, all);
+  for (const auto& t : all) (t.kind == tensor_kind::buffer ? buffers : params) += t.count;
+  if (params != slot.parameters)
+    throw error("loom: layer " + d.path + " (" + d.text + ") is described with " + std::to_string(params) +
+                " parameters but has " + std::to_string(slot.parameters) +
                 ": its describe() (or its loom::layer_traits specialisation's) is wrong");
-  for (auto& t : d.tensors) t.offset += at;
-  shift(d.inner, at);
+  if (buffers != slot.buffers)
+    throw error("loom: layer " + d.path + " (" + d.text + ") is described with " + std::to_string(buffers) +
+                " buffer values but holds " + std::to_string(slot.buffers) +
+                ": its describe() (or its loom::layer_traits specialisation's) is wrong");
+  for (auto& t : d.tensors) t.offset += t.kind == tensor_kind::buffer ? slot.buffer_at : slot.at;
+  shift(d.inner, slot.at, slot.buffer_at);
   out.push_back(std::move(d));
 }
 

@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ostream>
 
 #include "loom/core/test_hooks.hpp"
@@ -83,20 +84,25 @@ LOOM_DECL io::rank_snapshot checkpoints::snapshot() const {
     s.state_map = std::move(*sm);
     s.own_state_map = true;
   }
-  const std::size_t n = engine.local_count(), m = engine.state_count(), k = facts.optimizer_buffers.size();
-  float* host = engine.snapshot_staging(n + m * k);
+  const std::size_t n = engine.local_count(), nb = engine.buffer_values(), m = engine.state_count(),
+                    k = facts.optimizer_buffers.size();
+  // The parameters, the model's buffers right after them (one run, as the checkpointer writes
+  // them), then each optimizer buffer.
+  float* host = engine.snapshot_staging(n + nb + m * k);
   if (host) {
     s.owner = std::shared_ptr<const void>(host, [](const void*) {});  // the trainer's; outlives the write
   } else {
-    auto v = std::make_shared<std::vector<float>>(n + m * k);
+    auto v = std::make_shared<std::vector<float>>(n + nb + m * k);
     host = v->data();
     s.owner = v;
   }
   engine.parameters_to_host(host);
   s.params = {host, n};
+  if (nb) engine.buffers_to_host(host + n);
+  s.model_buffers = {host + n, nb};
   for (std::size_t i = 0; i < k; ++i) {
-    engine.buffer_to_host(i, host + n + i * m);
-    s.buffers.emplace_back(host + n + i * m, m);
+    engine.buffer_to_host(i, host + n + nb + i * m);
+    s.buffers.emplace_back(host + n + nb + i * m, m);
   }
   return s;
 }
@@ -124,6 +130,7 @@ LOOM_DECL std::filesystem::path checkpoints::load(collectives& c, const std::fil
   const io::trainer_record& rec = got->record;
   if (opts) check_resumable(rec, got->path, facts.seed, *opts, samples, run.data_identity);
   engine.parameters_from_host(got->params.data(), got->params.size());
+  if (!got->model_buffers.empty()) engine.buffers_from_host(got->model_buffers.data(), got->model_buffers.size());
   for (std::size_t i = 0; i < got->buffers.size(); ++i) engine.buffer_from_host(i, got->buffers[i].data());
   engine.set_optimizer_steps(rec.optimizer_steps);
   run.step = rec.step;
@@ -244,6 +251,32 @@ LOOM_DECL void checkpoint_schedule::finish(fit_result& r) {
   }
   ck_.writer().wait(world_);
   if (saved_step_ == step) r.checkpoint = (std::filesystem::path(co.directory) / ("step-" + std::to_string(step))).string();
+}
+
+LOOM_DECL std::vector<float> gather_whole_buffers(collectives& c, const shard_map& m, const std::vector<float>& mine) {
+  const std::size_t whole_count = m.whole_buffer_count;
+  // Per rank: its values in the whole layout, then one flag byte per value it writes.
+  std::vector<char> own(whole_count * (sizeof(float) + 1), 0);
+  float value = 0;
+  for (const shard_piece& p : m.buffer_pieces) {
+    if (!m.writes(p)) continue;
+    for (std::size_t r = 0; r < p.rows; ++r)
+      for (std::size_t k = 0; k < p.count; ++k) {
+        const std::size_t w = p.whole_offset + r * p.whole_stride + k;
+        value = mine[p.local_offset + r * p.local_stride + k];
+        std::memcpy(own.data() + w * sizeof(float), &value, sizeof(float));
+        own[whole_count * sizeof(float) + w] = 1;
+      }
+  }
+  std::vector<char> all(own.size() * static_cast<std::size_t>(c.size()));
+  c.allgather(own.data(), all.data(), own.size());
+  std::vector<float> whole(whole_count, 0.0f);
+  for (int r = 0; r < c.size(); ++r) {
+    const char* from = all.data() + own.size() * static_cast<std::size_t>(r);
+    for (std::size_t w = 0; w < whole_count; ++w)
+      if (from[whole_count * sizeof(float) + w]) std::memcpy(&whole[w], from + w * sizeof(float), sizeof(float));
+  }
+  return whole;
 }
 
 }  // namespace loom::detail

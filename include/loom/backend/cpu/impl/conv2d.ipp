@@ -73,14 +73,17 @@ LOOM_DECL cpu_format dnnl_conv2d::forward(const float* x, const cpu_format& xf, 
   auto& eng = dnnl_engine();
   dnnl::memory ms(e.fwd_pd.src_desc(), eng, const_cast<void*>(src));
   dnnl::memory mw(e.fwd_pd.weights_desc(), eng, const_cast<void*>(wts));
-  dnnl::memory mb(e.fwd_pd.bias_desc(), eng, const_cast<float*>(b));
+  dnnl::memory mb = g_.bias ? dnnl::memory(e.fwd_pd.bias_desc(), eng, const_cast<float*>(b)) : dnnl::memory();
   // The primitive writes y directly, or (bf16: its channels-last output) a scratch that a
   // reorder then brings into the layout loom's other layers read.
   const bool direct = e.y_desc == e.fwd_pd.dst_desc();
   float* dst = direct ? y : static_cast<float*>(room_for(e.dst_scratch, e.fwd_pd.dst_desc()));
   dnnl::memory md(e.fwd_pd.dst_desc(), eng, dst);
   dnnl_checked("running a convolution forward", [&] {
-    e.fwd.execute(dnnl_stream(), {{DNNL_ARG_SRC, ms}, {DNNL_ARG_WEIGHTS, mw}, {DNNL_ARG_BIAS, mb}, {DNNL_ARG_DST, md}});
+    if (g_.bias)
+      e.fwd.execute(dnnl_stream(), {{DNNL_ARG_SRC, ms}, {DNNL_ARG_WEIGHTS, mw}, {DNNL_ARG_BIAS, mb}, {DNNL_ARG_DST, md}});
+    else
+      e.fwd.execute(dnnl_stream(), {{DNNL_ARG_SRC, ms}, {DNNL_ARG_WEIGHTS, mw}, {DNNL_ARG_DST, md}});
     dnnl_stream().wait();
   });
   if (!direct) e.reorders.run(e.fwd_pd.dst_desc(), dst, e.y_desc, y);
@@ -133,14 +136,16 @@ LOOM_DECL void dnnl_conv2d::backward(const float* x, const cpu_format& xf, const
   const auto plain_w = conv2d_plain_weights(g_);
   const bool w_direct = !accumulate && e.bwd_w_pd.diff_weights_desc() == plain_w;
   float* dwts = w_direct ? dw : static_cast<float*>(room_for(e.dw_scratch, e.bwd_w_pd.diff_weights_desc()));
-  float* dbias = accumulate ? e.db_scratch.get(g_.oc) : db;
+  float* dbias = !g_.bias ? nullptr : accumulate ? e.db_scratch.get(g_.oc) : db;
   dnnl::memory ms(e.bwd_w_pd.src_desc(), eng, const_cast<void*>(src));
   dnnl::memory mdd(e.bwd_w_pd.diff_dst_desc(), eng, const_cast<void*>(ddst));
   dnnl::memory mdw(e.bwd_w_pd.diff_weights_desc(), eng, dwts);
-  dnnl::memory mdb(e.bwd_w_pd.diff_bias_desc(), eng, dbias);
   dnnl_checked("running a convolution backward-weights", [&] {
-    e.bwd_w.execute(dnnl_stream(), {{DNNL_ARG_SRC, ms}, {DNNL_ARG_DIFF_DST, mdd}, {DNNL_ARG_DIFF_WEIGHTS, mdw},
-                                            {DNNL_ARG_DIFF_BIAS, mdb}});
+    if (g_.bias)
+      e.bwd_w.execute(dnnl_stream(), {{DNNL_ARG_SRC, ms}, {DNNL_ARG_DIFF_DST, mdd}, {DNNL_ARG_DIFF_WEIGHTS, mdw},
+                                      {DNNL_ARG_DIFF_BIAS, dnnl::memory(e.bwd_w_pd.diff_bias_desc(), eng, dbias)}});
+    else
+      e.bwd_w.execute(dnnl_stream(), {{DNNL_ARG_SRC, ms}, {DNNL_ARG_DIFF_DST, mdd}, {DNNL_ARG_DIFF_WEIGHTS, mdw}});
     dnnl_stream().wait();
   });
   if (!w_direct) {
@@ -155,7 +160,7 @@ LOOM_DECL void dnnl_conv2d::backward(const float* x, const cpu_format& xf, const
       e.reorders.run(e.bwd_w_pd.diff_weights_desc(), dwts, plain_w, dw);
     }
   }
-  if (accumulate && db)
+  if (accumulate && db && g_.bias)
     for (std::size_t i = 0; i < g_.oc; ++i) db[i] += dbias[i];
 }
 
@@ -177,7 +182,9 @@ LOOM_DECL dnnl_conv2d::entry& dnnl_conv2d::get(std::size_t batch, const cpu_form
                              in_type, tag::any);
     dnnl::memory::desc diff_w_any(
         {static_cast<dt>(g_.oc), static_cast<dt>(g_.c), static_cast<dt>(g_.k), static_cast<dt>(g_.k)}, f32::f32, tag::any);
-    dnnl::memory::desc b_md({static_cast<dt>(g_.oc)}, f32::f32, tag::x);
+    // No bias: an empty desc (a convolution without one).
+    const dnnl::memory::desc b_md = g_.bias ? dnnl::memory::desc({static_cast<dt>(g_.oc)}, f32::f32, tag::x)
+                                            : dnnl::memory::desc();
     dnnl::memory::desc dst_any({n, static_cast<dt>(g_.oc), oh, ow}, f32::f32, tag::any);
     const dnnl::memory::dims strides{static_cast<dt>(g_.stride), static_cast<dt>(g_.stride)};
     const dnnl::memory::dims pad{static_cast<dt>(g_.pad), static_cast<dt>(g_.pad)};

@@ -1,0 +1,193 @@
+// SPDX-License-Identifier: Apache-2.0
+// loom::batch_norm against PyTorch's semantics, worked out by hand: training normalises with the
+// batch's statistics and moves the running ones (unbiased variance, momentum 0.1) and counts
+// the batch; evaluation normalises with the running ones; a zero-variance channel gives its
+// bias; one value per channel in training is refused with PyTorch's sentence. float runs
+// oneDNN (plain and blocked layouts, a following ReLU fused in), double loom's kernel bodies;
+// statistics summed over a group (the synchronized batch norm hook) normalise two replicas of
+// a batch as one replica of both.
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "error_message.hpp"
+#include "gradient_check.hpp"
+#include "loom/layers/activation.hpp"
+#include "loom/layers/batch_norm.hpp"
+#include "loom/layers/conv2d.hpp"
+#include "loom/layers/named.hpp"
+#include "loom/nn/model.hpp"
+#include "loom/nn/network.hpp"
+#include "relative_error.hpp"
+
+using namespace loom;
+using loom::testing::relatively_equals;
+using loom::testing::values_of;
+
+namespace {
+
+template <class T>
+constexpr double tol = std::is_same_v<T, float> ? 2e-6 : 1e-12;
+
+/// Sums, in place, as if every rank of a group of `ranks` held the same values.
+struct same_on_every_rank final : process_group {
+  int ranks = 2;
+  int rank() const override { return 0; }
+  int size() const override { return ranks; }
+  void allreduce_sum(float* v, std::size_t n) override {
+    for (std::size_t i = 0; i < n; ++i) v[i] *= static_cast<float>(ranks);
+  }
+  void allreduce_sum(double* v, std::size_t n) override {
+    for (std::size_t i = 0; i < n; ++i) v[i] *= ranks;
+  }
+};
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("batch_norm in training normalises each feature with the batch's statistics and moves the running ones",
+                   "[layers][batch_norm][forward]", float, double) {
+  using net = network<input<2>, batch_norm>;
+  model<net, TestType> m(1);
+  // weight (2, -1), bias (0.5, 0).
+  const std::vector<TestType> p{2, -1, 0.5, 0};
+  std::copy(p.begin(), p.end(), m.parameters().begin());
+  // Feature 0 over the batch: 1, 2, 3, 4: mean 2.5, biased variance 1.25, unbiased 5/3.
+  // Feature 1: 0, 0, 0, 8: mean 2, biased variance 12, unbiased 16.
+  const std::vector<TestType> x{1, 0, 2, 0, 3, 0, 4, 8};
+  const TestType* y = m.forward(run_context{}, x.data(), 4);
+  const double s0 = 1 / std::sqrt(1.25 + 1e-5), s1 = 1 / std::sqrt(12 + 1e-5);
+  CHECK_THAT(values_of(y, 8), relatively_equals<TestType>({2 * -1.5 * s0 + 0.5, -1 * -2 * s1, 2 * -0.5 * s0 + 0.5, -1 * -2 * s1,
+                                                           2 * 0.5 * s0 + 0.5, -1 * -2 * s1, 2 * 1.5 * s0 + 0.5, -1 * 6 * s1},
+                                                          tol<TestType>));
+  // running_mean = 0.9 * 0 + 0.1 * mean; running_var = 0.9 * 1 + 0.1 * unbiased; one batch.
+  const auto b = m.copy_buffers_to_host();
+  REQUIRE(b.size() == 5);
+  CHECK_THAT(values_of(b), relatively_equals<TestType>({0.25, 0.2, 0.9 + 0.1 * 5.0 / 3.0, 0.9 + 1.6, 1}, tol<TestType>));
+  m.forward(run_context{}, x.data(), 4);
+  const auto b2 = m.copy_buffers_to_host();
+  CHECK_THAT(values_of(b2), relatively_equals<TestType>({0.25 * 0.9 + 0.25, 0.2 * 0.9 + 0.2,
+                                                         (0.9 + 0.1 * 5.0 / 3.0) * 0.9 + 0.1 * 5.0 / 3.0, 2.5 * 0.9 + 1.6, 2},
+                                                        tol<TestType>));
+}
+
+TEMPLATE_TEST_CASE("batch_norm on images normalises each channel over the batch and the image, in evaluation with the "
+                   "running statistics",
+                   "[layers][batch_norm][forward]", float, double) {
+  using net = network<input<2, 1, 2>, batch_norm>;
+  model<net, TestType> m(1);
+  // Channel 0: 1, 3 (sample 0), 5, 7 (sample 1): mean 4, biased variance 5. Channel 1: 2 everywhere.
+  const std::vector<TestType> x{1, 3, 2, 2, 5, 7, 2, 2};
+  const TestType* y = m.forward(run_context{}, x.data(), 2);
+  const double s = 1 / std::sqrt(5 + 1e-5);
+  // A zero-variance channel normalises to 0 * weight + bias = 0 (bias 0): finite, eps keeps it so.
+  CHECK_THAT(values_of(y, 8), relatively_equals<TestType>({-3 * s, -s, 0, 0, s, 3 * s, 0, 0}, tol<TestType>, 1e-12));
+  // Evaluation: (x - running_mean) / sqrt(running_var + eps) * weight + bias, with running
+  // statistics set by hand, weight (1, 2), bias (0, 1); a batch of 1 is fine.
+  auto b = m.buffers();
+  const std::vector<TestType> running{1, 2, 4, 0.25, 0};
+  model<net, TestType>::copy_from_host(running.data(), running.size(), b.data());
+  const std::vector<TestType> p{1, 2, 0, 1};
+  std::copy(p.begin(), p.end(), m.parameters().begin());
+  run_context eval;
+  eval.training = false;
+  const TestType* e = m.forward(eval, x.data(), 1);
+  const double r0 = 1 / std::sqrt(4 + 1e-5);  // channel 1: (2 - 2) * 2 + 1
+  CHECK_THAT(values_of(e, 4), relatively_equals<TestType>({0, 2 * r0, 1, 1}, tol<TestType>, 1e-12));
+  CHECK(m.copy_buffers_to_host() == running);  // evaluation leaves them
+}
+
+TEMPLATE_TEST_CASE("batch_norm with one value per channel in training is refused as PyTorch refuses it",
+                   "[layers][batch_norm][forward]", float, double) {
+  model<network<input<3>, batch_norm>, TestType> m(1);
+  const std::vector<TestType> x{1, 2, 3};
+  const std::string msg = loom::testing::error_message<invalid_argument>([&] { m.forward(run_context{}, x.data(), 1); });
+  CHECK_THAT(msg, Catch::Contains("loom::batch_norm at layer 0: expected more than 1 value per channel when training, got "
+                                  "a batch of 1 sample with 1 value per channel (3 channels)"));
+  model<network<input<3, 1, 1>, batch_norm>, TestType> images(1);
+  CHECK_THROWS_AS(images.forward(run_context{}, x.data(), 1), invalid_argument);
+  run_context eval;
+  eval.training = false;
+  CHECK_NOTHROW(m.forward(eval, x.data(), 1));  // fewer samples than channels: fine in evaluation
+  model<network<input<3, 1, 2>, batch_norm>, TestType> two_pixels(1);
+  const std::vector<TestType> x2{1, 2, 3, 4, 5, 7};
+  CHECK_NOTHROW(two_pixels.forward(run_context{}, x2.data(), 1));  // two values per channel
+}
+
+TEST_CASE("batch_norm's fused ReLU (oneDNN's fuse_norm_relu) gives the unfused results bit for bit",
+          "[layers][batch_norm][forward]") {
+  // named<"r", relu> is not loom::relu, so it is not fused: the same network run unfused.
+  using fused = network<input<3, 6, 6>, conv2d<16, 3, 1, 1>, batch_norm, relu, conv2d<8, 3>, batch_norm, relu>;
+  using unfused = network<input<3, 6, 6>, conv2d<16, 3, 1, 1>, batch_norm, named<"r", relu>, conv2d<8, 3>, batch_norm,
+                          named<"r", relu>>;
+  static_assert(fused::parameter_count == unfused::parameter_count && fused::buffer_count == unfused::buffer_count);
+  model<fused, float> a(3);
+  model<unfused, float> b(3);
+  const auto xd = loom::testing::random_values(4 * fused::input_shape::size, 5);
+  const std::vector<float> x(xd.begin(), xd.end());
+  const auto dyd = loom::testing::random_values(4 * fused::output_shape::size, 6, 0.1);
+  const std::vector<float> dy(dyd.begin(), dyd.end());
+  for (int step = 0; step < 2; ++step) {
+    const float* ya = a.forward(run_context{}, x.data(), 4);
+    const float* yb = b.forward(run_context{}, x.data(), 4);
+    CHECK(std::memcmp(ya, yb, dy.size() * sizeof(float)) == 0);
+    a.backward(run_context{}, dy.data(), 4);
+    b.backward(run_context{}, dy.data(), 4);
+    CHECK(a.copy_gradients_to_host() == b.copy_gradients_to_host());
+    CHECK(a.copy_buffers_to_host() == b.copy_buffers_to_host());
+  }
+}
+
+TEMPLATE_TEST_CASE("batch_norm's gradients accumulate when asked", "[layers][batch_norm]", float, double) {
+  using net = network<input<4, 2, 2>, conv2d<16, 1, 1, 0, no_bias>, batch_norm>;  // (a bias before batch_norm has no gradient)
+  model<net, TestType> m(2);
+  const auto xd = loom::testing::random_values(3 * net::input_shape::size, 7);
+  const std::vector<TestType> x(xd.begin(), xd.end());
+  const auto dyd = loom::testing::random_values(3 * net::output_shape::size, 8);
+  const std::vector<TestType> dy(dyd.begin(), dyd.end());
+  m.forward(run_context{}, x.data(), 3);
+  m.backward(run_context{}, dy.data(), 3);
+  const auto once = m.copy_gradients_to_host();
+  run_context acc;
+  acc.accumulate = true;
+  m.forward(acc, x.data(), 3);
+  m.backward(acc, dy.data(), 3);
+  const auto twice = m.copy_gradients_to_host();
+  std::vector<double> doubled(once.begin(), once.end());
+  for (double& v : doubled) v *= 2;
+  CHECK_THAT(values_of(twice), relatively_equals<TestType>(doubled, std::is_same_v<TestType, float> ? 1e-5 : 1e-12, 1e-6));
+}
+
+TEMPLATE_TEST_CASE("batch_norm's statistics summed over a group: two replicas of a batch normalise as one replica of both",
+                   "[layers][batch_norm][synchronized]", float, double) {
+  using net = network<input<3, 2, 2>, conv2d<16, 1>, batch_norm, relu>;
+  model<net, TestType> one(4), both(4);
+  const auto xd = loom::testing::random_values(2 * net::input_shape::size, 9);
+  std::vector<TestType> x(xd.begin(), xd.end()), xx = x;
+  xx.insert(xx.end(), x.begin(), x.end());
+  const auto dyd = loom::testing::random_values(2 * net::output_shape::size, 10);
+  std::vector<TestType> dy(dyd.begin(), dyd.end()), dydy = dy;
+  dydy.insert(dydy.end(), dy.begin(), dy.end());
+  same_on_every_rank group;
+  run_context synced;
+  synced.replicas = &group;
+  const TestType* y1 = one.forward(synced, x.data(), 2);
+  const std::vector<TestType> y_one(y1, y1 + dy.size());
+  const TestType* y2 = both.forward(run_context{}, xx.data(), 4);
+  const double t = std::is_same_v<TestType, float> ? 1e-5 : 1e-12;
+  CHECK_THAT(values_of(y_one), relatively_equals<TestType>(std::vector<double>(y2, y2 + dy.size()), t, 1e-6));
+  CHECK_THAT(values_of(one.copy_buffers_to_host()), relatively_equals<TestType>(both.copy_buffers_to_host(), t, 1e-6));
+  one.backward(synced, dy.data(), 2);
+  both.backward(run_context{}, dydy.data(), 4);
+  // The parameter gradients are the group's (each rank's sums, summed): the whole batch's.
+  const auto g1 = one.copy_gradients_to_host(), g2 = both.copy_gradients_to_host();
+  // conv2d's own gradients are this rank's alone (the engine averages those); batch norm's, the group's.
+  const std::size_t bn = net::parameter_offsets[1];
+  CHECK_THAT(values_of(std::vector<TestType>(g1.begin() + static_cast<std::ptrdiff_t>(bn), g1.end())),
+             relatively_equals<TestType>(std::vector<TestType>(g2.begin() + static_cast<std::ptrdiff_t>(bn), g2.end()), t,
+                                         1e-6));
+}
