@@ -57,6 +57,19 @@ namespace detail {
 /// Stands for the engine of a policy the trainer does not take, so that the trainer's
 /// static_assert is the one error the compiler prints.
 struct no_engine_for_policy {};
+/// The erased engine over E; for a policy the trainer does not take, a stand-in, so that
+/// trainer_body's static_assert is the only error (not a cascade of erased_engine_of's
+/// constraint failures).
+template <class E>
+struct erased_engine_for {
+  using type = erased_engine_of<E>;
+};
+template <>
+struct erased_engine_for<no_engine_for_policy> {
+  struct type {
+    using staging = char;
+  };
+};
 /// The engine the trainer drives for Policy (no_engine_for_policy: a policy the trainer does
 /// not take), and its communicator (void when training alone). One specialisation per policy;
 /// the engines satisfy loom::engine.
@@ -485,7 +498,7 @@ class trainer_body {
   }
 
   using batches_type = detail::batch_buffers<Backend, Network::input_shape::size>;
-  using erased_type = detail::erased_engine_of<engine_type>;
+  using erased_type = typename detail::erased_engine_for<engine_type>::type;
 
   /// The engine behind the shared code's interface (see loom/train/erased_engine.hpp).
   erased_type erased() {
