@@ -114,6 +114,7 @@ struct trainer_record {
   std::string data;  ///< what identifies the training data beyond its size (data::identity_of; "" for IDX sets)
   double clip_grad_norm = 0;
   double lr = 0;  ///< the learning rate of the last step
+  double label_smoothing = 0;  ///< trainer_options::label_smoothing (absent before it: 0)
   std::string math, loss, optimizer, optimizer_options, policy;
   std::string network, fingerprint;
   std::size_t parameter_count = 0;

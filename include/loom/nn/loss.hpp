@@ -17,11 +17,14 @@ struct loss_value {
   std::size_t correct = 0;
 };
 
-/// Per-sample scratch the losses write before summing.
+/// Per-sample scratch the losses write before summing, and the loss's run-time setting.
 template <class Backend>
 struct loss_workspace {
   buffer<double, typename Backend::memory_space> per_sample;
   buffer<std::uint8_t, typename Backend::memory_space> correct;
+  /// softmax_cross_entropy's label smoothing eps in [0, 1) (trainer_options::label_smoothing;
+  /// the engines set it): 0 is the plain loss, bit for bit.
+  float label_smoothing = 0.0f;
   void reserve(std::size_t batch) {
     per_sample.reserve_discard(batch);
     correct.reserve_discard(batch);
@@ -29,16 +32,27 @@ struct loss_workspace {
 };
 
 /// Softmax followed by cross-entropy against integer class labels, fused: the gradient of the
-/// mean loss is (softmax - one_hot) / batch. Numerically stable for any logits.
+/// mean loss is (softmax - one_hot) / batch. Numerically stable for any logits. With label
+/// smoothing eps (ws.label_smoothing, torch.nn.CrossEntropyLoss(label_smoothing=eps)) the
+/// target is t = (1 - eps) one_hot + eps / Classes: loss = -sum_j t_j log softmax(z)_j, gradient
+/// (softmax - t) / batch. The count of correct predictions is the argmax's either way.
 struct softmax_cross_entropy {
   static constexpr const char* name = "softmax_cross_entropy";
-  /// loss of each sample = log-sum-exp(z) - z[label]. grad (nullable) is scaled by grad_scale.
+  /// Whether the loss takes trainer_options::label_smoothing.
+  static constexpr bool takes_label_smoothing = true;
+  /// loss of each sample = log-sum-exp(z) - z[label] (eps = 0). grad (nullable) is scaled by
+  /// grad_scale.
   template <class Backend, std::size_t Classes, class T>
   static loss_value compute(const T* logits, const std::int32_t* labels, T* grad, std::size_t batch, T grad_scale,
                             loss_workspace<Backend>& ws) {
     ws.reserve(batch);
-    Backend::for_each(batch, kernels::softmax_cross_entropy_row<T, Classes>{logits, labels, grad, ws.per_sample.data(),
-                                                                             ws.correct.data(), grad_scale});
+    if (ws.label_smoothing == 0.0f)
+      Backend::for_each(batch, kernels::softmax_cross_entropy_row<T, Classes>{logits, labels, grad, ws.per_sample.data(),
+                                                                               ws.correct.data(), grad_scale});
+    else
+      Backend::for_each(batch, kernels::smoothed_softmax_cross_entropy_row<T, Classes>{
+                                   logits, labels, grad, ws.per_sample.data(), ws.correct.data(), grad_scale,
+                                   static_cast<T>(ws.label_smoothing)});
     return finish<Backend>(batch, ws);
   }
 

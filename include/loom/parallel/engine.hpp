@@ -77,6 +77,8 @@ struct engine_setup {
   OptimizerOptions optimizer{};
   std::string job;
   data_parallel_choice data_parallel{};
+  /// The loss's label smoothing (trainer_options::label_smoothing; loss_workspace carries it).
+  float label_smoothing = 0.0f;
 };
 
 namespace detail {

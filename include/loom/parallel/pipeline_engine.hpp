@@ -458,7 +458,9 @@ class pipeline_engine
   /// and schedules of one cut). micro_batch_count and schedule above are then Pipeline's, not
   /// the table's.
   pipeline_engine(Comm world, const engine_setup<optimizer_options>& setup, detail::pipeline_run_table table)
-      : base(setup.optimizer, std::move(world), setup.seed, setup.math, setup.job, std::move(table)) {}
+      : base(setup.optimizer, std::move(world), setup.seed, setup.math, setup.job, std::move(table)) {
+    this->ws_.label_smoothing = setup.label_smoothing;  // the last stage's loss
+  }
 };
 
 }  // namespace loom

@@ -348,6 +348,9 @@ class replica_passes {
     else return model_.copy_parameters_to_host();
   }
 
+  /// The loss's label smoothing (engine_setup::label_smoothing), which its workspace carries.
+  void set_label_smoothing(float eps) noexcept { ws_.label_smoothing = eps; }
+
  private:
   static constexpr std::size_t in_width = Network::input_shape::size;
   static constexpr std::size_t out_width = Network::output_shape::size;
@@ -504,7 +507,9 @@ class replica_engine : public detail::with_optimizer<replica_passes<Network, Los
   /// See replica_passes' constructor; also the optimizer state, from setup.optimizer (which
   /// throws for bad options).
   replica_engine(Sync sync, const engine_setup<typename Optimizer::options>& setup)
-      : base(setup.optimizer, std::move(sync), setup.seed, setup.math, setup.job) {}
+      : base(setup.optimizer, std::move(sync), setup.seed, setup.math, setup.job) {
+    this->set_label_smoothing(setup.label_smoothing);
+  }
 };
 
 }  // namespace loom

@@ -51,6 +51,7 @@ struct checkpoint_facts {
   std::string policy;
   std::uint64_t seed = 0;
   math_mode math = math_mode::fp32;
+  float label_smoothing = 0.0f;  ///< trainer_options::label_smoothing
   std::string optimizer_options;  ///< every option, as text (detail::optimizer_options_text)
   std::vector<std::string> optimizer_buffers;  ///< the names of the optimizer buffers this rank keeps
 };

@@ -31,6 +31,11 @@ struct trainer_options {
   /// The trainer's constructor throws loom::invalid_argument when the backend cannot run it
   /// (Backend::supports(math) is false).
   math_mode math = math_mode::fp32;
+  /// Label smoothing of loom::softmax_cross_entropy, as torch.nn.CrossEntropyLoss(label_smoothing=eps):
+  /// the target is (1 - eps) one_hot + eps / classes, in training and in evaluate (accuracy
+  /// stays the argmax's). In [0, 1); 0 (the default) is the plain loss, bit for bit. Another
+  /// loss refuses a non-zero value (the trainer's constructor throws loom::invalid_argument).
+  float label_smoothing = 0.0f;
 };
 
 /// Options of one fit() call.

@@ -259,7 +259,17 @@ LOOM_DECL std::string describe_fit(const fit_options& opts, std::size_t samples)
 
 /// The job every rank must share (the trainer's part; the engine adds its policy's own fields).
 LOOM_DECL std::string describe_job(const std::string& network, std::size_t parameters, const char* loss, const char* optimizer,
-                                   std::uint64_t seed, math_mode math, const std::string& policy);
+                                   std::uint64_t seed, math_mode math, const std::string& policy,
+                                   float label_smoothing);
+
+/// The checks of the trainer's options against its loss (`loss`, its name; `smooths`: whether it
+/// takes label smoothing); returns them. Throws loom::invalid_argument naming the value.
+LOOM_DECL const trainer_options& checked_trainer_options(const trainer_options& o, const char* loss, bool smooths);
+template <class Loss>
+constexpr bool takes_label_smoothing() {
+  if constexpr (requires { Loss::takes_label_smoothing; }) return Loss::takes_label_smoothing;
+  else return false;
+}
 
 /// io::describe<Network>() and its tensors, made once per network type (not per trainer type).
 template <class Network>
@@ -302,7 +312,8 @@ class trainer_body {
 
   /// Trains alone, or on Comm::world() (e.g. loom::mpi_comm under mpirun). Collective.
   explicit trainer_body(trainer_facts<optimizer_options> facts, optimizer_options opt, trainer_options options)
-      : facts_(std::move(facts)), options_(options), opt_(opt), init_threads_((set_threads(options.threads), 0)),
+      : facts_(std::move(facts)),
+        options_(detail::checked_trainer_options(options, Loss::name, detail::takes_label_smoothing<Loss>())), opt_(opt), init_threads_((set_threads(options.threads), 0)),
         engine_(make_engine()), checkpoint_facts_(make_checkpoint_facts()) {}
 
   /// Trains on `comm` (e.g. a loom::local_comm of a local_world). Collective over comm.
@@ -313,7 +324,8 @@ class trainer_body {
   template <class Comm>
     requires(!std::is_void_v<comm_type> && std::is_same_v<Comm, comm_type>)
   explicit trainer_body(trainer_facts<optimizer_options> facts, Comm comm, optimizer_options opt, trainer_options options)
-      : facts_(std::move(facts)), options_(options), opt_(opt), init_threads_((set_threads(options.threads), 0)),
+      : facts_(std::move(facts)),
+        options_(detail::checked_trainer_options(options, Loss::name, detail::takes_label_smoothing<Loss>())), opt_(opt), init_threads_((set_threads(options.threads), 0)),
         engine_(make_engine(std::move(comm))), checkpoint_facts_(make_checkpoint_facts()) {}
 
   /// Trains on `data` for opts.epochs epochs (or opts.max_steps optimizer steps in all).
@@ -539,7 +551,7 @@ class trainer_body {
     detail::checkpoint_facts f{.network = &detail::described<Network>(), .tensors = &detail::described_tensors<Network>(),
                                .parameter_count = Network::parameter_count, .loss = Loss::name,
                                .optimizer = detail::optimizer_name<Optimizer>(opt_), .policy = facts_.name,
-                               .seed = options_.seed, .math = options_.math,
+                               .seed = options_.seed, .math = options_.math, .label_smoothing = options_.label_smoothing,
                                .optimizer_options = detail::optimizer_options_text<Optimizer>(opt_), .optimizer_buffers = {}};
     for (std::size_t i = 0; i < k; ++i) f.optimizer_buffers.emplace_back(detail::optimizer_buffer_names<Optimizer>(opt_)[i]);
     return f;
@@ -547,7 +559,7 @@ class trainer_body {
 
   engine_setup<optimizer_options> setup() const {
     return {.seed = options_.seed, .math = options_.math, .optimizer = opt_, .job = job_description(),
-            .data_parallel = facts_.data_parallel};
+            .data_parallel = facts_.data_parallel, .label_smoothing = options_.label_smoothing};
   }
   engine_type make_engine() const {
     if constexpr (std::is_void_v<comm_type>) return traits::make(setup());
@@ -564,7 +576,8 @@ class trainer_body {
   /// The job every rank must share; the engine adds its policy's own fields.
   std::string job_description() const {
     return detail::describe_job(type_name<Network>(), Network::parameter_count, Loss::name,
-                                detail::optimizer_name<Optimizer>(opt_), options_.seed, options_.math, facts_.name);
+                                detail::optimizer_name<Optimizer>(opt_), options_.seed, options_.math, facts_.name,
+                                options_.label_smoothing);
   }
 
   trainer_facts<optimizer_options> facts_;

@@ -3,6 +3,8 @@
 // The definitions of checkpoint.hpp's non-template functions: included at the end of the header
 // (header-only), or compiled once in src/loom.cpp (LOOM_SEPARATE_COMPILATION; see loom/core/config.hpp).
 
+#include <charconv>
+
 #include "loom/io/checkpoint.hpp"
 
 namespace loom {
@@ -399,6 +401,10 @@ LOOM_DECL std::string record_json(const trainer_record& r, const std::vector<wri
   field("clip_grad_norm", fmt_double(r.clip_grad_norm));
   field("lr", fmt_double(r.lr));
   field("math", quote(r.math));
+  {
+    char b[32];  // the float's shortest decimal, as trainer_options holds it ("0.1")
+    field("label_smoothing", std::string(b, std::to_chars(b, b + sizeof b, static_cast<float>(r.label_smoothing)).ptr));
+  }
   field("loss", quote(r.loss));
   field("optimizer", quote(r.optimizer));
   field("optimizer_options", quote(r.optimizer_options));
@@ -457,6 +463,7 @@ LOOM_DECL trainer_record parse_record(const json::value& v, const std::string& f
   r.clip_grad_norm = f.num("clip_grad_norm");
   r.lr = f.num("lr");
   r.math = f.str("math");
+  if (v.find("label_smoothing")) r.label_smoothing = f.num("label_smoothing");  // absent before it
   r.loss = f.str("loss");
   r.optimizer = f.str("optimizer");
   r.optimizer_options = f.str("optimizer_options");

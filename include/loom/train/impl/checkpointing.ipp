@@ -60,6 +60,7 @@ LOOM_DECL io::trainer_record checkpoints::record_now() const {
   r.data = run.data_identity;
   r.lr = run.last_lr;
   r.math = to_string(facts.math);
+  r.label_smoothing = facts.label_smoothing;
   r.loss = facts.loss;
   r.optimizer = facts.optimizer;
   r.optimizer_options = facts.optimizer_options;

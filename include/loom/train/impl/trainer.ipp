@@ -4,11 +4,19 @@
 // the job): included at the end of the header (header-only), or compiled once in src/loom.cpp
 // (LOOM_SEPARATE_COMPILATION; see loom/core/config.hpp).
 
+#include <charconv>
 #include <cmath>
 
 #include "loom/train/trainer.hpp"
 
 namespace loom::detail {
+
+/// The shortest decimal that reads back as the same float (0.1f: "0.1").
+inline std::string shortest_text(float v) {
+  char b[32];
+  const auto end = std::to_chars(b, b + sizeof b, v).ptr;
+  return std::string(b, end);
+}
 
 LOOM_DECL void check_fit_options(const fit_options& opts, std::size_t samples) {
   if (opts.batch == 0) throw invalid_argument("loom::trainer::fit: batch must be at least 1, got 0");
@@ -51,9 +59,23 @@ LOOM_DECL std::string describe_fit(const fit_options& opts, std::size_t samples)
 }
 
 LOOM_DECL std::string describe_job(const std::string& network, std::size_t parameters, const char* loss, const char* optimizer,
-                                   std::uint64_t seed, math_mode math, const std::string& policy) {
+                                   std::uint64_t seed, math_mode math, const std::string& policy,
+                                   float label_smoothing) {
   return "network=" + network + ";parameters=" + std::to_string(parameters) + ";loss=" + loss +
-         ";optimizer=" + optimizer + ";seed=" + std::to_string(seed) + ";math=" + to_string(math) + ";policy=" + policy;
+         ";optimizer=" + optimizer + ";seed=" + std::to_string(seed) + ";math=" + to_string(math) + ";policy=" + policy +
+         ";label_smoothing=" + shortest_text(label_smoothing);
+}
+
+LOOM_DECL const trainer_options& checked_trainer_options(const trainer_options& o, const char* loss, bool smooths) {
+  const float eps = o.label_smoothing;
+  if (!(eps >= 0.0f && eps < 1.0f))
+    throw invalid_argument("loom::trainer: trainer_options::label_smoothing = " + shortest_text(eps) +
+                           " is out of range: it must be in [0, 1) (0: no smoothing)");
+  if (eps != 0.0f && !smooths)
+    throw invalid_argument("loom::trainer: trainer_options::label_smoothing = " + shortest_text(eps) +
+                           " applies to loom::softmax_cross_entropy only; this trainer's loss is loom::" + loss +
+                           ": leave it 0");
+  return o;
 }
 
 }  // namespace loom::detail
