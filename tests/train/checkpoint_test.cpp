@@ -348,6 +348,6 @@ TEST_CASE("checkpoint: a resumed fit's rate counts only the samples it trained; 
   std::ifstream in(file);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const auto rec = loom::io::detail::parse_record(loom::io::json::parse(text), file.string());
-  CHECK(rec.optimizer_options == "lr=0.05,momentum=0.9,nesterov=0,weight_decay=0");
+  CHECK(rec.optimizer_options == "lr=0.05,momentum=0.9,nesterov=0,weight_decay=0,decay_norm_and_bias=1");
   fs::remove_all(dir);
 }

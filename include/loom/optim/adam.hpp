@@ -8,9 +8,12 @@
 #include <cmath>
 #include <cstddef>
 #include <span>
+#include <utility>
+#include <vector>
 
 #include "loom/backend/kernels/optim.hpp"
 #include "loom/core/memory.hpp"
+#include "loom/optim/decay_exempt.hpp"
 #include "loom/optim/validate.hpp"
 
 namespace loom {
@@ -56,22 +59,35 @@ class adam_state {
     const double step_size = static_cast<double>(lr) / bias_correction1;
     const double decay_factor = Optimizer::decoupled ? 1.0 - static_cast<double>(lr) * wd : 1.0;
     const double l2 = Optimizer::decoupled ? 0.0 : wd;
-    const detail::adam_update<T> body{params,
-                                      grads,
-                                      moments_.data() + offset,
-                                      moments_.data() + size_ + offset,
-                                      static_cast<T>(beta1),
-                                      static_cast<T>(beta2),
-                                      static_cast<T>(1.0 - beta1),
-                                      static_cast<T>(1.0 - beta2),
-                                      static_cast<T>(opts_.eps),
-                                      static_cast<T>(l2),
-                                      static_cast<T>(decay_factor),
-                                      static_cast<T>(step_size),
-                                      static_cast<T>(std::sqrt(bias_correction2))};
-    Backend::for_each(n, body);
+    // A run without decay (decay_norm_and_bias = false): l2 0 and factor 1, as weight_decay 0.
+    auto run = [&](std::size_t from, std::size_t count, bool decay) {
+      const detail::adam_update<T> body{params + from,
+                                        grads + from,
+                                        moments_.data() + offset + from,
+                                        moments_.data() + size_ + offset + from,
+                                        static_cast<T>(beta1),
+                                        static_cast<T>(beta2),
+                                        static_cast<T>(1.0 - beta1),
+                                        static_cast<T>(1.0 - beta2),
+                                        static_cast<T>(opts_.eps),
+                                        static_cast<T>(decay ? l2 : 0.0),
+                                        static_cast<T>(decay ? decay_factor : 1.0),
+                                        static_cast<T>(step_size),
+                                        static_cast<T>(std::sqrt(bias_correction2))};
+      Backend::for_each(count, body);
+    };
+    if (wd != 0.0 && !opts_.decay_norm_and_bias) {
+      if (!exempt_.given()) throw_no_decay_exemption(Optimizer::qualified_name);
+      exempt_.for_each_run(offset, n, run);
+    } else {
+      run(0, n, true);
+    }
   }
   void end_step() noexcept { ++steps_; }
+
+  /// The state elements that get no weight decay when decay_norm_and_bias is false.
+  void set_decay_exempt(std::vector<index_range> ranges) { exempt_.set(std::move(ranges)); }
+  const std::vector<index_range>& decay_exempt() const noexcept { return exempt_.ranges(); }
 
   const options& opts() const noexcept { return opts_; }
   std::span<T> buffers() noexcept { return {moments_.data(), moments_.size()}; }
@@ -84,6 +100,7 @@ class adam_state {
   std::size_t size_;
   buffer<T, typename Backend::memory_space> moments_;  // (2, n): exp_avg then exp_avg_sq
   std::size_t steps_ = 0;
+  decay_exemption exempt_;
 };
 
 }  // namespace detail
@@ -100,6 +117,10 @@ struct adam {
     float beta2 = 0.999f;       ///< second-moment decay, in [0, 1)
     float eps = 1e-8f;          ///< added to the denominator, > 0
     float weight_decay = 0.0f;  ///< L2 penalty added to the gradient (torch.optim.Adam), >= 0
+    /// true: weight_decay on every parameter (torch.optim.Adam). false: none on the weight and
+    /// bias of batch_norm and layer_norm nor on any layer's bias (torchvision's
+    /// --norm-weight-decay 0 --bias-weight-decay 0); loom::trainer finds them in the network.
+    bool decay_norm_and_bias = true;
   };
   static constexpr const char* name = "adam";
   /// Names of the state buffers (each laid out as the parameters), as torch.optim.Adam's state
@@ -134,6 +155,8 @@ struct adamw {
     float beta2 = 0.999f;        ///< second-moment decay, in [0, 1)
     float eps = 1e-8f;           ///< added to the denominator, > 0
     float weight_decay = 1e-2f;  ///< decoupled decay (torch.optim.AdamW), >= 0
+    /// As adam::options::decay_norm_and_bias (false: no decoupled decay on norms and biases).
+    bool decay_norm_and_bias = true;
   };
   static constexpr const char* name = "adamw";
   static constexpr const char* buffer_names[] = {"exp_avg", "exp_avg_sq"};

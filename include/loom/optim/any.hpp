@@ -14,6 +14,7 @@
 #include <type_traits>
 #include <utility>
 #include <variant>
+#include <vector>
 
 #include "loom/optim/adam.hpp"
 #include "loom/optim/sgd.hpp"
@@ -60,6 +61,10 @@ struct any_optimizer {
     /// Its base learning rate.
     constexpr float lr() const noexcept {
       return std::visit([](const auto& o) { return o.lr; }, chosen_);
+    }
+    /// Its decay_norm_and_bias (false: no weight decay on norm layers and biases).
+    constexpr bool decay_norm_and_bias() const noexcept {
+      return std::visit([](const auto& o) { return o.decay_norm_and_bias; }, chosen_);
     }
     /// Its options, when Optimizer (sgd, adam or adamw) is the one chosen; null otherwise.
     template <class Optimizer>
@@ -118,6 +123,12 @@ struct any_optimizer {
     void set_steps(std::size_t s) noexcept {
       std::visit([&](auto& x) { x.set_steps(s); }, state_);
     }
+    void set_decay_exempt(std::vector<index_range> ranges) {
+      std::visit([&](auto& x) { x.set_decay_exempt(std::move(ranges)); }, state_);
+    }
+    const std::vector<index_range>& decay_exempt() const noexcept {
+      return std::visit([](const auto& x) -> const std::vector<index_range>& { return x.decay_exempt(); }, state_);
+    }
 
    private:
     using held = std::variant<sgd::state<T, Backend>, adam::state<T, Backend>, adamw::state<T, Backend>>;
@@ -169,16 +180,27 @@ inline std::string option_text(const char* name, float v) {
   return std::string(name) + "=" + std::string(b, end);
 }
 /// Every option of loom's optimizers, as a checkpoint records them (checkpoint.json's
-/// "optimizer_options": "lr=0.02,momentum=0.9,nesterov=0,weight_decay=0").
+/// "optimizer_options": "lr=0.02,momentum=0.9,nesterov=0,weight_decay=0,decay_norm_and_bias=1").
 inline std::string options_text(const sgd::options& o) {
   return option_text("lr", o.lr) + "," + option_text("momentum", o.momentum) + ",nesterov=" + (o.nesterov ? "1" : "0") +
-         "," + option_text("weight_decay", o.weight_decay);
+         "," + option_text("weight_decay", o.weight_decay) + ",decay_norm_and_bias=" + (o.decay_norm_and_bias ? "1" : "0");
 }
 inline std::string options_text(const adam::options& o) {
   return option_text("lr", o.lr) + "," + option_text("beta1", o.beta1) + "," + option_text("beta2", o.beta2) + "," +
-         option_text("eps", o.eps) + "," + option_text("weight_decay", o.weight_decay);
+         option_text("eps", o.eps) + "," + option_text("weight_decay", o.weight_decay) +
+         ",decay_norm_and_bias=" + (o.decay_norm_and_bias ? "1" : "0");
 }
-inline std::string options_text(const adamw::options& o) { return options_text(adam::options{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay}); }
+inline std::string options_text(const adamw::options& o) {
+  return options_text(adam::options{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.decay_norm_and_bias});
+}
+/// Whether options o ask for no weight decay on norm layers and biases (loom's optimizers'
+/// decay_norm_and_bias = false); false for an optimizer without the option.
+template <class O>
+constexpr bool skips_norm_and_bias_decay(const O& o) noexcept {
+  if constexpr (requires { o.decay_norm_and_bias(); }) return !o.decay_norm_and_bias();
+  else if constexpr (requires { o.decay_norm_and_bias; }) return !o.decay_norm_and_bias;
+  else return false;
+}
 inline std::string options_text(const any_optimizer::options& o) {
   return o.visit([](const auto& chosen) { return options_text(chosen); });
 }

@@ -6,9 +6,12 @@
 
 #include <cstddef>
 #include <span>
+#include <utility>
+#include <vector>
 
 #include "loom/backend/kernels/optim.hpp"
 #include "loom/core/memory.hpp"
+#include "loom/optim/decay_exempt.hpp"
 #include "loom/optim/validate.hpp"
 
 namespace loom {
@@ -23,6 +26,10 @@ struct sgd {
     float momentum = 0.0f;       ///< in [0, 1); 0 disables the momentum buffer
     bool nesterov = false;       ///< Nesterov momentum; requires momentum > 0
     float weight_decay = 0.0f;   ///< L2 penalty added to the gradient, >= 0
+    /// true: weight_decay on every parameter (torch.optim.SGD). false: none on the weight and
+    /// bias of batch_norm and layer_norm nor on any layer's bias (torchvision's
+    /// --norm-weight-decay 0 --bias-weight-decay 0); loom::trainer finds them in the network.
+    bool decay_norm_and_bias = true;
   };
   static constexpr const char* name = "sgd";
   /// Names of the state buffers (each laid out as the parameters), as torch.optim.SGD's state
@@ -64,22 +71,26 @@ struct sgd {
     /// Part of one step (loom::shard_optimizer_state steps a rank's slices where they lie):
     /// params and grads (n elements) against state elements [offset, offset + n); end_step()
     /// closes the step. step() is step_part over everything and end_step().
+    /// With decay_norm_and_bias = false and weight_decay > 0, the state elements set_decay_exempt
+    /// named step without decay (throws loom::invalid_argument when none were given).
     void step_part(T* params, const T* grads, std::size_t offset, std::size_t n, float lr) {
       detail::check_step_part("loom::sgd", offset, n, size_, lr);
-      const T lr_t = static_cast<T>(lr), mom = static_cast<T>(opts_.momentum), wd = static_cast<T>(opts_.weight_decay);
-      T* const v = velocity_.size() ? velocity_.data() + offset : nullptr;
-      auto run = [&]<bool WD, bool M, bool N>() {
-        Backend::for_each(n, detail::sgd_update<T, WD, M, N>{params, grads, v, lr_t, mom, wd});
-      };
-      const bool decay = opts_.weight_decay != 0.0f, momentum = velocity_.size() != 0;
-      if (momentum && opts_.nesterov)
-        decay ? run.template operator()<true, true, true>() : run.template operator()<false, true, true>();
-      else if (momentum)
-        decay ? run.template operator()<true, true, false>() : run.template operator()<false, true, false>();
-      else
-        decay ? run.template operator()<true, false, false>() : run.template operator()<false, false, false>();
+      const bool decay = opts_.weight_decay != 0.0f;
+      if (decay && !opts_.decay_norm_and_bias) {
+        if (!exempt_.given()) detail::throw_no_decay_exemption("loom::sgd");
+        exempt_.for_each_run(offset, n, [&](std::size_t from, std::size_t count, bool d) {
+          step_run(params + from, grads + from, offset + from, count, lr, d);
+        });
+      } else {
+        step_run(params, grads, offset, n, lr, decay);
+      }
     }
     void end_step() noexcept { ++steps_; }
+
+    /// The state elements that get no weight decay when decay_norm_and_bias is false (their
+    /// offsets in this state: the parameters', or the shard's under ZeRO).
+    void set_decay_exempt(std::vector<index_range> ranges) { exempt_.set(std::move(ranges)); }
+    const std::vector<index_range>& decay_exempt() const noexcept { return exempt_.ranges(); }
 
     /// The options this state was built with.
     const options& opts() const noexcept { return opts_; }
@@ -92,8 +103,24 @@ struct sgd {
     void set_steps(std::size_t s) noexcept { steps_ = s; }
 
    private:
+    void step_run(T* params, const T* grads, std::size_t offset, std::size_t n, float lr, bool decay) {
+      const T lr_t = static_cast<T>(lr), mom = static_cast<T>(opts_.momentum), wd = static_cast<T>(opts_.weight_decay);
+      T* const v = velocity_.size() ? velocity_.data() + offset : nullptr;
+      auto run = [&]<bool WD, bool M, bool N>() {
+        Backend::for_each(n, detail::sgd_update<T, WD, M, N>{params, grads, v, lr_t, mom, wd});
+      };
+      const bool momentum = velocity_.size() != 0;
+      if (momentum && opts_.nesterov)
+        decay ? run.template operator()<true, true, true>() : run.template operator()<false, true, true>();
+      else if (momentum)
+        decay ? run.template operator()<true, true, false>() : run.template operator()<false, true, false>();
+      else
+        decay ? run.template operator()<true, false, false>() : run.template operator()<false, false, false>();
+    }
+
     options opts_;
     std::size_t size_;
+    detail::decay_exemption exempt_;
     buffer<T, typename Backend::memory_space> velocity_;  // (n) or empty
     std::size_t steps_ = 0;
   };

@@ -45,6 +45,7 @@
 #include "loom/parallel/single_process.hpp"
 #include "loom/parallel/tensor_parallel_sync.hpp"
 #include "loom/train/checkpointing.hpp"
+#include "loom/train/decay_exempt.hpp"
 #include "loom/train/erased_engine_of.hpp"
 #include "loom/train/fit_loop.hpp"
 #include "loom/train/fit_options.hpp"
@@ -277,6 +278,13 @@ const io::network_description& described() {
   static const io::network_description d = io::describe<Network>();
   return d;
 }
+/// The values of Network that get no weight decay under decay_norm_and_bias = false (the norm
+/// layers' parameters and every bias), from its description, made once per network type.
+template <class Network>
+const std::vector<index_range>& decay_exempt_of_network() {
+  static const std::vector<index_range> r = decay_exempt_of(described<Network>());
+  return r;
+}
 template <class Network>
 const std::vector<io::tensor_description>& described_tensors() {
   static const std::vector<io::tensor_description> t = described<Network>().tensors();
@@ -314,7 +322,9 @@ class trainer_body {
   explicit trainer_body(trainer_facts<optimizer_options> facts, optimizer_options opt, trainer_options options)
       : facts_(std::move(facts)),
         options_(detail::checked_trainer_options(options, Loss::name, detail::takes_label_smoothing<Loss>())), opt_(opt), init_threads_((set_threads(options.threads), 0)),
-        engine_(make_engine()), checkpoint_facts_(make_checkpoint_facts()) {}
+        engine_(make_engine()), checkpoint_facts_(make_checkpoint_facts()) {
+    give_decay_exemption();
+  }
 
   /// Trains on `comm` (e.g. a loom::local_comm of a local_world). Collective over comm.
   /// Throws loom::invalid_argument when comm's size does not fit the policy (a pipeline: S
@@ -326,7 +336,9 @@ class trainer_body {
   explicit trainer_body(trainer_facts<optimizer_options> facts, Comm comm, optimizer_options opt, trainer_options options)
       : facts_(std::move(facts)),
         options_(detail::checked_trainer_options(options, Loss::name, detail::takes_label_smoothing<Loss>())), opt_(opt), init_threads_((set_threads(options.threads), 0)),
-        engine_(make_engine(std::move(comm))), checkpoint_facts_(make_checkpoint_facts()) {}
+        engine_(make_engine(std::move(comm))), checkpoint_facts_(make_checkpoint_facts()) {
+    give_decay_exemption();
+  }
 
   /// Trains on `data` for opts.epochs epochs (or opts.max_steps optimizer steps in all).
   /// opts.batch is the global batch: split over the replicas (each reads only its share), and
@@ -555,6 +567,19 @@ class trainer_body {
                                .optimizer_options = detail::optimizer_options_text<Optimizer>(opt_), .optimizer_buffers = {}};
     for (std::size_t i = 0; i < k; ++i) f.optimizer_buffers.emplace_back(detail::optimizer_buffer_names<Optimizer>(opt_)[i]);
     return f;
+  }
+
+  /// decay_norm_and_bias = false: the optimizer state's elements that get no weight decay, the
+  /// network's norm parameters and biases as this rank's state holds them (the whole model, a
+  /// stage, a tensor slice, or ZeRO's slices of any of them).
+  void give_decay_exemption() {
+    if constexpr (requires(std::vector<index_range> v) { engine_.optimizer().set_decay_exempt(v); }) {
+      if (!detail::skips_norm_and_bias_decay(opt_)) return;
+      auto e = erased();
+      const std::optional<shard_map> state_map = e.state_shard();
+      engine_.optimizer().set_decay_exempt(
+          detail::state_decay_exempt(state_map ? *state_map : e.shard(), detail::decay_exempt_of_network<Network>()));
+    }
   }
 
   engine_setup<optimizer_options> setup() const {
