@@ -134,23 +134,52 @@ TEST_CASE("loss softmax_cross_entropy with label smoothing: the gradient is that
   }
 }
 
+/// softmax_cross_entropy_row as it was before label smoothing, verbatim: eps = 0 must be it.
+template <class T, std::size_t Classes>
+struct unsmoothed_row {
+  const T* logits;
+  const std::int32_t* labels;
+  T* grad;
+  double* loss;
+  std::uint8_t* correct;
+  T scale;
+  void operator()(std::size_t n) const {
+    const T* z = logits + n * Classes;
+    T m = z[0];
+    std::size_t arg = 0;
+    for (std::size_t j = 1; j < Classes; ++j)
+      if (z[j] > m) m = z[j], arg = j;
+    T s = 0;
+    for (std::size_t j = 0; j < Classes; ++j) s += std::exp(z[j] - m);
+    const auto label = static_cast<std::size_t>(labels[n]);
+    loss[n] = static_cast<double>((m - z[label]) + std::log(s));
+    correct[n] = arg == label;
+    if (grad) {
+      T* g = grad + n * Classes;
+      const T inv = T(1) / s;
+      for (std::size_t j = 0; j < Classes; ++j) g[j] = (std::exp(z[j] - m) * inv - (j == label ? T(1) : T(0))) * scale;
+    }
+  }
+};
+
 TEST_CASE("loss softmax_cross_entropy with label smoothing 0 is bitwise the plain loss", "[layers][loss][label_smoothing]") {
-  const problem p = random_problem(33, 5, 10.0);
-  const std::size_t batch = p.labels.size();
-  const std::vector<float> z(p.z.begin(), p.z.end());
-  std::vector<float> grad(z.size()), plain_grad(z.size());
-  std::vector<double> plain_loss(batch);
-  std::vector<std::uint8_t> plain_correct(batch);
-  const loom::kernels::softmax_cross_entropy_row<float, classes> plain{z.data(),          p.labels.data(),
-                                                                       plain_grad.data(), plain_loss.data(),
-                                                                       plain_correct.data(), 0.25f};
-  for (std::size_t n = 0; n < batch; ++n) plain(n);
-  loss_workspace<cpu> ws;  // label_smoothing 0 by default
-  REQUIRE(ws.label_smoothing == 0.0f);
-  softmax_cross_entropy::compute<cpu, classes>(z.data(), p.labels.data(), grad.data(), batch, 0.25f, ws);
-  CHECK(grad == plain_grad);
-  for (std::size_t n = 0; n < batch; ++n) {
-    CHECK(ws.per_sample.data()[n] == plain_loss[n]);
-    CHECK(ws.correct.data()[n] == plain_correct[n]);
+  for (double spread : {1.0, 10.0, 1000.0}) {
+    const problem p = random_problem(33, 5, spread);
+    const std::size_t batch = p.labels.size();
+    const std::vector<float> z(p.z.begin(), p.z.end());
+    std::vector<float> grad(z.size()), plain_grad(z.size());
+    std::vector<double> plain_loss(batch);
+    std::vector<std::uint8_t> plain_correct(batch);
+    const unsmoothed_row<float, classes> plain{z.data(),          p.labels.data(),      plain_grad.data(),
+                                               plain_loss.data(), plain_correct.data(), 0.25f};
+    for (std::size_t n = 0; n < batch; ++n) plain(n);
+    loss_workspace<cpu> ws;  // label_smoothing 0 by default
+    REQUIRE(ws.label_smoothing == 0.0f);
+    softmax_cross_entropy::compute<cpu, classes>(z.data(), p.labels.data(), grad.data(), batch, 0.25f, ws);
+    CHECK(grad == plain_grad);
+    for (std::size_t n = 0; n < batch; ++n) {
+      CHECK(ws.per_sample.data()[n] == plain_loss[n]);
+      CHECK(ws.correct.data()[n] == plain_correct[n]);
+    }
   }
 }

@@ -46,13 +46,9 @@ struct softmax_cross_entropy {
   static loss_value compute(const T* logits, const std::int32_t* labels, T* grad, std::size_t batch, T grad_scale,
                             loss_workspace<Backend>& ws) {
     ws.reserve(batch);
-    if (ws.label_smoothing == 0.0f)
-      Backend::for_each(batch, kernels::softmax_cross_entropy_row<T, Classes>{logits, labels, grad, ws.per_sample.data(),
-                                                                               ws.correct.data(), grad_scale});
-    else
-      Backend::for_each(batch, kernels::smoothed_softmax_cross_entropy_row<T, Classes>{
-                                   logits, labels, grad, ws.per_sample.data(), ws.correct.data(), grad_scale,
-                                   static_cast<T>(ws.label_smoothing)});
+    Backend::for_each(batch, kernels::softmax_cross_entropy_row<T, Classes>{logits, labels, grad, ws.per_sample.data(),
+                                                                             ws.correct.data(), grad_scale,
+                                                                             static_cast<T>(ws.label_smoothing)});
     return finish<Backend>(batch, ws);
   }
 

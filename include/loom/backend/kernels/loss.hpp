@@ -13,6 +13,10 @@ namespace loom::kernels {
 
 /// Softmax cross-entropy of one row of logits, stable (max subtracted before exp).
 /// loss[n] = logsumexp(z) - z[label]; grad[n, j] = (softmax(z)_j - [j == label]) * scale.
+/// With label smoothing eps > 0 (torch.nn.CrossEntropyLoss(label_smoothing=eps)) the target is
+/// t = (1 - eps) one_hot + eps / Classes: loss[n] = (1 - eps) (lse - z[label]) + eps / Classes
+/// sum_j (lse - z[j]); grad[n, j] = (softmax(z)_j - t_j) * scale. eps = 0 takes none of that
+/// arithmetic. correct[n] is the argmax's either way.
 template <class T, std::size_t Classes>
 struct softmax_cross_entropy_row {
   const T* logits;            // (batch, Classes)
@@ -21,6 +25,7 @@ struct softmax_cross_entropy_row {
   double* loss;               // (batch)
   std::uint8_t* correct;      // (batch)
   T scale;
+  T eps = 0;                  // label smoothing, in [0, 1)
   LOOM_HD void operator()(std::size_t n) const {
     const T* z = logits + n * Classes;
     T m = z[0];
@@ -30,45 +35,21 @@ struct softmax_cross_entropy_row {
     T s = 0;
     for (std::size_t j = 0; j < Classes; ++j) s += std::exp(z[j] - m);
     const auto label = static_cast<std::size_t>(labels[n]);
-    // (m - z[label]) first: forming m + log(s) would round log(s) to the ulp of m (6e-5 at
-    // |m| = 1000 in float) before z[label] cancels m.
-    loss[n] = static_cast<double>((m - z[label]) + std::log(s));
-    correct[n] = arg == label;
-    if (grad) {
-      T* g = grad + n * Classes;
-      const T inv = T(1) / s;
-      for (std::size_t j = 0; j < Classes; ++j) g[j] = (std::exp(z[j] - m) * inv - (j == label ? T(1) : T(0))) * scale;
+    T on = T(1), off = T(0);  // the target's values
+    if (eps == T(0)) {
+      // (m - z[label]) first: forming m + log(s) would round log(s) to the ulp of m (6e-5 at
+      // |m| = 1000 in float) before z[label] cancels m.
+      loss[n] = static_cast<double>((m - z[label]) + std::log(s));
+    } else {
+      T gap = 0;  // sum_j (m - z[j]), each term >= 0
+      for (std::size_t j = 0; j < Classes; ++j) gap += m - z[j];
+      const T log_s = std::log(s);
+      const T nll = (m - z[label]) + log_s;                    // -log p[label]
+      const T smooth = gap + static_cast<T>(Classes) * log_s;  // -sum_j log p[j]
+      off = eps / static_cast<T>(Classes);
+      on = T(1) - eps + off;
+      loss[n] = static_cast<double>((T(1) - eps) * nll + off * smooth);
     }
-  }
-};
-
-/// Softmax cross-entropy against the label-smoothed target t = (1 - eps) one_hot + eps / Classes
-/// (torch.nn.CrossEntropyLoss(label_smoothing=eps)), stable as above:
-/// loss[n] = (1 - eps) (lse - z[label]) + eps / Classes sum_j (lse - z[j]), lse = logsumexp(z);
-/// grad[n, j] = (softmax(z)_j - t_j) * scale. correct[n] is still the argmax's.
-template <class T, std::size_t Classes>
-struct smoothed_softmax_cross_entropy_row {
-  const T* logits;            // (batch, Classes)
-  const std::int32_t* labels; // (batch)
-  T* grad;                    // (batch, Classes) or null
-  double* loss;               // (batch)
-  std::uint8_t* correct;      // (batch)
-  T scale;
-  T eps;                      // in (0, 1)
-  LOOM_HD void operator()(std::size_t n) const {
-    const T* z = logits + n * Classes;
-    T m = z[0];
-    std::size_t arg = 0;
-    for (std::size_t j = 1; j < Classes; ++j)
-      if (z[j] > m) m = z[j], arg = j;
-    T s = 0, gap = 0;  // gap: sum_j (m - z[j]), each term >= 0
-    for (std::size_t j = 0; j < Classes; ++j) s += std::exp(z[j] - m), gap += m - z[j];
-    const auto label = static_cast<std::size_t>(labels[n]);
-    const T log_s = std::log(s);
-    const T nll = (m - z[label]) + log_s;                         // -log p[label]
-    const T smooth = gap + static_cast<T>(Classes) * log_s;       // -sum_j log p[j]
-    const T off = eps / static_cast<T>(Classes), on = T(1) - eps + off;
-    loss[n] = static_cast<double>((T(1) - eps) * nll + off * smooth);
     correct[n] = arg == label;
     if (grad) {
       T* g = grad + n * Classes;
