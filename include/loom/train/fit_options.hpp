@@ -17,6 +17,7 @@
 #include "loom/monitor/metrics.hpp"
 #include "loom/monitor/progress.hpp"
 #include "loom/optim/schedule.hpp"
+#include "loom/train/ema_state.hpp"
 
 namespace loom {
 
@@ -31,6 +32,12 @@ struct trainer_options {
   /// The trainer's constructor throws loom::invalid_argument when the backend cannot run it
   /// (Backend::supports(math) is false).
   math_mode math = math_mode::fp32;
+  /// An exponential moving average of the weights, buffers included (loom::ema_options; off by
+  /// default): trainer::evaluate_ema, save_ema_weights, checkpoints hold it. single_process and
+  /// data_parallel (every rank keeps the whole model's); the constructor refuses it under
+  /// pipeline and tensor parallelism, and throws loom::invalid_argument for a decay outside
+  /// [0, 1) or every = 0.
+  ema_options ema{};
 };
 
 /// Options of one fit() call.
