@@ -18,6 +18,7 @@
 
 #include "loom/comm/local.hpp"
 #include "loom/io/checkpoint.hpp"
+#include "checkpoint_runs.hpp"
 #include "loom/loom.hpp"
 
 namespace {
@@ -42,23 +43,10 @@ const loom::data::fashion_mnist_set& data() {
   return s;
 }
 
-fs::path fresh_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("loom_checkpoint_buffers_test_" + name);
-  fs::remove_all(d);
-  return d;
-}
+fs::path fresh_dir(const std::string& name) { return loom_test::fresh_dir("loom_checkpoint_buffers_test_", name); }
 
 loom::fit_options options(std::size_t max_steps, const fs::path& dir = {}, std::size_t every = 0) {
-  loom::fit_options o;
-  o.epochs = 10;
-  o.max_steps = max_steps;
-  o.batch = 50;
-  o.progress = nullptr;
-  o.checkpoint.directory = dir.string();
-  o.checkpoint.every_steps = every;
-  o.checkpoint.at_end = false;
-  o.checkpoint.on_signal = false;
-  return o;
+  return loom_test::checkpointed_fit(max_steps, 50, dir, every);
 }
 
 /// What a run ends with: the whole model's parameters and buffers (rank 0's gathers), and

@@ -6,6 +6,8 @@
 //   step-<n>/model.safetensors.index.json           the whole network's layout, with PyTorch's names
 //   step-<n>/optimizer-00001-of-0000N.safetensors   (Hugging Face's sharded layout); the optimizer state likewise
 //   step-<n>/optimizer.safetensors.index.json       ("<name>.exp_avg", "<name>.momentum_buffer")
+//   step-<n>/ema-00001-of-0000N.safetensors         an EMA of the weights and buffers, when the run keeps
+//   step-<n>/ema.safetensors.index.json             one (trainer_options::ema): the model's names and files
 //   step-<n>/checkpoint.json                        the trainer's state and every file's size and CRC
 //
 // Every rank writes the whole tensors it is assigned (a tensor held whole by several replicas is
@@ -121,6 +123,11 @@ struct trainer_record {
   std::size_t optimizer_steps = 0;
   std::vector<std::string> optimizer_buffers;
   int ranks = 1, replicas = 1, stages = 1, slices = 1;
+  /// The checkpoint holds an EMA of the weights (the ema-* files), with these options and
+  /// updates since its last copy of the weights (torchvision's n_averaged).
+  bool ema = false;
+  double ema_decay = 0;
+  std::size_t ema_every = 1, ema_warmup_steps = 0, ema_updates = 0;
 };
 
 /// One rank's part of a checkpoint, in host memory: its parameters (map.local_count values), its
@@ -136,6 +143,9 @@ struct rank_snapshot {
   /// map.buffer_pieces say), written beside the parameters under their PyTorch names.
   std::span<const float> model_buffers;
   std::vector<std::span<const float>> buffers;
+  /// The EMA of the parameters then of the buffers, laid out as params and model_buffers
+  /// together (empty: none; written as ema-*.safetensors with the model's names).
+  std::span<const float> ema;
   std::shared_ptr<const void> owner;
   shard_map state_map;
   bool own_state_map = false;
@@ -399,6 +409,9 @@ struct loaded_checkpoint {
   std::vector<float> params;
   std::vector<float> model_buffers;  // laid out as the map's buffer_pieces say
   std::vector<std::vector<float>> buffers;
+  /// The EMA of the weights, the parameters then the buffers as params and model_buffers lay
+  /// them (read when the loader asks for it and record.ema; else empty).
+  std::vector<float> ema;
   /// Newer checkpoints refused (damaged or not this run's) before this one was taken.
   std::size_t refused = 0;
 };
@@ -408,6 +421,8 @@ struct load_expectation {
   std::string network, optimizer;
   std::size_t parameter_count = 0;
   std::vector<std::string> buffer_names;
+  /// Read the EMA of the weights where the checkpoint holds one.
+  bool ema = false;
 };
 
 namespace detail {

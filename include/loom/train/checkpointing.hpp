@@ -83,6 +83,9 @@ struct checkpoints {
   /// none is there).
   LOOM_DECL std::filesystem::path load(collectives& c, const std::filesystem::path& where, bool none_ok, std::ostream* log,
                                        std::ostream* warnings, const fit_options* opts, std::size_t samples) const;
+  /// The EMA of the weights from a checkpoint read (trainer_options::ema on): the one it holds,
+  /// or, saved without one, its weights (said on `warnings`).
+  LOOM_DECL void load_ema(const io::loaded_checkpoint& got, std::ostream* warnings) const;
   /// When no recovery is possible: a survivor holding a whole replica writes the state after
   /// the last step it finished as a checkpoint on its own (detail::emergency_checkpoint), so
   /// that plain mpirun loses no step. Never throws; says on stderr what it did.

@@ -3,11 +3,11 @@
 // fit's loop, written and compiled once for every trainer (train/impl/fit_loop.ipp, in
 // loom::compiled under separate compilation): epochs of global batches, accumulation groups of
 // micro-steps, the loss sums and the optimizer step, then the step observers — failure
-// detection's deadlines (train/recovery.hpp), the monitoring (monitor/fit_monitor.hpp) and the
-// checkpoints with preemption (train/checkpointing.hpp) — and around it all the retries after a
-// recovery. It reaches the engine and the data only through their erased interfaces
-// (train/erased_engine.hpp). A new cross-cutting part of fit is a new observer
-// (docs/trainer.md, "Observers").
+// detection's deadlines (train/recovery.hpp), the monitoring (monitor/fit_monitor.hpp), the EMA
+// of the weights (train/ema.hpp) and the checkpoints with preemption (train/checkpointing.hpp)
+// — and around it all the retries after a recovery. It reaches the engine and the data only
+// through their erased interfaces (train/erased_engine.hpp). A new cross-cutting part of fit is
+// a new observer (docs/trainer.md, "Observers").
 
 #include <cstddef>
 #include <cstdint>
@@ -15,6 +15,7 @@
 #include "loom/core/config.hpp"
 #include "loom/core/step_observer.hpp"
 #include "loom/train/checkpointing.hpp"
+#include "loom/train/ema.hpp"
 #include "loom/train/erased_engine.hpp"
 #include "loom/train/fit_options.hpp"
 #include "loom/train/recovery.hpp"

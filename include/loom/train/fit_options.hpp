@@ -17,6 +17,7 @@
 #include "loom/monitor/metrics.hpp"
 #include "loom/monitor/progress.hpp"
 #include "loom/optim/schedule.hpp"
+#include "loom/train/ema_state.hpp"
 
 namespace loom {
 
@@ -36,6 +37,12 @@ struct trainer_options {
   /// stays the argmax's). In [0, 1); 0 (the default) is the plain loss, bit for bit. Another
   /// loss refuses a non-zero value (the trainer's constructor throws loom::invalid_argument).
   float label_smoothing = 0.0f;
+  /// An exponential moving average of the weights, buffers included (loom::ema_options; off by
+  /// default): trainer::evaluate_ema, save_ema_weights, checkpoints hold it. single_process and
+  /// data_parallel (every rank keeps the whole model's); the constructor refuses it under
+  /// pipeline and tensor parallelism, and throws loom::invalid_argument for a decay outside
+  /// [0, 1) or every = 0.
+  ema_options ema{};
 };
 
 /// Options of one fit() call.

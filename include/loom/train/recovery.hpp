@@ -98,9 +98,17 @@ class step_clock {
 };
 
 /// The run's place, the optimizer's step count, the parameters and the optimizer buffers of
-/// rank root to every rank of the engine's world `comm` (collective).
+/// rank root to every rank of the engine's world `comm` (collective); and root's EMA of the
+/// weights where the run keeps one (survivors may be a step apart: the EMA goes with the state).
 template <class Comm>
 void broadcast_run(Comm& comm, erased_engine& e, run_state& s, int root) {
+  if (s.ema.on()) {
+    double head[2] = {static_cast<double>(s.ema.updates), s.ema.valid ? 1.0 : 0.0};
+    comm.broadcast(head, 2, root);
+    s.ema.updates = static_cast<std::size_t>(head[0]);
+    s.ema.valid = head[1] != 0;
+    comm.broadcast(s.ema.values.data(), s.ema.values.size(), root);
+  }
   std::array<double, run_head::values> v =
       run_head{.step = s.step, .optimizer_steps = e.optimizer_steps(), .at = s.at, .lr = s.last_lr}.pack();
   comm.broadcast(v.data(), v.size(), root);

@@ -13,6 +13,7 @@
 
 #include "loom/core/fault.hpp"
 #include "loom/core/step_observer.hpp"
+#include "loom/train/ema_state.hpp"
 
 namespace loom::detail {
 
@@ -59,6 +60,8 @@ struct run_state {
   std::string interrupted_lost;
   /// The last replacement's spawn, until its first good step.
   std::optional<std::chrono::steady_clock::time_point> replacement_began;
+  /// The EMA of the weights (trainer_options::ema; off: ema.on() is false).
+  ema_state ema{};
 };
 
 /// What the survivor ahead sends of the run with its state after a recovery (and the survivors

@@ -324,6 +324,7 @@ class trainer_body {
         options_(detail::checked_trainer_options(options, Loss::name, detail::takes_label_smoothing<Loss>())), opt_(opt), init_threads_((set_threads(options.threads), 0)),
         engine_(make_engine()), checkpoint_facts_(make_checkpoint_facts()) {
     give_decay_exemption();
+    init_ema();
   }
 
   /// Trains on `comm` (e.g. a loom::local_comm of a local_world). Collective over comm.
@@ -338,6 +339,7 @@ class trainer_body {
         options_(detail::checked_trainer_options(options, Loss::name, detail::takes_label_smoothing<Loss>())), opt_(opt), init_threads_((set_threads(options.threads), 0)),
         engine_(make_engine(std::move(comm))), checkpoint_facts_(make_checkpoint_facts()) {
     give_decay_exemption();
+    init_ema();
   }
 
   /// Trains on `data` for opts.epochs epochs (or opts.max_steps optimizer steps in all).
@@ -461,6 +463,33 @@ class trainer_body {
     return {.samples = static_cast<std::size_t>(sums.samples), .loss = sums.mean_loss(), .accuracy = sums.accuracy()};
   }
 
+  /// Whether this trainer keeps an EMA of the weights (trainer_options::ema) and it holds one:
+  /// after fit's first optimizer step, or a checkpoint loaded.
+  bool has_ema() const noexcept { return run_.ema.on() && run_.ema.valid; }
+
+  /// This rank's EMA of the weights (empty without trainer_options::ema): the parameters then
+  /// the buffers, in the whole model's flat layout (Network's, as gather_parameters and
+  /// gather_buffers lay them), in host memory.
+  const std::vector<value_type>& ema_values() const noexcept { return run_.ema.values; }
+
+  /// evaluate (its result, its batches) with the EMA of the weights, buffers included, in place
+  /// of the weights; they come back after. Collective over the world. Throws
+  /// loom::invalid_argument when has_ema() is false.
+  template <class Dataset>
+  eval_result evaluate_ema(const Dataset& data, std::size_t batch = 500) {
+    return with_ema("evaluate_ema", [&] { return evaluate(data, batch); });
+  }
+
+  /// save_weights of the EMA of the weights: the same safetensors file, names and buffers
+  /// (replica 0's EMA of them). Collective. Throws loom::invalid_argument when has_ema() is
+  /// false, loom::io_error as save_weights.
+  void save_ema_weights(const std::filesystem::path& path) {
+    with_ema("save_ema_weights", [&] {
+      save_weights(path);
+      return 0;
+    });
+  }
+
   /// This rank's model: a loom::model of the whole network (or of its tensor-parallel slice);
   /// in a pipeline a std::variant over the stages' models holding this rank's stage (use
   /// std::visit, or stage_model<S>()).
@@ -513,6 +542,56 @@ class trainer_body {
   std::vector<value_type> gather_buffers() { return gather_buffers(*erased().world_collectives()); }
 
  private:
+  /// The EMA of trainer_options::ema, checked, sized as this rank's parameters and buffers; the
+  /// policies whose ranks hold whole replicas only (single_process, data_parallel).
+  void init_ema() {
+    detail::check_ema_options(options_.ema);
+    detail::ema_state& ema = run_.ema;
+    ema.opts = options_.ema;
+    if (!ema.on()) return;
+    const shard_map m = engine_.shard();
+    if (m.stages > 1 || m.slices > 1)
+      throw invalid_argument("loom::trainer_options::ema: an EMA of the weights is kept under single_process and "
+                             "data_parallel, where every rank holds whole replicas; not yet under " + facts_.name +
+                             " (a pipeline's stages or tensor-parallel slices would each average their part)");
+    auto e = erased();
+    ema.params = e.local_count();
+    ema.values.assign(ema.params + e.buffer_values(), 0.0f);
+    for (const auto& t : detail::described_tensors<Network>())
+      if (t.kind == tensor_kind::buffer && t.element == tensor_element::int64)
+        for (std::size_t i = 0; i < t.count; ++i) ema.counts.push_back(ema.params + t.offset + i);
+  }
+
+  /// f() with the EMA of the weights in place of the weights (parameters and buffers), which
+  /// come back after, also when f throws.
+  template <class F>
+  auto with_ema(const char* what, F&& f) {
+    if (!has_ema())
+      throw invalid_argument(std::string("loom::trainer::") + what + ": " +
+                             (run_.ema.on() ? "no EMA of the weights yet (fit has taken no optimizer step and no "
+                                              "checkpoint was loaded)"
+                                            : "this trainer keeps no EMA of the weights (trainer_options::ema.decay "
+                                              "is 0)"));
+    auto e = erased();
+    const detail::ema_state& ema = run_.ema;
+    std::vector<value_type> kept(ema.values.size());
+    e.parameters_to_host(kept.data());
+    if (kept.size() > ema.params) e.buffers_to_host(kept.data() + ema.params);
+    auto put = [&](const std::vector<value_type>& v) {
+      e.parameters_from_host(v.data(), ema.params);
+      if (v.size() > ema.params) e.buffers_from_host(v.data() + ema.params, v.size() - ema.params);
+    };
+    put(ema.values);
+    try {
+      auto r = f();
+      put(kept);
+      return r;
+    } catch (...) {
+      put(kept);
+      throw;
+    }
+  }
+
   std::vector<value_type> gather_buffers(collectives& c) {
     auto e = erased();
     const shard_map m = e.shard();
@@ -600,9 +679,13 @@ class trainer_body {
 
   /// The job every rank must share; the engine adds its policy's own fields.
   std::string job_description() const {
-    return detail::describe_job(type_name<Network>(), Network::parameter_count, Loss::name,
-                                detail::optimizer_name<Optimizer>(opt_), options_.seed, options_.math, facts_.name,
-                                options_.label_smoothing);
+    std::string job = detail::describe_job(type_name<Network>(), Network::parameter_count, Loss::name,
+                                           detail::optimizer_name<Optimizer>(opt_), options_.seed, options_.math, facts_.name,
+                                           options_.label_smoothing);
+    if (options_.ema.decay > 0)  // every rank keeps it alike, or none does
+      job += ";ema=" + std::to_string(options_.ema.decay) + "/" + std::to_string(options_.ema.every) + "/" +
+             std::to_string(options_.ema.warmup_steps);
+    return job;
   }
 
   trainer_facts<optimizer_options> facts_;

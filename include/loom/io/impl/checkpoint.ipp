@@ -420,6 +420,12 @@ LOOM_DECL std::string record_json(const trainer_record& r, const std::vector<wri
   field("network", quote(r.network));
   field("fingerprint", quote(r.fingerprint));
   field("parameter_count", std::to_string(r.parameter_count));
+  if (r.ema) {  // (absent without an EMA: such a checkpoint is as before)
+    field("ema_decay", fmt_double(r.ema_decay));
+    field("ema_every", std::to_string(r.ema_every));
+    field("ema_warmup_steps", std::to_string(r.ema_warmup_steps));
+    field("ema_updates", std::to_string(r.ema_updates));
+  }
   field("writers", std::to_string(writers));
   s += "  \"files\": [";
   for (std::size_t i = 0; i < files.size(); ++i)
@@ -482,6 +488,13 @@ LOOM_DECL trainer_record parse_record(const json::value& v, const std::string& f
   r.network = f.str("network");
   r.fingerprint = f.str("fingerprint");
   r.parameter_count = f.u64("parameter_count");
+  if (v.find("ema_decay")) {  // an EMA of the weights (ema-*.safetensors)
+    r.ema = true;
+    r.ema_decay = f.num("ema_decay");
+    r.ema_every = f.u64("ema_every");
+    r.ema_warmup_steps = f.u64("ema_warmup_steps");
+    r.ema_updates = f.u64("ema_updates");
+  }
   return r;
 }
 
@@ -577,8 +590,12 @@ LOOM_DECL void checkpointer::start(collectives& c, const std::filesystem::path& 
         snapshot.owner, joined);
   }
   auto snap = std::make_shared<const rank_snapshot>(std::move(snapshot));
+  // The EMA of the weights, where there is one: a second source of the model's tensors, written
+  // by the same ranks into files of its own.
+  std::vector<const float*> model_sources{snap->params.data()};
+  if (!snap->ema.empty()) model_sources.push_back(snap->ema.data());
   auto mine = std::make_shared<std::vector<detail::tensor_values>>(
-      detail::assemble(c, *map_, plan_, layout.tensors, layout.map, {snap->params.data()}));
+      detail::assemble(c, *map_, plan_, layout.tensors, layout.map, model_sources));
   std::vector<const float*> bufs;
   for (const auto& b : snap->buffers) bufs.push_back(b.data());
   auto mine_state = std::make_shared<std::vector<detail::tensor_values>>();
@@ -589,6 +606,7 @@ LOOM_DECL void checkpointer::start(collectives& c, const std::filesystem::path& 
         .snapshot = std::move(snap), .mine = std::move(mine), .mine_state = std::move(mine_state), .record = record,
         .buffer_names = buffer_names, .rank = c.rank(), .world = c.size(), .keep = keep, .timeout_s = commit_timeout_s,
         .state = std::make_shared<shared_state>()};
+  j.record.ema = model_sources.size() > 1;
   state_ = j.state;
   pending_step_ = record.step;
   if (async) {
@@ -682,6 +700,17 @@ LOOM_DECL void checkpointer::write_files(job& j) {
     }
     files.push_back(detail::write_tensor_file(j.partial, detail::shard_name("model", static_cast<std::size_t>(k), j.plan.writers.size()),
                                               model, meta));
+    if (j.record.ema) {
+      std::vector<named_tensor<float>> ema;
+      for (const auto& tv : *j.mine) {
+        const auto& d = j.tensors[tv.tensor];
+        ema.push_back({d.name, d.shape, tv.views[1], d.element == tensor_element::int64});
+      }
+      auto ema_meta = meta;
+      ema_meta["loom.ema_decay"] = detail::fmt_double(j.record.ema_decay);
+      files.push_back(detail::write_tensor_file(
+          j.partial, detail::shard_name("ema", static_cast<std::size_t>(k), j.plan.writers.size()), ema, ema_meta));
+    }
   }
   if (const int ks = j.state_plan.file_of(j.rank); ks >= 0 && !j.buffer_names.empty()) {
     std::vector<named_tensor<float>> opt;
@@ -730,6 +759,8 @@ LOOM_DECL std::filesystem::path checkpointer::commit(job& j) {
   }
   std::sort(files.begin(), files.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   detail::write_text_file(j.partial / "model.safetensors.index.json", detail::index_json(j.tensors, j.plan, "model", {""}));
+  if (j.record.ema)
+    detail::write_text_file(j.partial / "ema.safetensors.index.json", detail::index_json(j.tensors, j.plan, "ema", {""}));
   if (!j.buffer_names.empty()) {
     std::vector<std::string> suffixes;
     for (const auto& b : j.buffer_names) suffixes.push_back("." + b);
@@ -923,6 +954,12 @@ LOOM_DECL loaded_checkpoint read_part(const std::filesystem::path& path, const s
     if (covered(state_map.pieces, d.offset, d.count) > 0)
       for (std::size_t b = 0; b < want.buffer_names.size(); ++b)
         read_into(opt_map, d.name + "." + want.buffer_names[b], d, out.buffers[b], state_map);
+  if (want.ema && r.ema) {  // the EMA of the weights: the model's tensors from the ema-* files
+    out.ema.assign(layout.map.local_count, 0.0f);
+    const auto ema_map = weight_map("ema.safetensors.index.json");
+    for (const auto& d : layout.tensors)
+      if (covered(layout.map.pieces, d.offset, d.count) > 0) read_into(ema_map, d.name, d, out.ema, layout.map);
+  }
   out.params.assign(model.begin(), model.begin() + static_cast<std::ptrdiff_t>(map.local_count));
   out.model_buffers.assign(model.begin() + static_cast<std::ptrdiff_t>(map.local_count), model.end());
   // This rank's share of the whole-file checksums (headers and padding included).

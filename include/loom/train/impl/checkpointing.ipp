@@ -3,6 +3,7 @@
 // The definitions of checkpointing.hpp's non-template functions: included at the end of the header
 // (header-only), or compiled once in src/loom.cpp (LOOM_SEPARATE_COMPILATION; see loom/core/config.hpp).
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
@@ -75,6 +76,12 @@ LOOM_DECL io::trainer_record checkpoints::record_now() const {
   r.network = facts.network->text();
   r.fingerprint = facts.network->fingerprint();
   r.parameter_count = facts.parameter_count;
+  const ema_state& ema = run.ema;
+  r.ema = ema.valid;  // (the snapshot holds it then)
+  r.ema_decay = ema.opts.decay;
+  r.ema_every = ema.opts.every;
+  r.ema_warmup_steps = ema.opts.warmup_steps;
+  r.ema_updates = ema.updates;
   return r;
 }
 
@@ -87,13 +94,14 @@ LOOM_DECL io::rank_snapshot checkpoints::snapshot() const {
   }
   const std::size_t n = engine.local_count(), nb = engine.buffer_values(), m = engine.state_count(),
                     k = facts.optimizer_buffers.size();
+  const std::size_t ne = run.ema.valid ? run.ema.values.size() : 0;  // the EMA of the weights
   // The parameters, the model's buffers right after them (one run, as the checkpointer writes
-  // them), then each optimizer buffer.
-  float* host = engine.snapshot_staging(n + nb + m * k);
+  // them), then each optimizer buffer, then the EMA (a copy: training goes on updating it).
+  float* host = engine.snapshot_staging(n + nb + m * k + ne);
   if (host) {
     s.owner = std::shared_ptr<const void>(host, [](const void*) {});  // the trainer's; outlives the write
   } else {
-    auto v = std::make_shared<std::vector<float>>(n + nb + m * k);
+    auto v = std::make_shared<std::vector<float>>(n + nb + m * k + ne);
     host = v->data();
     s.owner = v;
   }
@@ -104,6 +112,11 @@ LOOM_DECL io::rank_snapshot checkpoints::snapshot() const {
   for (std::size_t i = 0; i < k; ++i) {
     engine.buffer_to_host(i, host + n + nb + i * m);
     s.buffers.emplace_back(host + n + nb + i * m, m);
+  }
+  if (ne) {
+    float* ema = host + n + nb + m * k;
+    std::copy(run.ema.values.begin(), run.ema.values.end(), ema);
+    s.ema = {ema, ne};
   }
   return s;
 }
@@ -119,7 +132,8 @@ LOOM_DECL std::filesystem::path checkpoints::load(collectives& c, const std::fil
                                                   std::ostream* log, std::ostream* warnings, const fit_options* opts,
                                                   std::size_t samples) const {
   const io::load_expectation want{.network = facts.network->text(), .optimizer = facts.optimizer,
-                                  .parameter_count = facts.parameter_count, .buffer_names = facts.optimizer_buffers};
+                                  .parameter_count = facts.parameter_count, .buffer_names = facts.optimizer_buffers,
+                                  .ema = run.ema.on()};
   const shard_map m = engine.shard();
   const std::optional<shard_map> sm = engine.state_shard();
   std::optional<io::loaded_checkpoint> got =
@@ -134,6 +148,7 @@ LOOM_DECL std::filesystem::path checkpoints::load(collectives& c, const std::fil
   if (!got->model_buffers.empty()) engine.buffers_from_host(got->model_buffers.data(), got->model_buffers.size());
   for (std::size_t i = 0; i < got->buffers.size(); ++i) engine.buffer_from_host(i, got->buffers[i].data());
   engine.set_optimizer_steps(rec.optimizer_steps);
+  load_ema(*got, c.rank() == 0 ? warnings : nullptr);
   run.step = rec.step;
   run.last_lr = static_cast<float>(rec.lr);
   run.resume = {.valid = true, .epoch = rec.epoch, .batch = rec.batch_in_epoch, .batches = 0,
@@ -144,6 +159,25 @@ LOOM_DECL std::filesystem::path checkpoints::load(collectives& c, const std::fil
         << ", batch " << rec.batch_in_epoch << " of it)" << (got->refused ? " instead of the newer checkpoint refused above" : "")
         << "\n";
   return got->path;
+}
+
+LOOM_DECL void checkpoints::load_ema(const io::loaded_checkpoint& got, std::ostream* warnings) const {
+  ema_state& ema = run.ema;
+  if (!ema.on()) return;  // (a checkpoint's EMA is left unread)
+  if (!got.ema.empty()) {
+    ema.values = got.ema;
+    ema.updates = got.record.ema_updates;
+    ema.valid = true;
+    return;
+  }
+  // Saved without an EMA: it starts from the weights loaded, as if this were its first update.
+  std::copy(got.params.begin(), got.params.end(), ema.values.begin());
+  std::copy(got.model_buffers.begin(), got.model_buffers.end(), ema.values.begin() + static_cast<std::ptrdiff_t>(ema.params));
+  ema.updates = 1;
+  ema.valid = true;
+  if (warnings)
+    *warnings << "loom: " << got.path.string() << " holds no EMA of the weights (it was saved without "
+              << "trainer_options::ema): the EMA starts from its weights\n";
 }
 
 LOOM_DECL void checkpoints::emergency(const fit_options& opts) const noexcept {

@@ -54,7 +54,8 @@ LOOM_DECL fit_result run_fit(const fit_job& job) {
   monitor::fit_monitor monitor(e, fit_parts::monitor_options(opts));
   fit_parts::prepare(e, job.data, opts);
   checkpoint_schedule checkpoints(job.ck, *world, watch, opts, start_at.valid);
-  step_observers observers{&watch, &monitor, &checkpoints};
+  ema_tracker ema(e, s.ema);  // before the checkpoints: a step's checkpoint holds its EMA
+  step_observers observers{&watch, &monitor, &ema, &checkpoints};
   const auto start = monitor::clock::now();
   r.recoveries = watch.run(
       start_at, observers,
