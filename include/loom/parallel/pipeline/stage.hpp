@@ -3,7 +3,7 @@
 // One rank's pipeline stage as it runs its schedule (detail::stage_runner): the rank grid and
 // the pipeline group, the stage's model, its activation slots and the run of its table of
 // forwards, backwards, sends and receives each step (and a forward-only pass for evaluation).
-// loom::pipeline_stages (loom/parallel/pipeline_engine.hpp) builds the engine's surface on it;
+// loom::pipeline_stages (loom/parallel/pipeline/engine.hpp) builds the engine's surface on it;
 // how a stage runs is described in docs/model-parallel.md, "How a stage runs".
 
 #include <algorithm>
@@ -27,9 +27,11 @@
 #include "loom/nn/describe.hpp"
 #include "loom/nn/loss.hpp"
 #include "loom/nn/model.hpp"
-#include "loom/parallel/data_parallel.hpp"
+#include "loom/parallel/data/data_parallel.hpp"
 #include "loom/parallel/engine.hpp"
-#include "loom/parallel/pipeline_plan.hpp"
+#include "loom/parallel/pipeline/partition.hpp"
+#include "loom/parallel/pipeline/policy.hpp"
+#include "loom/parallel/pipeline/schedule.hpp"
 #include "loom/parallel/rank_grid.hpp"
 
 namespace loom {
