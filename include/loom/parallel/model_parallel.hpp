@@ -2,9 +2,9 @@
 #pragma once
 // loom::model_parallel<Parallelism, Comm>: one model split over a group of ranks, by a pipeline
 // (loom::pipeline<Stages, ...>, loom/parallel/pipeline/) or by tensor parallelism
-// (loom::tensor_parallel<Width>, loom/parallel/tensor/). The one shared policy header that names
-// both strategies: it dispatches to each one's members (the stages, schedule and partition of a
-// pipeline; the width of a tensor group).
+// (loom::tensor_parallel<Width>, loom/parallel/tensor/). A shared policy that dispatches to either
+// strategy's members (the stages, schedule and partition of a pipeline; the width of a tensor
+// group), so it includes both sub-folders (as hybrid.hpp does; tests/headers/layering.cmake).
 
 #include <cstddef>
 #include <type_traits>
