@@ -32,5 +32,6 @@
 #include "loom/nn/residual_with.hpp"
 #include "loom/optim.hpp"
 #include "loom/parallel/memory_plan.hpp"
-#include "loom/parallel/tensor_parallel_plan.hpp"
+#include "loom/parallel/tensor/plan.hpp"
+#include "loom/parallel/world_sizes.hpp"
 #include "loom/train/trainer.hpp"

@@ -3,7 +3,7 @@
 // expect: drop compress<> and shard_optimizer_state from the policy
 // max-errors: 1
 #include "loom/comm/local.hpp"
-#include "loom/parallel/data_parallel.hpp"
+#include "loom/parallel/data/data_parallel.hpp"
 
 using policy = loom::data_parallel<loom::local_comm, loom::choose_at_run_time, loom::compress<loom::bf16>>;
 

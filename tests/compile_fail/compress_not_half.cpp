@@ -3,7 +3,7 @@
 // expect: loom::compress<H>: H must be loom::bf16 or loom::fp16
 // max-errors: 1
 #include "loom/comm/local.hpp"
-#include "loom/parallel/data_parallel.hpp"
+#include "loom/parallel/data/data_parallel.hpp"
 
 using policy = loom::data_parallel<loom::local_comm, loom::compress<double>>;
 

@@ -3,7 +3,7 @@
 // expect: loom::model_parallel<Parallelism, Comm>: Parallelism must be loom::pipeline<Stages, Options...> or loom::tensor_parallel<Width>
 // max-errors: 1
 #include "loom/comm/local.hpp"
-#include "loom/parallel/pipeline_plan.hpp"
+#include "loom/parallel/model_parallel.hpp"
 
 using policy = loom::model_parallel<loom::micro_batches<4>, loom::local_comm>;
 

@@ -5,7 +5,7 @@
 // max-errors: 2
 #include "loom/layers/activation.hpp"
 #include "loom/layers/linear.hpp"
-#include "loom/parallel/pipeline_plan.hpp"
+#include "loom/parallel/model_parallel.hpp"
 
 using mlp = loom::network<loom::input<784>, loom::linear<256>, loom::relu, loom::linear<128>, loom::relu, loom::linear<10>>;
 struct no_comm {};

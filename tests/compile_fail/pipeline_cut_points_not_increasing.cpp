@@ -3,7 +3,7 @@
 // expect: loom::cut_at<...>: the cut points must be strictly increasing
 // expect: cut_points_not_increasing<1, 3, 2>
 // max-errors: 2
-#include "loom/parallel/pipeline_plan.hpp"
+#include "loom/parallel/pipeline/policy.hpp"
 
 using pipeline_type = loom::pipeline<3, loom::cut_at<3, 2>>;
 

@@ -3,7 +3,7 @@
 // expect: a schedule table runs a micro-batch's backward before its forward on one stage
 // expect: schedule_runs_backward_before_forward_at_stage<0, 1, 1>
 // max-errors: 2
-#include "loom/parallel/pipeline_plan.hpp"
+#include "loom/parallel/pipeline/policy.hpp"
 
 constexpr auto F = loom::forward_of;
 constexpr auto B = loom::backward_of;

@@ -4,7 +4,7 @@
 // expect: the schedule's sends and receives do not pair up: the stages would wait for each other forever
 // expect: schedule_deadlocks_at_stage<0, 1, loom::pipeline_op_kind::recv_gradient, 0>
 // max-errors: 2
-#include "loom/parallel/pipeline_plan.hpp"
+#include "loom/parallel/pipeline/policy.hpp"
 
 constexpr auto F = loom::forward_of;
 constexpr auto B = loom::backward_of;

@@ -3,7 +3,7 @@
 // expect: a schedule table names a micro-batch outside .0, M.
 // expect: schedule_micro_batch_out_of_range_at_stage<0, 1, 2, 2>
 // max-errors: 2
-#include "loom/parallel/pipeline_plan.hpp"
+#include "loom/parallel/pipeline/policy.hpp"
 
 constexpr auto F = loom::forward_of;
 constexpr auto B = loom::backward_of;

@@ -4,7 +4,7 @@
 // expect: the schedule's sends and receives do not pair up: a stage sends one micro-batch
 // expect: schedule_send_does_not_match_receive_at_stage<0, 0, loom::pipeline_op_kind::send_activation, 0, 1, 1>
 // max-errors: 2
-#include "loom/parallel/pipeline_plan.hpp"
+#include "loom/parallel/model_parallel.hpp"
 
 constexpr auto F = loom::forward_of;
 constexpr auto B = loom::backward_of;

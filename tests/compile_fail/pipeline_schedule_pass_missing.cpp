@@ -3,7 +3,7 @@
 // expect: a schedule table never runs one pass of a micro-batch on a stage
 // expect: schedule_misses_pass_at_stage<1, loom::pipeline_pass::backward, 1>
 // max-errors: 2
-#include "loom/parallel/pipeline_plan.hpp"
+#include "loom/parallel/pipeline/policy.hpp"
 
 constexpr auto F = loom::forward_of;
 constexpr auto B = loom::backward_of;

@@ -3,7 +3,7 @@
 // expect: a schedule table runs the same pass of a micro-batch twice on one stage
 // expect: schedule_repeats_pass_at_stage<0, 1, loom::pipeline_pass::forward, 0>
 // max-errors: 2
-#include "loom/parallel/pipeline_plan.hpp"
+#include "loom/parallel/pipeline/policy.hpp"
 
 constexpr auto F = loom::forward_of;
 constexpr auto B = loom::backward_of;

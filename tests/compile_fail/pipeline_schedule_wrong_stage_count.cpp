@@ -3,7 +3,7 @@
 // expect: loom::custom_schedule: the schedule has a different number of stage tables than the pipeline has stages
 // expect: custom_schedule_has_wrong_number_of_stages<1, 2>
 // max-errors: 2
-#include "loom/parallel/pipeline_plan.hpp"
+#include "loom/parallel/pipeline/policy.hpp"
 
 constexpr auto F = loom::forward_of;
 constexpr auto B = loom::backward_of;

@@ -3,6 +3,6 @@
 // expect: an option is not one of pipeline's
 // expect: not_a_pipeline_option<int>
 // max-errors: 2
-#include "loom/parallel/pipeline_plan.hpp"
+#include "loom/parallel/pipeline/policy.hpp"
 
 int main() { return static_cast<int>(loom::pipeline<2, loom::micro_batches<2>, int>::ok); }

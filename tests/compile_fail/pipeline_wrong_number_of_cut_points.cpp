@@ -3,7 +3,7 @@
 // expect: cut_at needs exactly Stages - 1 cut points
 // expect: wrong_number_of_cut_points<1, 3>
 // max-errors: 2
-#include "loom/parallel/pipeline_plan.hpp"
+#include "loom/parallel/pipeline/policy.hpp"
 
 using pipeline_type = loom::pipeline<4, loom::cut_at<2>>;
 

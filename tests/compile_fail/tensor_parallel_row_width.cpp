@@ -5,7 +5,7 @@
 // expect: row_parallel_at_layer_has_inputs_not_divisible_by_width<2, 100, 3>
 // max-errors: 2
 #include "loom/layers/activation.hpp"
-#include "loom/parallel/tensor_parallel_plan.hpp"
+#include "loom/parallel/tensor/plan.hpp"
 #include "loom/nn/model.hpp"
 
 using net = loom::network<loom::input<784>, loom::linear<100>, loom::relu, loom::row_parallel<loom::linear<10>>>;

@@ -4,7 +4,7 @@
 // max-errors: 1
 #include "loom/comm/local.hpp"
 #include "loom/layers/linear.hpp"
-#include "loom/parallel/memory_plan.hpp"
+#include "loom/parallel/world_sizes.hpp"
 
 using net = loom::network<loom::input<784>, loom::linear<10>>;
 

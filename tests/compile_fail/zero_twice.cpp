@@ -3,7 +3,7 @@
 // expect: shard_optimizer_state is given more than once; keep one
 // max-errors: 1
 #include "loom/comm/local.hpp"
-#include "loom/parallel/data_parallel.hpp"
+#include "loom/parallel/data/data_parallel.hpp"
 
 using policy = loom::data_parallel<loom::local_comm, loom::shard_optimizer_state, loom::shard_optimizer_state>;
 

@@ -22,8 +22,8 @@
 #include "loom/layers/linear.hpp"
 #include "loom/layers/tensor_parallel.hpp"
 #include "loom/nn/model.hpp"
-#include "loom/parallel/tensor_parallel_plan.hpp"
-#include "loom/parallel/tensor_parallel_sync.hpp"
+#include "loom/parallel/tensor/plan.hpp"
+#include "loom/parallel/tensor/sync.hpp"
 
 using namespace loom;
 

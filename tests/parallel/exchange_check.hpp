@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "loom/backend/cpu.hpp"
-#include "loom/parallel/chunk_tree.hpp"
+#include "loom/parallel/data/chunk_tree.hpp"
 
 namespace loom_test {
 

@@ -17,7 +17,11 @@
 #include "loom/layers/flatten.hpp"
 #include "loom/layers/linear.hpp"
 #include "loom/layers/pool2d.hpp"
-#include "loom/parallel/pipeline_plan.hpp"
+#include "loom/parallel/model_parallel.hpp"
+#include "loom/parallel/pipeline/partition.hpp"
+#include "loom/parallel/pipeline/policy.hpp"
+#include "loom/parallel/pipeline/schedule.hpp"
+#include "loom/parallel/pipeline/verify.hpp"
 
 namespace pipeline_test {
 

@@ -5,8 +5,8 @@
 // (column_parallel_shard, row_parallel_shard). In a network run whole (single_process,
 // data_parallel) the two layers are loom::linear. The network of one rank
 // (loom::tensor_parallel_network) and the layout of its slices are in
-// loom/parallel/tensor_parallel_plan.hpp; the engine that runs a group, in
-// loom/parallel/tensor_parallel_sync.hpp.
+// loom/parallel/tensor/plan.hpp; the engine that runs a group, in
+// loom/parallel/tensor/sync.hpp.
 
 #include <algorithm>
 #include <cstddef>

@@ -10,8 +10,8 @@
 // batches, accumulation groups, progress, results.
 //
 // The engines: loom::replica_engine (single_process, data_parallel, tensor parallelism and its
-// hybrid; loom/parallel/replica_engine.hpp) and loom::pipeline_engine (pipelines and their
-// hybrid; loom/parallel/pipeline_engine.hpp).
+// hybrid; loom/parallel/data/replica_engine.hpp) and loom::pipeline_engine (pipelines and their
+// hybrid; loom/parallel/pipeline/engine.hpp).
 
 #include <algorithm>
 #include <concepts>
@@ -260,7 +260,7 @@ struct engine_traits {
 
 namespace detail {
 /// Whether X (a gradient_allreduce, or a sync holding one) sends its gradients compressed
-/// (loom::compress<>, parallel/data_parallel.hpp).
+/// (loom::compress<>, parallel/data/data_parallel.hpp).
 template <class X>
 inline constexpr bool compresses_v = [] {
   if constexpr (requires { X::compressed; }) return X::compressed;

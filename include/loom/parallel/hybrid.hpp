@@ -14,9 +14,10 @@
 #include <cstddef>
 #include <type_traits>
 
-#include "loom/parallel/data_parallel.hpp"
-#include "loom/parallel/pipeline_plan.hpp"
-#include "loom/parallel/tensor_parallel.hpp"
+#include "loom/parallel/data/data_parallel.hpp"
+#include "loom/parallel/model_parallel.hpp"
+#include "loom/parallel/pipeline/policy.hpp"
+#include "loom/parallel/tensor/policy.hpp"
 
 namespace loom {
 

@@ -1,28 +1,24 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// Two compile-time answers about a training job before it runs:
+// loom::memory_plan<Network, Optimizer, Policy, Options...>: the bytes of loom's buffers on each
+// rank before a training job runs — parameters, gradients, optimizer state, communication
+// buffers, and per sample what the passes keep (at the schedule's peak for a pipeline) — counted
+// from the buffers the code allocates (loom::sequence's outputs and gradient buffers, the layers'
+// own, the engines', the trainer's batch); with loom::memory_budget<Bytes> and
+// loom::max_batch<N>, a plan that does not fit is a compile error naming the rank, the bytes and
+// the largest batch that fits. Its facts about each policy (detail::policy_facts: ranks per
+// replica, replication, what each rank holds) also serve the world sizes (world_sizes.hpp).
+// A shared file that names every strategy's policy and plan, so it includes data/, pipeline/
+// and tensor/ (the exceptions in tests/headers/layering.cmake).
 //
-//  - loom::memory_plan<Network, Optimizer, Policy, Options...>: the bytes of loom's buffers on
-//    each rank — parameters, gradients, optimizer state, communication buffers, and per sample
-//    what the passes keep (at the schedule's peak for a pipeline) — counted from the buffers
-//    the code allocates (loom::sequence's outputs and gradient buffers, the layers' own, the
-//    engines', the trainer's batch); with loom::memory_budget<Bytes> and loom::max_batch<N>, a
-//    plan that does not fit is a compile error naming the rank, the bytes and the largest batch
-//    that fits.
-//  - loom::world_size_rules<Network, Policy> and loom::valid_world_sizes<Network, Policy, Batch,
-//    Chunk>: the world sizes on which the engines accept a job of this policy and global batch
-//    (and deterministic chunk), for a launcher that restarts a job on the ranks left.
-//
-// docs/memory-plan.md describes both, what the plan leaves out, and how it was measured.
+// docs/memory-plan.md describes it, what the plan leaves out, and how it was measured.
 
 #include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <string>
 #include <type_traits>
 #include <utility>
-#include <vector>
 
 #include "loom/backend/default_backend.hpp"
 #include "loom/core/error.hpp"
@@ -33,14 +29,16 @@
 #include "loom/nn/describe.hpp"
 #include "loom/nn/loss.hpp"
 #include "loom/nn/network.hpp"
-#include "loom/parallel/bucket_plan.hpp"
-#include "loom/parallel/data_parallel.hpp"
+#include "loom/parallel/data/bucket_plan.hpp"
+#include "loom/parallel/data/data_parallel.hpp"
 #include "loom/parallel/hybrid.hpp"
-#include "loom/parallel/pipeline_plan.hpp"
-#include "loom/parallel/rank_grid.hpp"
+#include "loom/parallel/model_parallel.hpp"
+#include "loom/parallel/pipeline/partition.hpp"
+#include "loom/parallel/pipeline/policy.hpp"
+#include "loom/parallel/pipeline/schedule.hpp"
 #include "loom/parallel/single_process.hpp"
-#include "loom/parallel/tensor_parallel.hpp"
-#include "loom/parallel/tensor_parallel_plan.hpp"
+#include "loom/parallel/tensor/policy.hpp"
+#include "loom/parallel/tensor/plan.hpp"
 
 namespace loom {
 
@@ -678,145 +676,5 @@ constexpr rank_memory rank_memory_for(const typename Optimizer::options& options
   }
   return m;
 }
-
-// ---- World sizes --------------------------------------------------------------------------------
-
-/// The world sizes on which the engines accept a job of Network under Policy, from the code's
-/// own checks: a pipeline runs on exactly its S stages (model_parallel) or on replicas x S
-/// (hybrid); tensor parallelism on T ranks, or replicas x T (the rank grid's one rule,
-/// detail::grid_shape, which the engines apply); data parallelism on any number;
-/// single_process on one. The global batch needs no divisibility (the loader splits it as
-/// evenly as it goes, micro-batches too); the split-invariant mode (deterministic_chunk > 0)
-/// runs only under single_process and data_parallel, with at least one chunk of a full batch
-/// per rank (loom::chunk_plan). One rule more than the code's: every replica must get a sample
-/// of a full batch (replicas <= batch): the trainer would run more, the extra replicas adding
-/// zeros, but they would train nothing. Compile-time mistakes (more stages than layers, a
-/// tensor width that does not divide a layer) do not compile, as in the trainer.
-template <class Network, class Policy>
-struct world_size_rules {
- private:
-  using facts = detail::policy_facts<Network, Policy>;
-  static_assert(facts::known,
-                "loom::world_size_rules<Network, Policy>: Policy must be one of the trainer's: loom::single_process, "
-                "loom::data_parallel<Comm, ...>, loom::model_parallel<loom::pipeline<S, ...>, Comm>, "
-                "loom::model_parallel<loom::tensor_parallel<T>, Comm>, or a loom::hybrid<loom::data_parallel<Comm, ...>, "
-                "...>");
-
- public:
-  /// Ranks of one model replica, and whether a world may hold several replicas.
-  static constexpr std::size_t group_size = facts::group;
-  static constexpr bool replicated = facts::replicated;
-  /// Whether the split-invariant mode (fit_options::deterministic_chunk) runs under Policy.
-  static constexpr bool split_invariant = facts::deterministic;
-  static constexpr bool network_fits = facts::network_fits;
-
-  /// Whether a world of `world` ranks trains this job with global batch `batch` and
-  /// deterministic_chunk `chunk` (0: off).
-  static constexpr bool accepts(std::size_t world, std::size_t batch, std::size_t chunk = 0) noexcept {
-    return network_fits && batch > 0 && world <= largest(batch, chunk) &&
-           detail::grid_shape{.group = group_size, .replicated = replicated}.accepts(world);
-  }
-  /// The largest world accepted (0: none), so accepts(w) iff w is a multiple of group_size up
-  /// to it (just group_size without replicas).
-  static constexpr std::size_t largest(std::size_t batch, std::size_t chunk = 0) noexcept {
-    if (!network_fits || batch == 0) return 0;
-    if (chunk > 0 && !split_invariant) return 0;
-    if (!replicated) return group_size;
-    const std::size_t replicas = chunk > 0 ? (batch + chunk - 1) / chunk : batch;
-    return replicas * group_size;
-  }
-  /// The largest world accepted that has at most `ranks` ranks (0: none): the size to restart
-  /// on after failures left `ranks` ranks.
-  static constexpr std::size_t largest_up_to(std::size_t ranks, std::size_t batch, std::size_t chunk = 0) noexcept {
-    for (std::size_t w = std::min(ranks, largest(batch, chunk)); w > 0; --w)
-      if (accepts(w, batch, chunk)) return w;
-    return 0;
-  }
-  /// Every world size accepted, ascending.
-  static constexpr std::vector<std::size_t> list(std::size_t batch, std::size_t chunk = 0) {
-    std::vector<std::size_t> out;
-    for (std::size_t w = group_size; w <= largest(batch, chunk); w += group_size)
-      if (accepts(w, batch, chunk)) out.push_back(w);
-    return out;
-  }
-  /// Why `world` does not train this job (empty when it does), in a sentence.
-  static std::string why_not(std::size_t world, std::size_t batch, std::size_t chunk = 0) {
-    if (accepts(world, batch, chunk)) return {};
-    const std::string g = std::to_string(group_size), w = std::to_string(world), b = std::to_string(batch);
-    if (world == 0) return "a world needs at least one rank";
-    if (batch == 0) return "loom::trainer::fit refuses a batch of 0";
-    if (chunk > 0 && !split_invariant)
-      return "deterministic_chunk=" + std::to_string(chunk) +
-             " needs loom::single_process or loom::data_parallel<Comm, ...>, not this policy";
-    if (!replicated)
-      return group_size == 1 ? "loom::single_process trains on one rank, not " + w
-                             : "this policy splits the model over exactly " + g + " ranks, not " + w +
-                                   " (for more, train replicas of it with loom::hybrid<loom::data_parallel<...>, ...>)";
-    if (world % group_size != 0)
-      return w + " ranks are not a whole number of model replicas of " + g + " ranks each";
-    const std::size_t replicas = world / group_size;
-    if (chunk > 0) {
-      const std::size_t chunks = (batch + chunk - 1) / chunk;
-      return "a full batch of " + b + " makes " + std::to_string(chunks) + " chunk" + (chunks == 1 ? "" : "s") + " of " +
-             std::to_string(chunk) + " samples, fewer than the " + std::to_string(replicas) +
-             " replicas, which each need at least one (loom::chunk_plan)";
-    }
-    return std::to_string(replicas) + " replicas for a batch of " + b + ": " + std::to_string(replicas - batch) +
-           " would get no sample of a full batch";
-  }
-};
-
-namespace detail {
-template <class Rules, std::size_t Batch, std::size_t Chunk>
-constexpr std::size_t count_world_sizes() {
-  std::size_t n = 0;
-  for (std::size_t w = 1; w <= Rules::largest(Batch, Chunk); ++w) n += Rules::accepts(w, Batch, Chunk) ? 1 : 0;
-  return n;
-}
-}  // namespace detail
-
-/// The world sizes that train Network under Policy with global batch Batch and
-/// deterministic_chunk Chunk (0: off), ascending (see world_size_rules).
-template <class Network, class Policy, std::size_t Batch, std::size_t Chunk = 0>
-inline constexpr auto valid_world_sizes = [] {
-  using rules = world_size_rules<Network, Policy>;
-  std::array<std::size_t, detail::count_world_sizes<rules, Batch, Chunk>()> out{};
-  std::size_t n = 0;
-  for (std::size_t w = 1; w <= rules::largest(Batch, Chunk); ++w)
-    if (rules::accepts(w, Batch, Chunk)) out[n++] = w;
-  return out;
-}();
-
-/// The tensor-parallel widths Network can be split by: the widths that divide the outputs of
-/// every loom::column_parallel layer and the inputs of every loom::row_parallel layer (a width
-/// that does not, does not compile), ascending. {1} when it has no such layer.
-template <class Network>
-inline constexpr auto tensor_parallel_widths = [] {
-  constexpr std::size_t g = []<std::size_t... I>(std::index_sequence<I...>) {
-    std::size_t d = 0;
-    auto gcd = [](std::size_t a, std::size_t b) {
-      while (b) a = std::exchange(b, a % b);
-      return a;
-    };
-    auto split_dim = []<std::size_t K>(std::integral_constant<std::size_t, K>) -> std::size_t {
-      using L = at<K, typename Network::layers>;
-      if constexpr (is_column_parallel_v<L>) return L::outputs;
-      else if constexpr (is_row_parallel_v<L>) return Network::chain::template input_of<K>::size;
-      else return 0;
-    };
-    ((d = gcd(d, split_dim(std::integral_constant<std::size_t, I>{}))), ...);
-    return d == 0 ? std::size_t{1} : d;
-  }(std::make_index_sequence<Network::layer_count>{});
-  constexpr std::size_t n = [] {
-    std::size_t c = 0;
-    for (std::size_t w = 1; w <= g; ++w) c += g % w == 0 ? 1 : 0;
-    return c;
-  }();
-  std::array<std::size_t, n> out{};
-  std::size_t k = 0;
-  for (std::size_t w = 1; w <= g; ++w)
-    if (g % w == 0) out[k++] = w;
-  return out;
-}();
 
 }  // namespace loom

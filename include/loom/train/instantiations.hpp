@@ -16,10 +16,10 @@
 #include "loom/optim/adam.hpp"
 #include "loom/optim/any.hpp"
 #include "loom/optim/sgd.hpp"
-#include "loom/parallel/chunk_tree.hpp"
-#include "loom/parallel/chunked_steps.hpp"
+#include "loom/parallel/data/chunk_tree.hpp"
+#include "loom/parallel/data/chunked_steps.hpp"
 #include "loom/parallel/collectives.hpp"
-#include "loom/parallel/data_parallel.hpp"
+#include "loom/parallel/data/data_parallel.hpp"
 #include "loom/parallel/engine.hpp"
 #include "loom/train/recovery.hpp"
 

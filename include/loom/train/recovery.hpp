@@ -36,7 +36,7 @@
 #include "loom/io/checkpoint.hpp"
 #include "loom/monitor/timeline.hpp"
 #include "loom/parallel/collectives.hpp"
-#include "loom/parallel/data_parallel.hpp"  // job_field_diff
+#include "loom/parallel/data/data_parallel.hpp"  // job_field_diff
 #include "loom/train/erased_engine.hpp"
 #include "loom/train/fit_options.hpp"
 #include "loom/train/run_state.hpp"

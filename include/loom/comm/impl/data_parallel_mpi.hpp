@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// No include guard: included at the end of loom/parallel/data_parallel.hpp and of
+// No include guard: included at the end of loom/parallel/data/data_parallel.hpp and of
 // loom/comm/mpi.hpp, it names (once, after the second of them) the instantiations of
 // data_parallel's gradient communication over loom::mpi_comm that loom::compiled_mpi holds
 // (LOOM_INSTANTIATE_MPI, loom/core/config.hpp): those of data_parallel<mpi_comm> (native wire, no

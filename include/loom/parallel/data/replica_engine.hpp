@@ -6,7 +6,7 @@
 // It owns the model and the optimizer state, runs the passes and the loss, clips and steps; the
 // policy's communication is its Sync (single_process_sync, gradient_allreduce,
 // tensor_parallel_sync). Also the split-invariant mode (deterministic_chunk) of single_process and
-// data_parallel. Pipelines have their own engine (loom/parallel/pipeline_engine.hpp).
+// data_parallel. Pipelines have their own engine (loom/parallel/pipeline/engine.hpp).
 
 #include <cmath>
 #include <cstddef>
@@ -27,12 +27,12 @@
 #include "loom/nn/loss.hpp"
 #include "loom/nn/model.hpp"
 #include "loom/optim/clip.hpp"
-#include "loom/parallel/chunk_tree.hpp"
-#include "loom/parallel/chunked_steps.hpp"
+#include "loom/parallel/data/chunk_tree.hpp"
+#include "loom/parallel/data/chunked_steps.hpp"
 #include "loom/parallel/engine.hpp"
 #include "loom/parallel/shard_map.hpp"
 #include "loom/parallel/with_optimizer.hpp"
-#include "loom/parallel/zero_shard.hpp"
+#include "loom/parallel/data/zero_shard.hpp"
 
 namespace loom {
 

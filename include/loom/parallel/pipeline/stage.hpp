@@ -3,7 +3,7 @@
 // One rank's pipeline stage as it runs its schedule (detail::stage_runner): the rank grid and
 // the pipeline group, the stage's model, its activation slots and the run of its table of
 // forwards, backwards, sends and receives each step (and a forward-only pass for evaluation).
-// loom::pipeline_stages (loom/parallel/pipeline_engine.hpp) builds the engine's surface on it;
+// loom::pipeline_stages (loom/parallel/pipeline/engine.hpp) builds the engine's surface on it;
 // how a stage runs is described in docs/model-parallel.md, "How a stage runs".
 
 #include <algorithm>
@@ -27,9 +27,12 @@
 #include "loom/nn/describe.hpp"
 #include "loom/nn/loss.hpp"
 #include "loom/nn/model.hpp"
-#include "loom/parallel/data_parallel.hpp"
+#include "loom/parallel/data/data_parallel.hpp"
 #include "loom/parallel/engine.hpp"
-#include "loom/parallel/pipeline_plan.hpp"
+#include "loom/parallel/pipeline/channel.hpp"
+#include "loom/parallel/pipeline/partition.hpp"
+#include "loom/parallel/pipeline/policy.hpp"
+#include "loom/parallel/pipeline/schedule.hpp"
 #include "loom/parallel/rank_grid.hpp"
 
 namespace loom {
@@ -311,7 +314,7 @@ class stage_runner {
       const pipeline_op op = ops[i];
       const std::size_t m = op.micro_batch, lo = micro_batch_begin(b.n, m, table_.micro_batches);
       const micro_batch mb{.m = m, .lo = lo, .n = micro_batch_begin(b.n, m + 1, table_.micro_batches) - lo};
-      if (!is_communication(op.kind)) wait_all(receives);
+      if (!is_communication(op.kind)) channel().wait_all(receives);
       switch (op.kind) {
         case recv_activation: receives.push_back(receive_activation(st, mb)); break;
         case forward: run_forward(st, model, pass, mb, total); break;
@@ -320,9 +323,9 @@ class stage_runner {
         case backward: run_backward(st, model, pass, mb, i == pass.last_backward); break;
         case send_gradient: send_gradient_of(st, mb); break;
       }
-      if (!op.posted_with_next) wait_all(receives);
+      if (!op.posted_with_next) channel().wait_all(receives);
     }
-    wait_all(receives);
+    channel().wait_all(receives);
     complete_sends(st);
     if (pass.last_of_group) {
       monitor::timed compute(figures_, &rank_figures::compute_s);
@@ -348,8 +351,8 @@ class stage_runner {
       sl.x = b.x;
     } else {
       sl.x = sl.input.data();
-      auto r = pipe_.irecv(message_data(sl.input.data(), b.n), b.n * State::in_size, stage_ - 1, evaluation_tag());
-      wait_timed(r);
+      auto r = channel().receive_evaluation(sl.input.data(), b.n * State::in_size, b.n);
+      channel().wait(r);
     }
     sl.y = nullptr;
     if (b.n > 0) {
@@ -361,7 +364,7 @@ class stage_runner {
       compute.stop();
     }
     if constexpr (!State::last)
-      sl.sends.push_back(pipe_.isend(message_data(sl.y, b.n), b.n * State::out_size, stage_ + 1, evaluation_tag()));
+      sl.sends.push_back(channel().send_evaluation(sl.y, b.n * State::out_size, b.n));
     sl.busy = false;  // its send completes before the slot is used again
     return v;
   }
@@ -381,7 +384,7 @@ class stage_runner {
   loss_workspace<Backend> ws_;
   rank_figures figures_;
   bool grads_written_ = false;
-  T empty_{};
+  T empty_{};  // what an empty message names (stage_channel)
 
  private:
   /// What one run of the table shares between its operations.
@@ -439,39 +442,24 @@ class stage_runner {
   request receive_activation(State& st, const micro_batch& mb) {
     auto& sl = acquire(st, mb.m, mb.n);
     sl.x = sl.input.data();
-    return receive(sl.input.data(), mb.n * State::in_size, stage_ - 1, mb, pipeline_op_kind::recv_activation);
+    return channel().receive(pipeline_op_kind::recv_activation, sl.input.data(), mb.n * State::in_size, mb.n, mb.m);
   }
   template <class State>
   request receive_gradient(State& st, const micro_batch& mb) {
-    return receive(slot_of(st, mb.m).dy.data(), mb.n * State::out_size, stage_ + 1, mb, pipeline_op_kind::recv_gradient);
+    return channel().receive(pipeline_op_kind::recv_gradient, slot_of(st, mb.m).dy.data(), mb.n * State::out_size, mb.n,
+                             mb.m);
   }
   template <class State>
   void send_activation_of(State& st, const micro_batch& mb) {
     auto& sl = slot_of(st, mb.m);
-    sl.sends.push_back(send(sl.y, mb.n * State::out_size, stage_ + 1, mb, pipeline_op_kind::send_activation));
+    sl.sends.push_back(channel().send(pipeline_op_kind::send_activation, sl.y, mb.n * State::out_size, mb.n, mb.m));
   }
   template <class State>
   void send_gradient_of(State& st, const micro_batch& mb) {
     auto& sl = slot_of(st, mb.m);
-    sl.sends.push_back(send(sl.dx.data(), mb.n * State::in_size, stage_ - 1, mb, pipeline_op_kind::send_gradient));
+    sl.sends.push_back(channel().send(pipeline_op_kind::send_gradient, sl.dx.data(), mb.n * State::in_size, mb.n, mb.m));
     release(st, mb.m);
   }
-  request receive(T* p, std::size_t count, int peer, const micro_batch& mb, pipeline_op_kind k) {
-    const auto posted = monitor::clock::now();
-    request r = pipe_.irecv(message_data(p, mb.n), count, peer, tag_of(mb.m, k));
-    monitor::record_span(monitor::span_kind::receive, posted, monitor::clock::now(), static_cast<std::int32_t>(mb.m), peer,
-                         static_cast<double>(count * sizeof(T)));
-    return r;
-  }
-  request send(const T* p, std::size_t count, int peer, const micro_batch& mb, pipeline_op_kind k) {
-    const auto posted = monitor::clock::now();
-    request r = pipe_.isend(message_data(p, mb.n), count, peer, tag_of(mb.m, k));
-    figures_.bytes_sent += static_cast<double>(count * sizeof(T));
-    monitor::record_span(monitor::span_kind::send, posted, monitor::clock::now(), static_cast<std::int32_t>(mb.m), peer,
-                         static_cast<double>(count * sizeof(T)));
-    return r;
-  }
-
   template <class State, class Model>
   void run_forward(State& st, Model& model, const table_pass& p, const micro_batch& mb, loss_value& total) {
     auto& sl = State::first ? acquire(st, mb.m, mb.n) : slot_of(st, mb.m);
@@ -552,26 +540,11 @@ class stage_runner {
     if constexpr (may_shard_state) st.dp->settle();
   }
 
-  void wait_timed(request& r) {
-    monitor::timed bubble(figures_, &rank_figures::bubble_s);
-    r.wait();
-  }
-  void wait_all(std::vector<request>& rs) {
-    if (rs.empty()) return;
-    monitor::timed bubble(figures_, &rank_figures::bubble_s);
-    for (auto& r : rs) r.wait();
-    rs.clear();
-  }
-
-  static int tag_of(std::size_t m, pipeline_op_kind k) {
-    const bool gradient = k == pipeline_op_kind::send_gradient || k == pipeline_op_kind::recv_gradient;
-    return static_cast<int>(2 * m + (gradient ? 1 : 0));
-  }
-  int evaluation_tag() const { return static_cast<int>(2 * table_.micro_batches); }
-
-  /// wait_all, for the slots.
+  /// The messages of this stage to its neighbours (see stage_channel).
+  stage_channel<T, Comm> channel() { return {pipe_, figures_, empty_, stage_, table_.micro_batches}; }
+  /// channel().wait_all, for the slots.
   auto waits() {
-    return [this](std::vector<request>& rs) { wait_all(rs); };
+    return [this](std::vector<request>& rs) { channel().wait_all(rs); };
   }
   template <class State>
   typename State::slot& acquire(State& st, std::size_t m, std::size_t n) {
@@ -585,11 +558,6 @@ class stage_runner {
   void release(State& st, std::size_t m) {
     st.slots.release(m);
   }
-
-  /// A pointer for a message of n elements: p, or host memory when there is nothing to send
-  /// (both ends of an empty message then name host memory, which every communicator moves).
-  const T* message_data(const T* p, std::size_t n) const { return p && n > 0 ? p : &empty_; }
-  T* message_data(T* p, std::size_t n) { return p && n > 0 ? p : &empty_; }
 };
 
 }  // namespace detail

@@ -3,8 +3,8 @@
 // loom::pipeline_engine: the run-time half of pipeline model parallelism, and the engine
 // (loom/parallel/engine.hpp) the trainer drives for pipelines. One rank runs one stage: it
 // holds only that stage's model (parameters and gradients) and optimizer state, and executes
-// the stage's schedule table (loom/parallel/pipeline_plan.hpp) each step
-// (detail::stage_runner, loom/parallel/pipeline_stage.hpp). Under loom::hybrid it also averages
+// the stage's schedule table (loom/parallel/pipeline/schedule.hpp) each step
+// (detail::stage_runner, loom/parallel/pipeline/stage.hpp). Under loom::hybrid it also averages
 // its stage's gradients over the replicas with a gradient_allreduce. The fit loop around it is
 // loom::trainer (loom/train/trainer.hpp); no communicator is included here.
 
@@ -24,10 +24,10 @@
 #include "loom/monitor/timeline.hpp"
 #include "loom/optim/clip.hpp"
 #include "loom/parallel/engine.hpp"
-#include "loom/parallel/pipeline_stage.hpp"
+#include "loom/parallel/pipeline/stage.hpp"
 #include "loom/parallel/shard_map.hpp"
 #include "loom/parallel/with_optimizer.hpp"
-#include "loom/parallel/zero_shard.hpp"
+#include "loom/parallel/data/zero_shard.hpp"
 
 namespace loom {
 

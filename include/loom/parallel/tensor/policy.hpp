@@ -4,9 +4,9 @@
 // loom::model_parallel<loom::tensor_parallel<T>, Comm> or inside loom::hybrid<...>. Every rank
 // of a group of Width ranks holds 1/Width of the weights of each loom::column_parallel and
 // loom::row_parallel layer and sees the same samples. The layers are in
-// loom/layers/tensor_parallel.hpp, the network of one rank in tensor_parallel_plan.hpp, their
-// communication for the trainer's engine in tensor_parallel_sync.hpp; this header stays light
-// (pipeline_plan.hpp names the policy).
+// loom/layers/tensor_parallel.hpp, the network of one rank in plan.hpp, their communication for
+// the trainer's engine in sync.hpp; this header stays light (loom/parallel/model_parallel.hpp
+// and hybrid.hpp name the policy).
 
 #include <cstddef>
 

@@ -6,7 +6,7 @@
 // the data-parallel group's reduce-scatters fill (loom::zero_layout says where), their blocks of
 // the whole network's layout (the optimizer state's shard map), and the step of those slices
 // followed by the parameters' allgathers, which the next forward completes. The communication
-// itself is detail::bucket_allreduce's (loom/parallel/data_parallel.hpp).
+// itself is detail::bucket_allreduce's (loom/parallel/data/data_parallel.hpp).
 
 #include <algorithm>
 #include <cmath>

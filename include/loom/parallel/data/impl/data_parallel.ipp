@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "loom/parallel/data_parallel.hpp"
+#include "loom/parallel/data/data_parallel.hpp"
 
 namespace loom::detail {
 

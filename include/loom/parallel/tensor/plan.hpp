@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // The compile-time half of tensor parallelism, beside the stage partition of pipelines
-// (pipeline_plan.hpp): loom::tensor_parallel_network<Network, Width>, the network one rank of a
+// (loom/parallel/pipeline/partition.hpp): loom::tensor_parallel_network<Network, Width>, the network one rank of a
 // Width-way group runs (each loom::column_parallel and loom::row_parallel replaced by its
 // slice), and loom::tensor_parallel_layout<Network, Width>, where each layer's parameters lie
-// in the whole network and in one rank's slice (gather, scatter, norms over the group). The
-// layers are in loom/layers/tensor_parallel.hpp; the policy in tensor_parallel.hpp.
+// in the whole network and in one rank's slice (gather, scatter, norms over the group), and
+// loom::tensor_parallel_widths<Network>, the widths it can be split by. The layers are in
+// loom/layers/tensor_parallel.hpp; the policy in policy.hpp.
 
 #include <algorithm>
 #include <array>
@@ -200,5 +201,37 @@ struct tensor_parallel_layout {
     return s;
   }
 };
+
+/// The tensor-parallel widths Network can be split by: the widths that divide the outputs of
+/// every loom::column_parallel layer and the inputs of every loom::row_parallel layer (a width
+/// that does not, does not compile), ascending. {1} when it has no such layer.
+template <class Network>
+inline constexpr auto tensor_parallel_widths = [] {
+  constexpr std::size_t g = []<std::size_t... I>(std::index_sequence<I...>) {
+    std::size_t d = 0;
+    auto gcd = [](std::size_t a, std::size_t b) {
+      while (b) a = std::exchange(b, a % b);
+      return a;
+    };
+    auto split_dim = []<std::size_t K>(std::integral_constant<std::size_t, K>) -> std::size_t {
+      using L = at<K, typename Network::layers>;
+      if constexpr (is_column_parallel_v<L>) return L::outputs;
+      else if constexpr (is_row_parallel_v<L>) return Network::chain::template input_of<K>::size;
+      else return 0;
+    };
+    ((d = gcd(d, split_dim(std::integral_constant<std::size_t, I>{}))), ...);
+    return d == 0 ? std::size_t{1} : d;
+  }(std::make_index_sequence<Network::layer_count>{});
+  constexpr std::size_t n = [] {
+    std::size_t c = 0;
+    for (std::size_t w = 1; w <= g; ++w) c += g % w == 0 ? 1 : 0;
+    return c;
+  }();
+  std::array<std::size_t, n> out{};
+  std::size_t k = 0;
+  for (std::size_t w = 1; w <= g; ++w)
+    if (g % w == 0) out[k++] = w;
+  return out;
+}();
 
 }  // namespace loom

@@ -2,7 +2,7 @@
 #pragma once
 // Marker templates of the parallelism plans (pipeline partitions and schedules): never defined,
 // named by a failing check so that the compiler prints the numbers involved. The checks and
-// their sentences live in loom/parallel/pipeline_plan.hpp; the layers' markers in layer.hpp.
+// their sentences live in policy.hpp, partition.hpp and verify.hpp beside it; the layers' markers in layer.hpp.
 
 #include <cstddef>
 

@@ -342,5 +342,5 @@ class chunk_exchange {
 }  // namespace loom
 
 #if defined(LOOM_DEFINITIONS_VISIBLE)
-#include "loom/parallel/impl/chunk_tree.ipp"
+#include "loom/parallel/data/impl/chunk_tree.ipp"
 #endif

@@ -4,7 +4,7 @@
 // header (header-only), or compiled once in src/loom.cpp (LOOM_SEPARATE_COMPILATION; see
 // loom/core/config.hpp).
 
-#include "loom/parallel/chunk_tree.hpp"
+#include "loom/parallel/data/chunk_tree.hpp"
 
 namespace loom {
 

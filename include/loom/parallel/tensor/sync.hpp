@@ -5,7 +5,7 @@
 // loom::tensor_parallel<T>>): the grid of ranks, the tensor group the layers' allreduces run over
 // (comm_tensor_group), the gradient allreduce across replicas, the shard map of a slice, and
 // the gathering of the split model. The policy is in
-// loom/parallel/tensor_parallel.hpp, the layers in loom/layers/tensor_parallel.hpp.
+// loom/parallel/tensor/policy.hpp, the layers in loom/layers/tensor_parallel.hpp.
 
 #include <algorithm>
 #include <array>
@@ -23,14 +23,14 @@
 
 #include "loom/comm/communicator.hpp"
 #include "loom/core/error.hpp"
-#include "loom/parallel/data_parallel.hpp"
+#include "loom/parallel/data/data_parallel.hpp"
 #include "loom/parallel/engine.hpp"
 #include "loom/monitor/figures.hpp"
 #include "loom/monitor/timeline.hpp"
 #include "loom/parallel/rank_grid.hpp"
 #include "loom/parallel/shard_map.hpp"
-#include "loom/parallel/tensor_parallel.hpp"
-#include "loom/parallel/tensor_parallel_plan.hpp"
+#include "loom/parallel/tensor/policy.hpp"
+#include "loom/parallel/tensor/plan.hpp"
 
 namespace loom {
 

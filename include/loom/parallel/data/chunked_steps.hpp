@@ -14,7 +14,7 @@
 #include "loom/monitor/figures.hpp"
 #include "loom/monitor/timeline.hpp"
 #include "loom/nn/loss.hpp"
-#include "loom/parallel/chunk_tree.hpp"
+#include "loom/parallel/data/chunk_tree.hpp"
 #include "loom/parallel/engine.hpp"
 
 namespace loom::detail {

@@ -5,7 +5,7 @@
 // share of every global batch; gradients are averaged by allreduce in buckets that start while
 // backward still runs. This file holds the policy type and its gradient communication
 // (gradient_allreduce); the engine the trainer drives is loom::replica_engine
-// (loom/parallel/replica_engine.hpp), the communicators live in loom/comm/.
+// (loom/parallel/data/replica_engine.hpp), the communicators live in loom/comm/.
 
 #include <algorithm>
 #include <chrono>
@@ -23,7 +23,7 @@
 #include "loom/core/fault.hpp"
 #include "loom/core/half.hpp"
 #include "loom/core/memory.hpp"
-#include "loom/parallel/bucket_plan.hpp"
+#include "loom/parallel/data/bucket_plan.hpp"
 #include "loom/parallel/engine.hpp"
 #include "loom/monitor/figures.hpp"
 #include "loom/monitor/timeline.hpp"
@@ -772,6 +772,6 @@ class gradient_allreduce
 }  // namespace loom
 
 #if defined(LOOM_DEFINITIONS_VISIBLE)
-#include "loom/parallel/impl/data_parallel.ipp"
+#include "loom/parallel/data/impl/data_parallel.ipp"
 #endif
 #include "loom/comm/impl/data_parallel_mpi.hpp"
