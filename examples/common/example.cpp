@@ -5,6 +5,8 @@
 
 #include "example.hpp"
 
+#include <algorithm>
+
 namespace example {
 
 [[noreturn]] void parser::fail(const std::string& msg) const {
@@ -14,11 +16,17 @@ namespace example {
 
 flags parser::parse(int argc, char** argv, const std::function<bool(std::string_view, std::string_view)>& extra) const {
   flags f;
+  f.model = models_.front();
   for (int i = 1; i < argc; ++i) {
     std::string_view a = argv[i];
     if (a == "--help" || a == "-h") {
       std::cout << usage_;
       std::exit(0);
+    }
+    if (a.substr(0, 2) == "--" && extra &&
+        std::find(switches_.begin(), switches_.end(), a.substr(2)) != switches_.end()) {
+      extra(a.substr(2), {});
+      continue;
     }
     if (a == "--quiet") {
       f.quiet = true;
@@ -96,7 +104,12 @@ flags parser::parse(int argc, char** argv, const std::function<bool(std::string_
     }
     else if (!extra || !extra(name, value)) fail("unknown flag --" + std::string(name));
   }
-  if (f.model != "mlp" && f.model != "cnn") fail("--model must be mlp or cnn, got '" + f.model + "'");
+  if (std::find(models_.begin(), models_.end(), f.model) == models_.end()) {
+    std::string names;
+    for (std::size_t i = 0; i < models_.size(); ++i)
+      names += (i == 0 ? "" : i + 1 == models_.size() ? " or " : ", ") + models_[i];
+    fail("--model must be " + names + ", got '" + f.model + "'");
+  }
   if (f.optimizer != "sgd" && f.optimizer != "adam") fail("--optimizer must be sgd or adam, got '" + f.optimizer + "'");
   if (f.batch == 0) fail("--batch must be at least 1");
   if (f.epochs == 0 && f.load_weights.empty()) fail("--epochs must be at least 1 (0 only with --load-weights)");
@@ -119,6 +132,16 @@ parser& parser::with_zero_flag() {
   usage_ +=
       "  --zero                 shard the optimizer state over the data-parallel replicas\n"
       "                         (ZeRO stage 1, loom::shard_optimizer_state)\n";
+  return *this;
+}
+
+parser& parser::with_models(std::vector<std::string> names) {
+  models_ = std::move(names);
+  return *this;
+}
+
+parser& parser::with_switches(std::vector<std::string> names) {
+  switches_ = std::move(names);
   return *this;
 }
 

@@ -24,7 +24,7 @@
 namespace example {
 
 struct flags {
-  std::string model = "mlp";
+  std::string model = "mlp";  // (parser::with_models: its first name)
   std::size_t epochs = 5;
   std::size_t batch = 64;
   float lr = 0.02f;
@@ -62,9 +62,12 @@ struct flags {
   bool replace_failed = false;
 };
 
-inline constexpr const char* common_usage = R"(  --model mlp|cnn        network to train (default mlp: 784-256-128-10 with ReLU;
+/// --model of the examples that train the main job's networks (examples/common/networks.hpp).
+inline constexpr const char* model_usage = R"(  --model mlp|cnn        network to train (default mlp: 784-256-128-10 with ReLU;
                          cnn: two 3x3 conv + max-pool blocks, then 128 and 10)
-  --epochs N             passes over the training set (default 5)
+)";
+
+inline constexpr const char* common_usage = R"(  --epochs N             passes over the training set (default 5)
   --batch N              samples per step, over all ranks (default 64)
   --lr X                 learning rate (default 0.02)
   --momentum X           SGD momentum (default 0.9)
@@ -151,10 +154,15 @@ class parser {
   parser& with_weights_flags();
   /// Takes --zero (ZeRO stage 1 under data parallelism) and lists it in the usage.
   parser& with_zero_flag();
+  /// The values --model takes (default: mlp and cnn); the first is the default.
+  parser& with_models(std::vector<std::string> names);
+  /// Flags without a value the example takes itself: `--name` reaches `extra(name, "")`.
+  parser& with_switches(std::vector<std::string> names);
 
  private:
   std::string program_, usage_;
   bool weights_ = false, zero_ = false;
+  std::vector<std::string> models_{"mlp", "cnn"}, switches_;
 };
 
 template <class Set>

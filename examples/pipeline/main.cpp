@@ -146,7 +146,7 @@ int with_model(const example::flags& f, const pipeline_flags& p) {
 int main(int argc, char** argv) {
   loom::mpi::environment env{argc, argv};
   pipeline_flags p;
-  example::parser parser(program, std::string(usage_head) + example::common_usage);
+  example::parser parser(program, std::string(usage_head) + example::model_usage + example::common_usage);
   parser.with_zero_flag();
   const example::flags f = parser.parse(argc, argv, [&](std::string_view name, std::string_view value) {
     if (name == "micro-batches") {

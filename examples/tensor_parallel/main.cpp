@@ -56,7 +56,7 @@ int with_optimizer(const example::flags& f) {
 int main(int argc, char** argv) {
   loom::mpi::environment env{argc, argv};
   const example::flags f = example::parser(program, std::string("usage: mpirun -np 2|4 tensor_parallel [flags]\n") +
-                                                        example::common_usage)
+                                                        example::model_usage + example::common_usage)
                                .with_zero_flag()
                                .parse(argc, argv);
   if (f.print_valid_world_sizes) {

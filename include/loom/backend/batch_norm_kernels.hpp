@@ -8,8 +8,10 @@
 // backends' batch_norm_plan runs it where their vendor's call does not serve.
 
 #include <cstddef>
+#include <string>
 
 #include "loom/backend/kernels/normalization.hpp"
+#include "loom/core/error.hpp"
 #include "loom/core/geometry.hpp"
 #include "loom/core/memory.hpp"
 #include "loom/core/process_group.hpp"
@@ -38,7 +40,10 @@ class batch_norm_kernels {
     mean_.reserve_discard(c);
     invstd_.reserve_discard(c);
     Backend::for_each(c + 1, kernels::batch_norm_sums<T>{x, l, sums_.data()});
-    if (replicas) replicas->allreduce_sum(sums_.data(), 2 * c + 1);
+    if (replicas) {
+      replicas->allreduce_sum(sums_.data(), 2 * c + 1);
+      check_group_count(replicas->size());
+    }
     Backend::for_each(c, kernels::batch_norm_moments<T>{sums_.data(), c, g_.eps, momentum, mean_.data(), invstd_.data(),
                                                         running_mean, running_var});
     Backend::for_each(l.size(), kernels::batch_norm_normalize<T>{x, mean_.data(), invstd_.data(), w, b, y, l, relu_});
@@ -58,16 +63,18 @@ class batch_norm_kernels {
 
   /// Backward from dy (x's layout) after forward_training, or after forward_inference (the
   /// running statistics then constants): the weight and bias gradients (overwritten, or added
-  /// to when accumulate) and, when dx is not null, the input gradient. After training, the
-  /// gradient sums are summed over `replicas` when given.
+  /// to when accumulate: this rank's own, as every parameter's) and, when dx is not null, the
+  /// input gradient — after training from the gradient sums summed over `replicas` when given.
   void backward(const T* x, std::size_t block, const T* w, const T* dy, T* dx, T* dw, T* db, std::size_t batch,
                 bool accumulate, process_group* replicas) {
     const std::size_t c = g_.c;
     const kernels::channel_layout l = layout(batch, block);
     grad_sums_.reserve_discard(2 * c);
     Backend::for_each(c, kernels::batch_norm_gradient_sums<T>{x, dy, mean_.data(), invstd_.data(), l, grad_sums_.data()});
-    if (replicas && training_) replicas->allreduce_sum(grad_sums_.data(), 2 * c);
+    // The weight and bias gradients are this rank's sums, as every other parameter's (the
+    // engine sums them over the replicas with the rest); the input gradient needs the group's.
     Backend::for_each(c, kernels::batch_norm_parameter_gradients<T>{grad_sums_.data(), c, dw, db, accumulate});
+    if (replicas && training_) replicas->allreduce_sum(grad_sums_.data(), 2 * c);
     if (dx)
       Backend::for_each(l.size(), kernels::batch_norm_input_gradient<T>{x, dy, mean_.data(), invstd_.data(), w,
                                                                         grad_sums_.data(),
@@ -77,6 +84,18 @@ class batch_norm_kernels {
  private:
   kernels::channel_layout layout(std::size_t batch, std::size_t block) const {
     return {batch, g_.c, g_.spatial(), block};
+  }
+  /// After the sums went over the group: one value per channel over all of its ranks has no
+  /// variance (each rank alike sees the same count, so every rank throws, none waits).
+  void check_group_count(int ranks) const {
+    double count = 0;
+    if constexpr (space::host_accessible) count = sums_.data()[2 * g_.c];
+    else space::copy_to_host(&count, sums_.data() + 2 * g_.c, sizeof(double));
+    if (count <= 1)
+      throw invalid_argument("loom::batch_norm (" + std::to_string(g_.c) +
+                             " channels, synchronized): expected more than 1 value per channel when training, got " +
+                             std::to_string(static_cast<long long>(count)) + " over the " + std::to_string(ranks) +
+                             " replicas' batches together: train with a larger batch, or evaluate");
   }
 
   batch_norm_geometry g_;

@@ -24,7 +24,7 @@ struct rank_figures {
   double compute_s = 0;       ///< forward, backward and optimizer
   double comm_s = 0;          ///< from the first bucket's start to the last bucket's completion, summed over steps
   double comm_exposed_s = 0;  ///< time blocked waiting for gradients after backward: communication not hidden
-  double wait_s = 0;          ///< blocked in other collectives (loss and accuracy sums)
+  double wait_s = 0;          ///< blocked in other collectives (loss and accuracy sums, synchronized batch norm's sums)
   double data_s = 0;          ///< reading and converting this rank's samples
   double bytes_sent = 0;      ///< gradient bytes sent, counted as a ring allreduce sends them: 2 (n-1)/n per byte
   double samples = 0;         ///< samples this rank trained on

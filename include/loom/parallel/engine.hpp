@@ -57,7 +57,8 @@ constexpr const char* to_string(gradient_wire w) noexcept {
 
 /// The options of a data_parallel policy that can also be taken at run time: the wire format
 /// (gradient_wire::bf16 and fp16 as loom::compress<bf16> and compress<fp16>) and ZeRO stage 1
-/// (shard_state as loom::shard_optimizer_state). A program that reads them from a flag names
+/// (shard_state as loom::shard_optimizer_state), and synchronized batch norm
+/// (loom::sync_batch_norm). A program that reads them from a flag names
 /// loom::data_parallel<Comm, loom::choose_at_run_time> and hands loom::trainer one of these.
 /// Inside loom, the trainers of one network, optimizer and communicator share one compiled
 /// body whatever these are (detail::code_policy, loom/train/trainer.hpp): a policy that names
@@ -65,6 +66,8 @@ constexpr const char* to_string(gradient_wire w) noexcept {
 struct data_parallel_choice {
   gradient_wire wire = gradient_wire::native;
   bool shard_state = false;
+  /// Synchronized batch norm (loom::sync_batch_norm).
+  bool sync_batch_norm = false;
 };
 
 /// What an engine is built from: the trainer's seed and math mode, the optimizer's options,

@@ -42,6 +42,10 @@ struct hybrid {
                 "loom::hybrid<loom::data_parallel<Comm, loom::choose_at_run_time>, ...>: the run-time choice of the "
                 "wire format and ZeRO is built for plain loom::data_parallel only; name the options (compress<H>) "
                 "in the hybrid's data_parallel");
+  static_assert(!(detail::syncs_batch_norm_v<DataParallel> && is_pipeline_v<Parallelism>),
+                "loom::hybrid<loom::data_parallel<Comm, ..., loom::sync_batch_norm>, loom::pipeline<...>>: a "
+                "pipeline's batch norms normalise per micro-batch (as GPipe), whose stages run at different times "
+                "on each replica; drop sync_batch_norm (it is for data_parallel and hybrid with tensor_parallel)");
   using data_parallel_type = DataParallel;
   using comm_type = typename decltype(detail::comm_of_data_parallel<DataParallel>())::type;
   /// The same split of one replica as model_parallel<Parallelism, Comm> gives (a stand-in

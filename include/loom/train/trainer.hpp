@@ -189,7 +189,7 @@ trainer_facts<typename Optimizer::options> trainer_facts_of() {
 
 /// The data_parallel policy that names what a run-time choice chose: Policy
 /// (data_parallel<Comm, ..., choose_at_run_time>) with Chosen (compress<H>,
-/// shard_optimizer_state) in place of choose_at_run_time, its bucket size kept.
+/// shard_optimizer_state, sync_batch_norm) in place of choose_at_run_time, its bucket size kept.
 template <class Policy, class... Chosen>
 using chosen_data_parallel =
     std::conditional_t<Policy::bucket_cap_bytes == data_parallel<typename Policy::comm_type>::bucket_cap_bytes,
@@ -203,7 +203,11 @@ using chosen_data_parallel =
 template <class Network, class Optimizer, class Policy, class Backend>
 trainer_facts<typename Optimizer::options> trainer_facts_of_choice(const data_parallel_choice& choice) {
   using comm = typename Policy::comm_type;
-  auto with = [&]<class... Chosen>() { return trainer_facts_of<Network, Optimizer, chosen_data_parallel<Policy, Chosen...>, Backend>(); };
+  auto with = [&]<class... Chosen>() {
+    if (choice.sync_batch_norm)
+      return trainer_facts_of<Network, Optimizer, chosen_data_parallel<Policy, Chosen..., sync_batch_norm>, Backend>();
+    return trainer_facts_of<Network, Optimizer, chosen_data_parallel<Policy, Chosen...>, Backend>();
+  };
   if (choice.wire != gradient_wire::native && choice.wire != gradient_wire::bf16 && choice.wire != gradient_wire::fp16)
     throw invalid_argument("loom::trainer: data_parallel_choice::wire is not one of loom::gradient_wire's values (found " +
                            std::to_string(static_cast<int>(choice.wire)) + ")");

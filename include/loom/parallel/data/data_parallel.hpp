@@ -62,6 +62,22 @@ struct compress {
 /// (docs/data-parallel.md, "Sharded optimizer state").
 struct shard_optimizer_state {};
 
+/// Option of data_parallel: synchronized batch norm (PyTorch's SyncBatchNorm). In training,
+/// every loom::batch_norm normalises with the statistics of the global batch rather than of
+/// its replica's share: each replica's per-channel sums and count are summed over the
+/// data-parallel replicas in forward, and the two per-channel gradient sums in backward (two
+/// small allreduces per batch norm, 2C+1 and 2C doubles, on the critical path); evaluation
+/// uses the running statistics and communicates nothing. The running statistics then agree on
+/// every replica. The weight and bias gradients stay each replica's own and are averaged with
+/// the other gradients. Off by default, as in PyTorch DDP: with a few dozen samples per
+/// replica the replica's statistics are as good and cost nothing; synchronize when the share
+/// per replica is small (detection, segmentation, large images). Under loom::hybrid with
+/// tensor_parallel, over the replicas of a slice (every slice holds whole batch norms); a
+/// pipeline's batch norms normalise per micro-batch (as GPipe) and are not synchronized; in
+/// the split-invariant mode (fit_options::deterministic_chunk) each chunk is a batch norm's
+/// batch (docs/perception.md, "Synchronized batch norm").
+struct sync_batch_norm {};
+
 /// Option of data_parallel: the wire format (compress<>) and ZeRO (shard_optimizer_state) are
 /// chosen when the trainer is built, as a loom::data_parallel_choice (loom::trainer's
 /// constructors that take one), rather than named here: for a program that takes them from a
@@ -122,9 +138,16 @@ constexpr bool shards_state_of() {
   static_assert(n <= 1, "loom::data_parallel: shard_optimizer_state is given more than once; keep one");
   return n == 1;
 }
+template <class... Options>
+constexpr bool syncs_batch_norm_of() {
+  constexpr std::size_t n = (std::size_t{0} + ... + (std::is_same_v<Options, sync_batch_norm> ? 1 : 0));
+  static_assert(n <= 1, "loom::data_parallel: sync_batch_norm is given more than once; keep one");
+  return n == 1;
+}
 template <class Option>
 inline constexpr bool is_data_parallel_option_v = is_bucket_bytes_v<Option> || is_compress_v<Option> ||
                                                   std::is_same_v<Option, shard_optimizer_state> ||
+                                                  std::is_same_v<Option, sync_batch_norm> ||
                                                   std::is_same_v<Option, choose_at_run_time>;
 
 /// Whether policy D shards the optimizer state (a data_parallel with shard_optimizer_state).
@@ -145,8 +168,8 @@ concept sharding_communicator = requires(C& c, float* p, const float* cp, const 
 }  // namespace detail
 
 /// Data parallelism over communicator Comm (loom::mpi_comm, loom::local_comm). Options, in any
-/// order: bucket_bytes<N>, compress<bf16> or compress<fp16>, shard_optimizer_state; or
-/// choose_at_run_time in place of the last two.
+/// order: bucket_bytes<N>, compress<bf16> or compress<fp16>, shard_optimizer_state,
+/// sync_batch_norm; or choose_at_run_time in place of the last three.
 template <class Comm, class... Options>
 struct data_parallel {
   static_assert(communicator<Comm>,
@@ -154,7 +177,7 @@ struct data_parallel {
                 "<loom/comm/mpi.hpp> or loom::local_comm from <loom/comm/local.hpp>)");
   static_assert((detail::is_data_parallel_option_v<Options> && ...),
                 "loom::data_parallel<Comm, Options...>: an option is not one of data_parallel's (bucket_bytes<N>, "
-                "compress<bf16>, compress<fp16>, shard_optimizer_state, choose_at_run_time)");
+                "compress<bf16>, compress<fp16>, shard_optimizer_state, sync_batch_norm, choose_at_run_time)");
   static_assert(!(detail::is_bad_compress_v<Options> || ...),
                 "loom::compress<H>: H must be loom::bf16 or loom::fp16 (the 16-bit wire floats of loom/core/half.hpp)");
   static_assert(detail::compress_once<Options...>());
@@ -165,6 +188,8 @@ struct data_parallel {
                 "loom::shard_optimizer_state: this communicator has no ireduce_scatter_v / iallgather_v (blocks of "
                 "different sizes); use loom::mpi_comm, loom::hierarchical_comm, loom::nccl_comm or loom::local_comm");
   static constexpr std::size_t bucket_cap_bytes = detail::bucket_cap_of<Options...>();
+  /// Synchronized batch norm (sync_batch_norm).
+  static constexpr bool syncs_batch_norm = detail::syncs_batch_norm_of<Options...>();
   /// What gradients travel as: loom::bf16 or loom::fp16 under compress<>, void (their own type) otherwise.
   using wire_type = typename detail::wire_of<Options...>::type;
   /// The wire format and ZeRO chosen at run time (choose_at_run_time). The trainer's shared code
@@ -172,9 +197,10 @@ struct data_parallel {
   /// communicator by that option, so that the trainers of every wire format and ZeRO choice
   /// share one compiled body; the choice arrives as a data_parallel_choice.
   static constexpr bool chooses_at_run_time = (std::is_same_v<Options, choose_at_run_time> || ...);
-  static_assert(!chooses_at_run_time || (std::is_void_v<wire_type> && !shards_state),
-                "loom::data_parallel<Comm, ..., loom::choose_at_run_time>: the wire format and ZeRO are then chosen "
-                "at run time (loom::data_parallel_choice); drop compress<> and shard_optimizer_state from the policy");
+  static_assert(!chooses_at_run_time || (std::is_void_v<wire_type> && !shards_state && !syncs_batch_norm),
+                "loom::data_parallel<Comm, ..., loom::choose_at_run_time>: the wire format, ZeRO and synchronized "
+                "batch norm are then chosen at run time (loom::data_parallel_choice); drop compress<>, "
+                "shard_optimizer_state and sync_batch_norm from the policy");
 };
 
 template <class T>
@@ -183,8 +209,8 @@ template <class C, class... O>
 inline constexpr bool is_data_parallel_v<data_parallel<C, O...>> = true;
 
 namespace detail {
-/// The run-time form of data_parallel policy D's wire format and ZeRO option (defaults for
-/// any other policy).
+/// The run-time form of data_parallel policy D's wire format, ZeRO and synchronized batch norm
+/// options (a hybrid: its data_parallel's synchronized batch norm; defaults for any other policy).
 template <class D>
 constexpr data_parallel_choice data_parallel_choice_of() {
   data_parallel_choice c;
@@ -192,9 +218,19 @@ constexpr data_parallel_choice data_parallel_choice_of() {
     if constexpr (std::is_same_v<typename D::wire_type, bf16>) c.wire = gradient_wire::bf16;
     else if constexpr (std::is_same_v<typename D::wire_type, fp16>) c.wire = gradient_wire::fp16;
     c.shard_state = D::shards_state;
+    c.sync_batch_norm = D::syncs_batch_norm;
+  } else if constexpr (requires { D::data_parallel_type::syncs_batch_norm; }) {
+    c.sync_batch_norm = D::data_parallel_type::syncs_batch_norm;  // a hybrid's data-parallel group
   }
   return c;
 }
+
+/// Whether data_parallel policy D synchronizes batch norm (false for any other type).
+template <class D>
+inline constexpr bool syncs_batch_norm_v = [] {
+  if constexpr (is_data_parallel_v<D>) return D::syncs_batch_norm;
+  else return false;
+}();
 
 /// Whether Policy takes data parallelism's wire format and ZeRO at run time
 /// (data_parallel<Comm, ..., choose_at_run_time>); false for any other policy.

@@ -22,6 +22,7 @@
 #include "loom/core/error.hpp"
 #include "loom/core/fault.hpp"
 #include "loom/core/memory.hpp"
+#include "loom/core/process_group.hpp"
 #include "loom/monitor/figures.hpp"
 #include "loom/monitor/timeline.hpp"
 #include "loom/nn/loss.hpp"
@@ -46,6 +47,48 @@ concept tensor_sync = requires(Sync& s) {
 /// Whether Sync averages gradients over replicas with a communicator (data_parallel).
 template <class Sync>
 concept replica_comm_sync = requires(Sync& s) { s.comm(); } && !tensor_sync<Sync>;
+
+/// The communicator over this rank's data-parallel replicas: data_parallel's, or a hybrid
+/// tensor slice's replicas; void where there are none (single_process, tensor parallelism alone).
+template <class Sync>
+struct replica_comm_of {
+  using type = void;
+};
+template <replica_comm_sync Sync>
+struct replica_comm_of<Sync> {
+  using type = std::remove_reference_t<decltype(std::declval<Sync&>().comm())>;
+};
+template <tensor_sync Sync>
+  requires requires(Sync& s) { s.replica_comm(); }
+struct replica_comm_of<Sync> {
+  using type = std::remove_reference_t<decltype(std::declval<Sync&>().replica_comm())>;
+};
+
+/// The data-parallel replicas as the layers' process group (synchronized batch norm,
+/// loom::sync_batch_norm): a batch norm's sums go over the communicator the gradients are
+/// averaged over — bound before each training pass, so that it is the communicator a recovery
+/// rebuilt — and their time counts as waiting in collectives (rank_figures::wait_s).
+template <class Comm>
+class replica_sums final : public process_group {
+ public:
+  void bind(Comm* comm, rank_figures* figures) noexcept {
+    comm_ = comm;
+    figures_ = figures;
+  }
+  int rank() const override { return comm_->rank(); }
+  int size() const override { return comm_->size(); }
+  void allreduce_sum(float* data, std::size_t n) override { sum(data, n); }
+  void allreduce_sum(double* data, std::size_t n) override { sum(data, n); }
+
+ private:
+  template <class V>
+  void sum(V* data, std::size_t n) {
+    monitor::timed t(*figures_, &rank_figures::wait_s);
+    comm_->allreduce(data, n, reduce_op::sum);
+  }
+  Comm* comm_ = nullptr;
+  rank_figures* figures_ = nullptr;
+};
 }  // namespace detail
 
 /// Runs one rank of Network's training with Loss on Backend; Sync (see above) communicates.
@@ -87,14 +130,15 @@ class replica_passes {
   /// Backend runs `math`, initialises the model from `seed`, and makes every replica start from
   /// replica 0's parameters. Throws loom::invalid_argument when Backend cannot run math;
   /// loom::communication_error when the ranks' jobs differ.
-  replica_passes(Sync sync, std::uint64_t seed, math_mode math, const std::string& job)
+  replica_passes(Sync sync, std::uint64_t seed, math_mode math, const std::string& job, bool sync_batch_norm = false)
       : sync_(std::move(sync)),
         // The job first, on every rank alike: ranks asking for different math modes hear of
         // the difference rather than one of them stopping alone.
         // (Not in a replacement of a lost rank, which the survivors do not run with: its
         // first fit checks the job and takes their parameters; fault_options::replace.)
         math_((detail::fault_state.joining_as_replacement ? void() : sync_.check_same_job(job), detail::checked_math<Backend>(math))),
-        model_(seed, 0, model_shard(sync_)) {
+        model_(seed, 0, model_shard(sync_)),
+        sync_batch_norm_(sync_batch_norm) {
     if (!detail::fault_state.joining_as_replacement) sync_.broadcast_parameters(model_.parameters().data(), model_type::parameter_count);
     if constexpr (may_shard_state)
       if (shards_state()) bind_shard();
@@ -391,6 +435,18 @@ class replica_passes {
     if constexpr (tensor_split) return sync_.group();
     else return nullptr;
   }
+  /// The replicas a training pass's batch norms sum their statistics over: under
+  /// sync_batch_norm with replicas, null otherwise (each replica's statistics its own).
+  process_group* batch_norm_replicas() noexcept {
+    if constexpr (std::is_void_v<replicas_comm_type>) {
+      return nullptr;
+    } else {
+      if (!sync_batch_norm_) return nullptr;
+      if constexpr (detail::replica_comm_sync<Sync>) batch_norm_sums_.bind(&sync_.comm(), &sync_.figures());
+      else batch_norm_sums_.bind(&sync_.replica_comm(), &sync_.figures());
+      return &batch_norm_sums_;
+    }
+  }
   double gradient_norm() {
     const T* g = model_.gradients().data();
     if constexpr (tensor_split) return sync_.template l2<Backend>(g);
@@ -405,9 +461,15 @@ class replica_passes {
   loss_value chunked_micro_step(const batch_view<T>& b, std::size_t m, std::size_t group, std::uint64_t seed,
                                 std::uint64_t step);
 
+  using replicas_comm_type = typename detail::replica_comm_of<Sync>::type;
+  struct no_sums {};
+
   Sync sync_;
   math_mode math_;
   model_type model_;
+  bool sync_batch_norm_;  // loom::sync_batch_norm (data_parallel_choice::sync_batch_norm)
+  [[no_unique_address]] std::conditional_t<std::is_void_v<replicas_comm_type>, no_sums, detail::replica_sums<replicas_comm_type>>
+      batch_norm_sums_;
   buffer<T, typename Backend::memory_space> dy_;  // (batch, output): the loss gradient
   loss_workspace<Backend> ws_;
   bool had_samples_ = false;  // gradients of the current optimizer step have been written
@@ -421,19 +483,26 @@ class replica_passes {
 
 template <class Network, class Loss, class Backend, class Sync>
 loss_value replica_passes<Network, Loss, Backend, Sync>::micro_step(const batch_view<T>& b, std::size_t m, std::size_t group, std::uint64_t seed, std::uint64_t step) {
-  if (chunks_ || b.n == 0) settle();
+  // Synchronized batch norm: a rank without samples in this batch (a short last batch) still
+  // runs the passes, over no samples, for its part in the batch norms' sums.
+  process_group* const bn_replicas = chunks_ ? nullptr : batch_norm_replicas();
+  if (chunks_ || (b.n == 0 && !bn_replicas)) settle();
   if (chunks_) return chunked_micro_step(b, m, group, seed, step);
-  // Under ZeRO the forward may wait for the parameters' gathers: exposed communication,
-  // taken out of the compute time below.
-  const double exposed_before = sync_.figures().comm_exposed_s;
+  // Under ZeRO the forward may wait for the parameters' gathers, and synchronized batch norms
+  // for their sums: exposed communication, taken out of the compute time below.
+  const double exposed_before = sync_.figures().comm_exposed_s, waited_before = sync_.figures().wait_s;
   monitor::timed compute(sync_.figures(), &rank_figures::compute_s);
   const bool last = m + 1 == group;
   T* grads = model_.gradients().data();
   loss_value v;
-  if (b.n > 0) {
+  if (b.n > 0 || bn_replicas) {
     dy_.reserve_discard(b.n * out_width);
     run_context ctx{.training = true, .accumulate = m > 0 && had_samples_, .seed = seed, .step = step,
-                    .sample_offset = b.offset, .tensor = tensor_group(), .math = math_};
+                    .sample_offset = b.offset, .tensor = tensor_group(), .replicas = bn_replicas, .math = math_};
+    if (b.n == 0) {  // passes over no samples add nothing to zeroed gradients
+      if (!ctx.accumulate) Backend::zero(grads, model_type::parameter_count);
+      ctx.accumulate = true;
+    }
     {
       monitor::span fw(monitor::span_kind::forward);
       const T* y = forward_awaiting_parameters(ctx, b);
@@ -465,6 +534,7 @@ loss_value replica_passes<Network, Loss, Backend, Sync>::micro_step(const batch_
   }
   compute.stop();
   if constexpr (may_shard_state) sync_.figures().compute_s -= sync_.figures().comm_exposed_s - exposed_before;
+  if (bn_replicas) sync_.figures().compute_s -= sync_.figures().wait_s - waited_before;
   if (last) sync_.finish(grads);
   return v;
 }
@@ -507,7 +577,7 @@ class replica_engine : public detail::with_optimizer<replica_passes<Network, Los
   /// See replica_passes' constructor; also the optimizer state, from setup.optimizer (which
   /// throws for bad options).
   replica_engine(Sync sync, const engine_setup<typename Optimizer::options>& setup)
-      : base(setup.optimizer, std::move(sync), setup.seed, setup.math, setup.job) {
+      : base(setup.optimizer, std::move(sync), setup.seed, setup.math, setup.job, setup.data_parallel.sync_batch_norm) {
     this->set_label_smoothing(setup.label_smoothing);
   }
 };

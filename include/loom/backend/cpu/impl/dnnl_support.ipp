@@ -46,7 +46,9 @@ LOOM_DECL cpu_format blocked_nchw(std::size_t n, std::size_t c, std::size_t h, s
 }
 
 LOOM_DECL std::size_t channel_block(const cpu_format& f, std::size_t n, std::size_t c, std::size_t h, std::size_t w) {
-  if (f.plain()) return 1;
+  // No samples (a data-parallel rank without any in a short last batch, still taking part in
+  // a synchronized batch norm's sums): no value to read, whatever oneDNN made of the layout.
+  if (f.plain() || n == 0) return 1;
   for (std::size_t b : {16, 8})
     if (c % b == 0 && f.layout->desc == blocked_nchw_desc(n, c, h, w, b)) return b;
   return 0;

@@ -1,0 +1,143 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// How the data-parallel examples (fashion_mnist, resnet) train a network: the trainer built
+// from the flags, fit, evaluation, the files asked for and the `result:` line — one template
+// for both, with the flags of the training recipe (recipe_flags) they share.
+//
+// Built with MPI, the policy is loom::data_parallel<loom::mpi_comm, loom::choose_at_run_time>:
+// the wire format (--grad-compression), ZeRO (--zero) and synchronized batch norm (--sync-bn)
+// come from flags, as the optimizer does (loom::any_optimizer), so one trainer type per network
+// serves every combination, bitwise as the policy naming them would. A program with fixed
+// choices names them: loom::data_parallel<loom::mpi_comm, loom::sync_batch_norm>, loom::sgd.
+
+#include <iostream>
+#include <string>
+#include <string_view>
+
+#include "example.hpp"
+#include "weights.hpp"
+#if LOOM_HAS_IMAGES
+#include "shards.hpp"
+#endif
+
+namespace example {
+
+#if LOOM_HAS_MPI
+using data_parallel_policy = loom::data_parallel<loom::mpi_comm, loom::choose_at_run_time>;
+#else
+using data_parallel_policy = loom::single_process;
+#endif
+
+inline constexpr const char* recipe_usage = R"(  --grad-compression none|bf16|fp16  gradients sent in 16 bits, summed in float
+                         (loom::compress<>; data parallel; default none)
+  --sync-bn              batch norms normalise with the statistics of the global batch, summed
+                         over the ranks (loom::sync_batch_norm; data parallel; default: each
+                         rank's own share, as PyTorch DDP)
+)";
+
+/// The recipe's flags (parser's `extra`; --sync-bn is a switch: parser::with_switches).
+struct recipe_flags {
+  std::string grad_compression = "none";
+  bool sync_bn = false;
+#if LOOM_HAS_IMAGES
+  /// --shard-streams, --shuffle-window, --on-bad-sample, --decode-threads (shards in --data).
+  shard_flags shards;
+#endif
+  static inline const std::vector<std::string> switches{"sync-bn"};
+
+  /// Takes one of the flags above; false when `name` is none of them.
+  bool take(const parser& p, std::string_view name, std::string_view value) {
+#if LOOM_HAS_IMAGES
+    if (shards.take(p, name, value)) return true;
+#endif
+    if (name == "sync-bn") {
+      sync_bn = true;
+    } else if (name == "grad-compression") {
+      grad_compression = value;
+      if (grad_compression != "none" && grad_compression != "bf16" && grad_compression != "fp16")
+        p.fail("--grad-compression must be none, bf16 or fp16, got '" + grad_compression + "'");
+    } else {
+      return false;
+    }
+    return true;
+  }
+};
+
+/// The usage lines of the recipe's flags (and of the shard flags with the image component).
+inline std::string recipe_usage_text() {
+  std::string u = recipe_usage;
+#if LOOM_HAS_IMAGES
+  u += shards_usage;
+#endif
+  return u;
+}
+
+/// Trains Net on train_set (IDX or shards) and evaluates it on test_set; rank 0 prints the
+/// `result:` line. Returns the program's exit status.
+template <class Net, class TrainSet, class TestSet>
+int train_on(const char* program, const flags& f, const recipe_flags& r, const TrainSet& train_set,
+             const TestSet& test_set) {
+  const loom::any_optimizer::options opt =
+      f.optimizer == "adam" ? loom::any_optimizer::options(loom::adam::options{.lr = f.lr})
+                            : loom::any_optimizer::options(loom::sgd::options{.lr = f.lr, .momentum = f.momentum});
+  const loom::trainer_options options{.seed = f.seed, .threads = f.threads};
+  using trainer_type = loom::trainer<Net, loom::softmax_cross_entropy, loom::any_optimizer, data_parallel_policy>;
+#if LOOM_HAS_MPI
+  const loom::data_parallel_choice choice{.wire = r.grad_compression == "bf16"   ? loom::gradient_wire::bf16
+                                                  : r.grad_compression == "fp16" ? loom::gradient_wire::fp16
+                                                                                 : loom::gradient_wire::native,
+                                          .shard_state = f.zero,
+                                          .sync_batch_norm = r.sync_bn};
+  trainer_type t{opt, options, choice};
+#else
+  if (f.zero) throw loom::invalid_argument("--zero needs the MPI build (data parallelism)");
+  if (r.grad_compression != "none") throw loom::invalid_argument("--grad-compression needs the MPI build (data parallelism)");
+  if (r.sync_bn) throw loom::invalid_argument("--sync-bn needs the MPI build (data parallelism)");
+  trainer_type t{opt, options};
+#endif
+  const bool lead = t.rank() == 0;
+  if (!f.quiet && lead)
+    std::cerr << program << ": " << f.model << " (" << Net::parameter_count << " parameters), " << train_set.size()
+              << " training and " << test_set.size() << " test images, " << t.ranks() << " rank(s) x "
+              << loom::threads() << " thread(s)\n";
+  load_weights(f, t);
+  // --epochs 0 (with --load-weights): no training, only evaluation and the files asked for.
+  const auto fit = [&] {
+    if (f.epochs) return t.fit(train_set, fit_options_of(f));
+    loom::fit_result none;
+    none.ranks = t.ranks();
+    return none;
+  }();
+  if (after_fit(program, f, t, fit)) return 0;
+  const auto eval = t.evaluate(test_set);
+#if LOOM_HAS_IMAGES
+  // Every rank that left bad samples out says so (on_bad_sample::skip), --quiet or not.
+  report_skipped(program, t.rank(), "training", train_set);
+  report_skipped(program, t.rank(), "test", test_set);
+#endif
+  // After a recovery from a failed rank the lead may be another process: ask again.
+  if (t.rank() != 0) return 0;
+  if (!f.quiet && fit.ranks > 1) std::cerr << loom::figures_table(fit.figures);
+  print_result(f, fit, eval, t.model().parameters_l2());
+  write_onnx(f, t.model());
+  return 0;
+}
+
+/// Fashion-MNIST from the shards in --data when it holds train-*.tar and test-*.tar, else from
+/// its IDX files.
+template <class Net>
+int train_data_parallel(const char* program, const flags& f, const recipe_flags& r) {
+#if LOOM_HAS_IMAGES
+  if (has_shards(f.data)) {
+    const auto train_set = load_shards(f, loom::data::split::train, r.shards.options);
+    const auto test_set = load_shards(f, loom::data::split::test, r.shards.options);
+    describe_shards(program, f, train_set);
+    return train_on<Net>(program, f, r, train_set, test_set);
+  }
+#endif
+  const auto train_set = load(f, loom::data::split::train);
+  const auto test_set = load(f, loom::data::split::test);
+  return train_on<Net>(program, f, r, train_set, test_set);
+}
+
+}  // namespace example
