@@ -10,6 +10,8 @@
 // serves every combination, bitwise as the policy naming them would. A program with fixed
 // choices names them: loom::data_parallel<loom::mpi_comm, loom::sync_batch_norm>, loom::sgd.
 
+#include <algorithm>
+#include <cstdio>
 #include <iostream>
 #include <string>
 #include <string_view>
@@ -33,17 +35,32 @@ inline constexpr const char* recipe_usage = R"(  --grad-compression none|bf16|fp
   --sync-bn              batch norms normalise with the statistics of the global batch, summed
                          over the ranks (loom::sync_batch_norm; data parallel; default: each
                          rank's own share, as PyTorch DDP)
+  --label-smoothing X    train against (1 - X) one-hot + X / classes (default 0)
+  --weight-decay X       L2 penalty added to the gradient (default 0)
+  --no-norm-bias-decay   no weight decay on batch norm and layer norm parameters nor on biases
+                         (torchvision's --norm-weight-decay 0 --bias-weight-decay 0)
+  --ema                  also keep an exponential moving average of the weights and buffers, and
+                         report its test accuracy (ema_test_accuracy=): torchvision's --model-ema,
+                         its decay adjusted to the batch and epochs as its train.py does
+  --ema-decay D          torchvision's --model-ema-decay (default 0.99998)
+  --ema-every N          optimizer steps between updates, torchvision's --model-ema-steps (default 32)
 )";
 
 /// The recipe's flags (parser's `extra`; --sync-bn is a switch: parser::with_switches).
 struct recipe_flags {
   std::string grad_compression = "none";
   bool sync_bn = false;
+  float label_smoothing = 0;
+  float weight_decay = 0;
+  bool norm_bias_decay = true;
+  bool ema = false;
+  double ema_decay = 0.99998;
+  std::size_t ema_every = 32;
 #if LOOM_HAS_IMAGES
   /// --shard-streams, --shuffle-window, --on-bad-sample, --decode-threads (shards in --data).
   shard_flags shards;
 #endif
-  static inline const std::vector<std::string> switches{"sync-bn"};
+  static inline const std::vector<std::string> switches{"sync-bn", "no-norm-bias-decay", "ema"};
 
   /// Takes one of the flags above; false when `name` is none of them.
   bool take(const parser& p, std::string_view name, std::string_view value) {
@@ -52,6 +69,18 @@ struct recipe_flags {
 #endif
     if (name == "sync-bn") {
       sync_bn = true;
+    } else if (name == "no-norm-bias-decay") {
+      norm_bias_decay = false;
+    } else if (name == "ema") {
+      ema = true;
+    } else if (name == "label-smoothing") {
+      label_smoothing = p.number<float>(name, value);
+    } else if (name == "weight-decay") {
+      weight_decay = p.number<float>(name, value);
+    } else if (name == "ema-decay") {
+      ema_decay = p.number<double>(name, value);
+    } else if (name == "ema-every") {
+      ema_every = p.number<std::size_t>(name, value);
     } else if (name == "grad-compression") {
       grad_compression = value;
       if (grad_compression != "none" && grad_compression != "bf16" && grad_compression != "fp16")
@@ -78,9 +107,13 @@ template <class Net, class TrainSet, class TestSet>
 int train_on(const char* program, const flags& f, const recipe_flags& r, const TrainSet& train_set,
              const TestSet& test_set) {
   const loom::any_optimizer::options opt =
-      f.optimizer == "adam" ? loom::any_optimizer::options(loom::adam::options{.lr = f.lr})
-                            : loom::any_optimizer::options(loom::sgd::options{.lr = f.lr, .momentum = f.momentum});
-  const loom::trainer_options options{.seed = f.seed, .threads = f.threads};
+      f.optimizer == "adam"
+          ? loom::any_optimizer::options(loom::adam::options{
+                .lr = f.lr, .weight_decay = r.weight_decay, .decay_norm_and_bias = r.norm_bias_decay})
+          : loom::any_optimizer::options(loom::sgd::options{.lr = f.lr, .momentum = f.momentum, .weight_decay = r.weight_decay,
+                                                            .decay_norm_and_bias = r.norm_bias_decay});
+  loom::trainer_options options{.seed = f.seed, .threads = f.threads, .label_smoothing = r.label_smoothing};
+  if (r.ema) options.ema = loom::ema_options::torchvision(r.ema_decay, f.batch, r.ema_every, std::max<std::size_t>(f.epochs, 1));
   using trainer_type = loom::trainer<Net, loom::softmax_cross_entropy, loom::any_optimizer, data_parallel_policy>;
 #if LOOM_HAS_MPI
   const loom::data_parallel_choice choice{.wire = r.grad_compression == "bf16"   ? loom::gradient_wire::bf16
@@ -118,7 +151,13 @@ int train_on(const char* program, const flags& f, const recipe_flags& r, const T
   // After a recovery from a failed rank the lead may be another process: ask again.
   if (t.rank() != 0) return 0;
   if (!f.quiet && fit.ranks > 1) std::cerr << loom::figures_table(fit.figures);
-  print_result(f, fit, eval, t.model().parameters_l2());
+  std::string extra;
+  if (r.ema && t.has_ema()) {
+    char text[64];
+    std::snprintf(text, sizeof text, " ema_test_accuracy=%.4f", t.evaluate_ema(test_set).accuracy);
+    extra = text;
+  }
+  print_result(f, fit, eval, t.model().parameters_l2(), extra);
   write_onnx(f, t.model());
   return 0;
 }
