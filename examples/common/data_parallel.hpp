@@ -101,6 +101,13 @@ inline std::string recipe_usage_text() {
   return u;
 }
 
+/// Parses the command line of a data-parallel example: the common flags, the weights flags,
+/// --zero and the recipe's (into r).
+inline flags parse_data_parallel(parser& p, recipe_flags& r, int argc, char** argv) {
+  return p.with_weights_flags().with_zero_flag().with_switches(r.switches).parse(
+      argc, argv, [&](std::string_view name, std::string_view value) { return r.take(p, name, value); });
+}
+
 /// Trains Net on train_set (IDX or shards) and evaluates it on test_set; rank 0 prints the
 /// `result:` line. Returns the program's exit status.
 template <class Net, class TrainSet, class TestSet>

@@ -19,8 +19,7 @@ int main(int argc, char** argv) {
   example::recipe_flags recipe;
   example::parser p(program, std::string("usage: fashion_mnist [flags]\n") + example::model_usage +
                                  example::common_usage + example::recipe_usage_text());
-  const example::flags f = p.with_weights_flags().with_zero_flag().with_switches(recipe.switches).parse(
-      argc, argv, [&](std::string_view name, std::string_view value) { return recipe.take(p, name, value); });
+  const example::flags f = example::parse_data_parallel(p, recipe, argc, argv);
   using policy = example::data_parallel_policy;
   if (f.print_valid_world_sizes) {
     example::print_valid_world_sizes(f.model == "cnn"

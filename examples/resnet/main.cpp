@@ -38,13 +38,7 @@ int main(int argc, char** argv) {
   example::recipe_flags recipe;
   example::parser p(program, std::string("usage: [mpirun -np N] resnet [flags]\n") + model_usage +
                                  example::common_usage + example::recipe_usage_text());
-  const example::flags f = p.with_models({"resnet20", "resnet56", "resnet18"})
-                               .with_weights_flags()
-                               .with_zero_flag()
-                               .with_switches(recipe.switches)
-                               .parse(argc, argv, [&](std::string_view name, std::string_view value) {
-                                 return recipe.take(p, name, value);
-                               });
+  const example::flags f = example::parse_data_parallel(p.with_models({"resnet20", "resnet56", "resnet18"}), recipe, argc, argv);
   if (f.print_valid_world_sizes) {
     example::print_valid_world_sizes(world_sizes<example::data_parallel_policy>(f));
     return 0;

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // choose_at_run_time beside an option it chooses (compress<>): one or the other.
-// expect: drop compress<> and shard_optimizer_state from the policy
+// expect: drop compress<>, shard_optimizer_state and sync_batch_norm from the policy
 // max-errors: 1
 #include "loom/comm/local.hpp"
 #include "loom/parallel/data/data_parallel.hpp"

@@ -1,0 +1,10 @@
+// SPDX-License-Identifier: Apache-2.0
+// sync_batch_norm named beside choose_at_run_time, which takes it from data_parallel_choice.
+// expect: drop compress<>, shard_optimizer_state and sync_batch_norm from the policy
+// max-errors: 1
+#include "loom/comm/local.hpp"
+#include "loom/parallel/data/data_parallel.hpp"
+
+using policy = loom::data_parallel<loom::local_comm, loom::choose_at_run_time, loom::sync_batch_norm>;
+
+int main() { return static_cast<int>(policy::bucket_cap_bytes > 0); }
