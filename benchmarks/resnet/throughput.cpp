@@ -1,0 +1,240 @@
+// SPDX-License-Identifier: Apache-2.0
+// ResNet training throughput of loom, single process: samples per second of the CIFAR ResNet-20
+// on 1 x 28 x 28 images (loom::models::resnet_cifar<20, 10, input<1, 28, 28>>) and torchvision's
+// ResNet-18 on 3 x 64 x 64 images (loom::models::resnet<18, 10, input<3, 64, 64>>), trained with
+// SGD (lr 0.02, momentum 0.9) through loom::trainer::fit on seeded random images and labels, for
+// each (model, threads, math) row — math: fp32, or bf16 (trainer_options::math: bf16 products,
+// fp32 accumulation and master weights; only where this CPU runs it, else the row says skipped).
+// Each row: warm-up steps for `--warmup` seconds, then `--repeats` timed runs of a fixed number
+// of steps (sized to last about `--seconds`), and the median. One `row:` line per row on stdout
+// and a `cpu:` line first. benchmarks/resnet/throughput.py is the PyTorch side with the same
+// rows and method; benchmarks/resnet/throughput.sh runs both and prints the table.
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "../common/bench.hpp"
+#include "loom/loom.hpp"
+#include "loom/models/resnet.hpp"
+
+namespace {
+
+using resnet20 = loom::models::resnet_cifar<20, 10, loom::input<1, 28, 28>>;
+using resnet18 = loom::models::resnet<18, 10, loom::input<3, 64, 64>>;
+
+using bench::clock_type;
+using bench::cpu_snapshot;
+using bench::median;
+using bench::since;
+
+struct flags {
+  std::vector<std::string> models{"resnet20", "resnet18"};
+  std::vector<int> threads{1, 2};
+  std::vector<loom::math_mode> maths{loom::math_mode::fp32, loom::math_mode::bf16};
+  std::size_t batch = 64;
+  std::size_t samples = 1024;  // random images in the training set
+  double seconds = 3.0;        // per timed repeat
+  double warmup = 1.0;         // seconds of warm-up steps per row
+  std::size_t repeats = 1;
+  std::uint64_t seed = 1;
+};
+
+constexpr const char* usage = R"(usage: bench_resnet_throughput [flags]
+  --model LIST       models, comma-separated: resnet20 (1x28x28), resnet18 (3x64x64) (default both)
+  --threads LIST     thread counts, comma-separated (default 1,2)
+  --math LIST        fp32 and/or bf16 (default both; bf16 rows are skipped where the CPU lacks it)
+  --batch N          batch size (default 64)
+  --samples N        seeded random images in the training set (default 1024)
+  --seconds X        length of one timed repeat in seconds (default 3)
+  --warmup X         seconds of warm-up steps before the repeats (default 1)
+  --repeats N        timed repeats per row; the median is reported (default 1)
+  --seed N           data, initialisation and shuffling seed (default 1)
+Prints `cpu: impl=loom ...` first, then per row on stdout:
+  row: impl=loom model=M batch=B threads=T math=fp32|bf16 samples_per_s=S (median) runs=S1,..
+       steps=N train_loss=L others_cores=O (CPU cores other processes used during the timed runs)
+or, for bf16 on a CPU without avx512_bf16 or AMX,
+  row: impl=loom model=M batch=B threads=T math=bf16 skipped=no_bf16_cpu
+)";
+
+[[noreturn]] void bad_flag(const std::string& msg) {
+  std::cerr << "bench_resnet_throughput: " << msg << "\n\n" << usage;
+  std::exit(2);
+}
+
+template <class N>
+N number(std::string_view flag, std::string_view text) {
+  N v{};
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc{} || p != text.data() + text.size())
+    bad_flag("--" + std::string(flag) + " needs a number, got '" + std::string(text) + "'");
+  return v;
+}
+
+std::vector<std::string> split_list(std::string_view text) {
+  std::vector<std::string> out;
+  while (!text.empty()) {
+    const auto comma = text.find(',');
+    out.emplace_back(text.substr(0, comma));
+    text = comma == std::string_view::npos ? std::string_view{} : text.substr(comma + 1);
+  }
+  return out;
+}
+
+flags parse(int argc, char** argv) {
+  flags f;
+  for (int i = 1; i < argc; ++i) {
+    std::string_view a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::cout << usage;
+      std::exit(0);
+    }
+    if (a.substr(0, 2) != "--") bad_flag("unexpected argument '" + std::string(a) + "'");
+    std::string_view name = a.substr(2), value;
+    if (auto eq = name.find('='); eq != std::string_view::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    } else {
+      if (i + 1 >= argc) bad_flag("--" + std::string(name) + " needs a value");
+      value = argv[++i];
+    }
+    if (name == "model") {
+      f.models = split_list(value);
+      for (const auto& m : f.models)
+        if (m != "resnet20" && m != "resnet18") bad_flag("--model takes resnet20 and/or resnet18, got '" + m + "'");
+    } else if (name == "math") {
+      f.maths.clear();
+      for (const auto& m : split_list(value)) {
+        if (m == "fp32") f.maths.push_back(loom::math_mode::fp32);
+        else if (m == "bf16") f.maths.push_back(loom::math_mode::bf16);
+        else bad_flag("--math takes fp32 and/or bf16, got '" + m + "'");
+      }
+    } else if (name == "threads") {
+      f.threads.clear();
+      for (const auto& t : split_list(value)) f.threads.push_back(number<int>(name, t));
+    } else if (name == "batch") f.batch = number<std::size_t>(name, value);
+    else if (name == "samples") f.samples = number<std::size_t>(name, value);
+    else if (name == "seconds") f.seconds = number<double>(name, value);
+    else if (name == "warmup") f.warmup = number<double>(name, value);
+    else if (name == "repeats") f.repeats = number<std::size_t>(name, value);
+    else if (name == "seed") f.seed = number<std::uint64_t>(name, value);
+    else bad_flag("unknown flag --" + std::string(name));
+  }
+  if (f.models.empty()) bad_flag("--model needs at least one model");
+  if (f.maths.empty()) bad_flag("--math needs at least one of fp32, bf16");
+  if (f.threads.empty()) bad_flag("--threads needs at least one value");
+  for (auto t : f.threads)
+    if (t <= 0) bad_flag("--threads values must be at least 1");
+  if (f.batch == 0) bad_flag("--batch must be at least 1");
+  if (f.samples < f.batch) bad_flag("--samples must be at least --batch");
+  if (!(f.seconds > 0)) bad_flag("--seconds must be > 0");
+  if (f.repeats == 0) bad_flag("--repeats must be at least 1");
+  return f;
+}
+
+/// `n` seeded random images of the network's input shape with random labels in 0..9.
+template <class Net>
+auto random_images(std::size_t n, std::uint64_t seed) {
+  using shape = typename Net::input_shape;
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> byte(0, 255), label(0, 9);
+  std::vector<std::uint8_t> pixels(n * shape::size), labels(n);
+  for (auto& p : pixels) p = static_cast<std::uint8_t>(byte(rng));
+  for (auto& l : labels) l = static_cast<std::uint8_t>(label(rng));
+  return loom::data::labelled_images<shape, 10>(std::move(pixels), std::move(labels), "random images");
+}
+
+struct row_result {
+  double median = 0;
+  std::vector<double> runs;
+  std::size_t steps = 0;
+  double train_loss = 0;
+  double others_cores = 0;
+};
+
+template <class Net>
+row_result measure(const flags& f, int threads, loom::math_mode math) {
+  const auto train = random_images<Net>(f.samples, f.seed);
+  loom::trainer<Net, loom::softmax_cross_entropy, loom::sgd> t{{.lr = 0.02f, .momentum = 0.9f},
+                                                                {.seed = f.seed, .threads = threads, .math = math}};
+  loom::fit_options fo;
+  fo.epochs = std::size_t(1) << 40;  // bounded by max_steps
+  fo.batch = f.batch;
+  fo.progress = nullptr;
+  double last_loss = 0;
+  // Runs exactly n more steps; samples per second over the whole fit() call (batch gathering
+  // included, as it is part of training).
+  auto run_steps = [&](std::size_t n) {
+    fo.max_steps = t.steps() + n;
+    const auto t0 = clock_type::now();
+    const loom::fit_result r = t.fit(train, fo);
+    const double s = since(t0);
+    last_loss = r.train_loss;
+    return double(r.samples) / s;
+  };
+  // Warm-up: chunks of steps until f.warmup seconds have passed, and at least two chunks (the
+  // first pays one-time set-up); the last chunk's rate sizes the timed repeats.
+  double rate = 0;
+  const auto w0 = clock_type::now();
+  std::size_t chunk = 1;
+  for (int chunks = 0; chunks < 2 || since(w0) < f.warmup; ++chunks) {
+    rate = run_steps(chunk);
+    chunk = std::min<std::size_t>(chunk * 2, 64);
+  }
+  row_result r;
+  r.steps = std::max<std::size_t>(2, std::size_t(std::llround(f.seconds * rate / double(f.batch))));
+  const auto c0 = cpu_snapshot::now();
+  for (std::size_t i = 0; i < f.repeats; ++i) r.runs.push_back(run_steps(r.steps));
+  r.others_cores = cpu_snapshot::others_cores(c0, cpu_snapshot::now());
+  r.median = median(r.runs);
+  r.train_loss = last_loss;
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const flags f = parse(argc, argv);
+  try {
+    bench::print_cpu_line();
+    std::fflush(stdout);
+    const bool bf16_ok = loom::detect_cpu_features().bf16;
+    for (const auto& model : f.models)
+      for (const int threads : f.threads)
+        for (const loom::math_mode math : f.maths) {
+          if (math == loom::math_mode::bf16 && !bf16_ok) {
+            std::printf("row: impl=loom model=%s batch=%zu threads=%d math=bf16 skipped=no_bf16_cpu\n", model.c_str(),
+                        f.batch, threads);
+            std::fflush(stdout);
+            continue;
+          }
+          const row_result r =
+              model == "resnet18" ? measure<resnet18>(f, threads, math) : measure<resnet20>(f, threads, math);
+          std::string runs;
+          for (double v : r.runs) {
+            if (!runs.empty()) runs += ',';
+            runs += std::to_string(std::lround(v));
+          }
+          std::printf("row: impl=loom model=%s batch=%zu threads=%d math=%s samples_per_s=%.1f runs=%s steps=%zu "
+                      "train_loss=%.4f others_cores=%.2f\n",
+                      model.c_str(), f.batch, threads, loom::to_string(math), r.median, runs.c_str(), r.steps,
+                      r.train_loss, r.others_cores);
+          std::fflush(stdout);
+          if (!std::isfinite(r.train_loss)) {
+            std::cerr << "bench_resnet_throughput: training diverged (loss " << r.train_loss << ")\n";
+            return 1;
+          }
+        }
+  } catch (const loom::error& e) {
+    std::cerr << "bench_resnet_throughput: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
