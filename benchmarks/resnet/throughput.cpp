@@ -11,7 +11,6 @@
 // rows and method; benchmarks/resnet/throughput.sh runs both and prints the table.
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -64,78 +63,39 @@ or, for bf16 on a CPU without avx512_bf16 or AMX,
   row: impl=loom model=M batch=B threads=T math=bf16 skipped=no_bf16_cpu
 )";
 
-[[noreturn]] void bad_flag(const std::string& msg) {
-  std::cerr << "bench_resnet_throughput: " << msg << "\n\n" << usage;
-  std::exit(2);
-}
-
-template <class N>
-N number(std::string_view flag, std::string_view text) {
-  N v{};
-  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc{} || p != text.data() + text.size())
-    bad_flag("--" + std::string(flag) + " needs a number, got '" + std::string(text) + "'");
-  return v;
-}
-
-std::vector<std::string> split_list(std::string_view text) {
-  std::vector<std::string> out;
-  while (!text.empty()) {
-    const auto comma = text.find(',');
-    out.emplace_back(text.substr(0, comma));
-    text = comma == std::string_view::npos ? std::string_view{} : text.substr(comma + 1);
-  }
-  return out;
-}
-
 flags parse(int argc, char** argv) {
+  const bench::flag_reader r("bench_resnet_throughput", usage);
   flags f;
-  for (int i = 1; i < argc; ++i) {
-    std::string_view a = argv[i];
-    if (a == "--help" || a == "-h") {
-      std::cout << usage;
-      std::exit(0);
-    }
-    if (a.substr(0, 2) != "--") bad_flag("unexpected argument '" + std::string(a) + "'");
-    std::string_view name = a.substr(2), value;
-    if (auto eq = name.find('='); eq != std::string_view::npos) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-    } else {
-      if (i + 1 >= argc) bad_flag("--" + std::string(name) + " needs a value");
-      value = argv[++i];
-    }
+  r.read(argc, argv, {}, [&](std::string_view name, std::string_view value) {
     if (name == "model") {
-      f.models = split_list(value);
+      f.models = r.list(value);
       for (const auto& m : f.models)
-        if (m != "resnet20" && m != "resnet18") bad_flag("--model takes resnet20 and/or resnet18, got '" + m + "'");
+        if (m != "resnet20" && m != "resnet18") r.bad("--model takes resnet20 and/or resnet18, got '" + m + "'");
     } else if (name == "math") {
       f.maths.clear();
-      for (const auto& m : split_list(value)) {
+      for (const auto& m : r.list(value)) {
         if (m == "fp32") f.maths.push_back(loom::math_mode::fp32);
         else if (m == "bf16") f.maths.push_back(loom::math_mode::bf16);
-        else bad_flag("--math takes fp32 and/or bf16, got '" + m + "'");
+        else r.bad("--math takes fp32 and/or bf16, got '" + m + "'");
       }
-    } else if (name == "threads") {
-      f.threads.clear();
-      for (const auto& t : split_list(value)) f.threads.push_back(number<int>(name, t));
-    } else if (name == "batch") f.batch = number<std::size_t>(name, value);
-    else if (name == "samples") f.samples = number<std::size_t>(name, value);
-    else if (name == "seconds") f.seconds = number<double>(name, value);
-    else if (name == "warmup") f.warmup = number<double>(name, value);
-    else if (name == "repeats") f.repeats = number<std::size_t>(name, value);
-    else if (name == "seed") f.seed = number<std::uint64_t>(name, value);
-    else bad_flag("unknown flag --" + std::string(name));
-  }
-  if (f.models.empty()) bad_flag("--model needs at least one model");
-  if (f.maths.empty()) bad_flag("--math needs at least one of fp32, bf16");
-  if (f.threads.empty()) bad_flag("--threads needs at least one value");
+    } else if (name == "threads") f.threads = r.numbers<int>(name, value);
+    else if (name == "batch") f.batch = r.number<std::size_t>(name, value);
+    else if (name == "samples") f.samples = r.number<std::size_t>(name, value);
+    else if (name == "seconds") f.seconds = r.number<double>(name, value);
+    else if (name == "warmup") f.warmup = r.number<double>(name, value);
+    else if (name == "repeats") f.repeats = r.number<std::size_t>(name, value);
+    else if (name == "seed") f.seed = r.number<std::uint64_t>(name, value);
+    else return false;
+    return true;
+  });
+  if (f.models.empty()) r.bad("--model needs at least one model");
+  if (f.maths.empty()) r.bad("--math needs at least one of fp32, bf16");
   for (auto t : f.threads)
-    if (t <= 0) bad_flag("--threads values must be at least 1");
-  if (f.batch == 0) bad_flag("--batch must be at least 1");
-  if (f.samples < f.batch) bad_flag("--samples must be at least --batch");
-  if (!(f.seconds > 0)) bad_flag("--seconds must be > 0");
-  if (f.repeats == 0) bad_flag("--repeats must be at least 1");
+    if (t <= 0) r.bad("--threads values must be at least 1");
+  if (f.batch == 0) r.bad("--batch must be at least 1");
+  if (f.samples < f.batch) r.bad("--samples must be at least --batch");
+  if (!(f.seconds > 0)) r.bad("--seconds must be > 0");
+  if (f.repeats == 0) r.bad("--repeats must be at least 1");
   return f;
 }
 
