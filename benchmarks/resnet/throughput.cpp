@@ -10,7 +10,6 @@
 // and a `cpu:` line first. benchmarks/resnet/throughput.py is the PyTorch side with the same
 // rows and method; benchmarks/resnet/throughput.sh runs both and prints the table.
 
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -20,7 +19,7 @@
 #include <string_view>
 #include <vector>
 
-#include "../common/bench.hpp"
+#include "../common/fit_rate.hpp"
 #include "loom/loom.hpp"
 #include "loom/models/resnet.hpp"
 
@@ -28,11 +27,6 @@ namespace {
 
 using resnet20 = loom::models::resnet_cifar<20, 10, loom::input<1, 28, 28>>;
 using resnet18 = loom::models::resnet<18, 10, loom::input<3, 64, 64>>;
-
-using bench::clock_type;
-using bench::cpu_snapshot;
-using bench::median;
-using bench::since;
 
 struct flags {
   std::vector<std::string> models{"resnet20", "resnet18"};
@@ -111,51 +105,14 @@ auto random_images(std::size_t n, std::uint64_t seed) {
   return loom::data::labelled_images<shape, 10>(std::move(pixels), std::move(labels), "random images");
 }
 
-struct row_result {
-  double median = 0;
-  std::vector<double> runs;
-  std::size_t steps = 0;
-  double train_loss = 0;
-  double others_cores = 0;
-};
-
 template <class Net>
-row_result measure(const flags& f, int threads, loom::math_mode math) {
+bench::fit_rate measure(const flags& f, int threads, loom::math_mode math) {
   const auto train = random_images<Net>(f.samples, f.seed);
   loom::trainer<Net, loom::softmax_cross_entropy, loom::sgd> t{{.lr = 0.02f, .momentum = 0.9f},
                                                                 {.seed = f.seed, .threads = threads, .math = math}};
-  loom::fit_options fo;
-  fo.epochs = std::size_t(1) << 40;  // bounded by max_steps
-  fo.batch = f.batch;
-  fo.progress = nullptr;
-  double last_loss = 0;
-  // Runs exactly n more steps; samples per second over the whole fit() call (batch gathering
-  // included, as it is part of training).
-  auto run_steps = [&](std::size_t n) {
-    fo.max_steps = t.steps() + n;
-    const auto t0 = clock_type::now();
-    const loom::fit_result r = t.fit(train, fo);
-    const double s = since(t0);
-    last_loss = r.train_loss;
-    return double(r.samples) / s;
-  };
-  // Warm-up: chunks of steps until f.warmup seconds have passed, and at least two chunks (the
-  // first pays one-time set-up); the last chunk's rate sizes the timed repeats.
-  double rate = 0;
-  const auto w0 = clock_type::now();
-  std::size_t chunk = 1;
-  for (int chunks = 0; chunks < 2 || since(w0) < f.warmup; ++chunks) {
-    rate = run_steps(chunk);
-    chunk = std::min<std::size_t>(chunk * 2, 64);
-  }
-  row_result r;
-  r.steps = std::max<std::size_t>(2, std::size_t(std::llround(f.seconds * rate / double(f.batch))));
-  const auto c0 = cpu_snapshot::now();
-  for (std::size_t i = 0; i < f.repeats; ++i) r.runs.push_back(run_steps(r.steps));
-  r.others_cores = cpu_snapshot::others_cores(c0, cpu_snapshot::now());
-  r.median = median(r.runs);
-  r.train_loss = last_loss;
-  return r;
+  return bench::measure_fit(t, train,
+                            {.batch = f.batch, .warmup = f.warmup, .seconds = f.seconds, .repeats = f.repeats,
+                             .first_chunk = 1, .max_chunk = 64, .min_steps = 2});
 }
 
 }  // namespace
@@ -175,7 +132,7 @@ int main(int argc, char** argv) {
             std::fflush(stdout);
             continue;
           }
-          const row_result r =
+          const bench::fit_rate r =
               model == "resnet18" ? measure<resnet18>(f, threads, math) : measure<resnet20>(f, threads, math);
           std::string runs;
           for (double v : r.runs) {
