@@ -2,7 +2,7 @@
 # What the benchmarks' run.sh scripts share; source it after setting `repo` (the repository
 # root) and `jobs` (build parallelism). Gives: strip_env (a command prefix that removes the
 # variables that tune BLAS / OpenMP: loom runs without any of them), die, quiet_wait, build,
-# mpi_flags (mpirun's flags for N ranks here), field, cpu_line (the CPU model and vector ISA),
+# mpi_flags (mpirun's flags for N ranks here), field, median, cpu_line (the CPU model and vector ISA),
 # openblas_choice (the OpenBLAS core type the tuned PyTorch peer forces, if any, and tuned_env,
 # the command prefix of the tuned peer), cpu_header (the header lines naming the CPU).
 
@@ -64,6 +64,9 @@ mpi_flags() {
 
 # The value of key $2 in a `key=value ...` line $1.
 field() { printf '%s\n' "$1" | tr ' ' '\n' | sed -n "s/^$2=//p" | head -n1; }
+
+# The median of the numbers given (the mean of the middle two for an even count).
+median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 # The CPU flag $1 is in /proc/cpuinfo (exit status). CPUINFO names another file to read instead,
 # to see the choices below for another CPU.

@@ -14,7 +14,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 jobs=${LOOM_JOBS:-1}
-# strip_env, die, quiet_wait, build, mpi_flags, field, cpu_line
+# strip_env, die, quiet_wait, build, mpi_flags, field, median, cpu_line
 source "$repo/benchmarks/common/lib.sh"
 
 model=resnet20 ranks=2 rounds=5 steps=60 batch=64
@@ -53,6 +53,5 @@ for ((r = 1; r <= rounds; r++)); do
   plain+=("$a") synced+=("$b")
   printf '  round %d: without %s, with --sync-bn %s samples/s\n' "$r" "$a" "$b"
 done
-median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 mp=$(median "${plain[@]}") ms=$(median "${synced[@]}")
 awk -v p="$mp" -v s="$ms" 'BEGIN { printf "  median: without %.0f, with --sync-bn %.0f samples/s: %.3f (%.1f%% slower)\n", p, s, s / p, 100 * (1 - s / p) }'

@@ -31,7 +31,7 @@
 #include <utility>
 #include <vector>
 
-#include "../common/bench.hpp"
+#include "../common/fit_rate.hpp"
 #include "../../examples/common/networks.hpp"
 #include "loom/loom.hpp"
 
@@ -306,60 +306,12 @@ std::string foreign_env() {
   return out.empty() ? "none" : out;
 }
 
-struct row_result {
-  double median = 0;
-  std::vector<double> runs;
-  std::size_t steps = 0;
-  double train_loss = 0;
-  double others_cores = 0;
-  double samples_per_cpu_s = 0;  // over the timed runs, per second of this process's CPU time
-};
-
 template <class Net>
-row_result measure(const flags& f, const loom::data::fashion_mnist_set& train, std::size_t batch, int threads,
-                   loom::math_mode math) {
+bench::fit_rate measure(const flags& f, const loom::data::fashion_mnist_set& train, std::size_t batch, int threads,
+                        loom::math_mode math) {
   loom::trainer<Net, loom::softmax_cross_entropy, loom::sgd> t{{.lr = 0.02f, .momentum = 0.9f},
                                                                 {.seed = f.seed, .threads = threads, .math = math}};
-  loom::fit_options fo;
-  fo.epochs = std::size_t(1) << 40;  // bounded by max_steps
-  fo.batch = batch;
-  fo.progress = nullptr;
-  double last_loss = 0;
-  // Runs exactly n more steps; returns samples per second over the whole fit() call (loader
-  // set-up and batch gathering included, as they are part of training).
-  auto run_steps = [&](std::size_t n, std::size_t* samples = nullptr) {
-    fo.max_steps = t.steps() + n;
-    const auto t0 = clock_type::now();
-    const loom::fit_result r = t.fit(train, fo);
-    const double s = since(t0);
-    last_loss = r.train_loss;
-    if (samples) *samples = r.samples;
-    return double(r.samples) / s;
-  };
-  // Warm-up: chunks of steps until f.warmup seconds have passed, and at least two chunks (the
-  // first pays one-time set-up); the last chunk's rate sizes the timed repeats.
-  double rate = 0;
-  const auto w0 = clock_type::now();
-  std::size_t chunk = 4;
-  for (int chunks = 0; chunks < 2 || since(w0) < f.warmup; ++chunks) {
-    rate = run_steps(chunk);
-    chunk = std::min<std::size_t>(chunk * 2, 256);
-  }
-  row_result r;
-  r.steps = std::max<std::size_t>(5, std::size_t(std::llround(f.seconds * rate / double(batch))));
-  const auto c0 = cpu_snapshot::now();
-  std::size_t samples = 0;
-  for (std::size_t i = 0; i < f.repeats; ++i) {
-    std::size_t n = 0;
-    r.runs.push_back(run_steps(r.steps, &n));
-    samples += n;
-  }
-  const auto c1 = cpu_snapshot::now();
-  r.others_cores = cpu_snapshot::others_cores(c0, c1);
-  r.samples_per_cpu_s = c1.own_s > c0.own_s ? double(samples) / (c1.own_s - c0.own_s) : 0.0;
-  r.median = median(r.runs);
-  r.train_loss = last_loss;
-  return r;
+  return bench::measure_fit(t, train, {.batch = batch, .warmup = f.warmup, .seconds = f.seconds, .repeats = f.repeats});
 }
 
 }  // namespace
@@ -400,7 +352,7 @@ int main(int argc, char** argv) {
         for (const loom::math_mode math : f.maths) {
           const int threads = f.threads[ti];
           const ceiling_rate ceiling = model == "cnn" ? conv_ceilings[bi][ti] : ceilings[ti];
-          const row_result r = model == "cnn" ? measure<cnn>(f, train, batch, threads, math)
+          const bench::fit_rate r = model == "cnn" ? measure<cnn>(f, train, batch, threads, math)
                                               : measure<mlp>(f, train, batch, threads, math);
           const double gflops = r.median * flop / 1e9;
           std::string runs;
