@@ -150,6 +150,12 @@ int train_on(const char* program, const flags& f, const recipe_flags& r, const T
   }();
   if (after_fit(program, f, t, fit)) return 0;
   const auto eval = t.evaluate(test_set);
+  std::string extra;  // the EMA's accuracy (collective: every rank evaluates)
+  if (r.ema && t.has_ema()) {
+    char text[64];
+    std::snprintf(text, sizeof text, " ema_test_accuracy=%.4f", t.evaluate_ema(test_set).accuracy);
+    extra = text;
+  }
 #if LOOM_HAS_IMAGES
   // Every rank that left bad samples out says so (on_bad_sample::skip), --quiet or not.
   report_skipped(program, t.rank(), "training", train_set);
@@ -158,12 +164,6 @@ int train_on(const char* program, const flags& f, const recipe_flags& r, const T
   // After a recovery from a failed rank the lead may be another process: ask again.
   if (t.rank() != 0) return 0;
   if (!f.quiet && fit.ranks > 1) std::cerr << loom::figures_table(fit.figures);
-  std::string extra;
-  if (r.ema && t.has_ema()) {
-    char text[64];
-    std::snprintf(text, sizeof text, " ema_test_accuracy=%.4f", t.evaluate_ema(test_set).accuracy);
-    extra = text;
-  }
   print_result(f, fit, eval, t.model().parameters_l2(), extra);
   write_onnx(f, t.model());
   return 0;
