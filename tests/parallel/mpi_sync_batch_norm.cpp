@@ -3,9 +3,11 @@
 // the tensor-parallel hybrid on 4):
 // - a network with batch norms on images and on a vector, data-parallel with the global batch B
 //   split over the ranks, trains as one process training with batch B: after one step (lr 0.05)
-//   parameters and running statistics within 1e-6 relative, after 50 (lr 5e-4, momentum 0.9)
-//   within 1e-5 (float sums in another order: the difference grows with training, about 3x a
-//   step at lr 0.05, which is why the long run's steps are small), the running statistics
+//   and after 50 (lr 5e-4, momentum 0.9) parameters and running statistics within 1e-5 relative
+//   (float sums in another order, and one process's batch norm is oneDNN's, whose float
+//   variance differs from loom's double sums by up to 2e-6 after a step with AVX2 kernels; the
+//   difference grows with training, about 3x a step at lr 0.05, which is why the long run's
+//   steps are small), the running statistics
 //   bitwise alike on every rank; without synchronization the 50 steps end more than 10x as far
 //   from one process (each replica normalises with its share's statistics);
 // - the same under ZeRO (shard_optimizer_state), over loom::hierarchical_comm, chosen at run
@@ -106,7 +108,7 @@ int main(int argc, char** argv) {
 
   // One large step: the arithmetic of synchronized batch norm, before training amplifies
   // float rounding.
-  close_to(run<sync_dp>(data, 1, large_step), alone(data, 1, large_step), 1e-6, "one step of sync_batch_norm");
+  close_to(run<sync_dp>(data, 1, large_step), alone(data, 1, large_step), 1e-5, "one step of sync_batch_norm");
 
   // Synchronized: one process's run, and running statistics alike on every rank.
   double synced = 0;
