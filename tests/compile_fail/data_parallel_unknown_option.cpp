@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // An option data_parallel does not have (int).
-// expect: an option is not one of data_parallel's \(bucket_bytes<N>, compress<bf16>, compress<fp16>, shard_optimizer_state, choose_at_run_time\)
+// expect: an option is not one of data_parallel's \(bucket_bytes<N>, compress<bf16>, compress<fp16>, shard_optimizer_state, sync_batch_norm, choose_at_run_time\)
 // max-errors: 1
 #include "loom/comm/local.hpp"
 #include "loom/parallel/data/data_parallel.hpp"
