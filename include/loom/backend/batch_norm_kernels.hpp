@@ -18,6 +18,17 @@
 
 namespace loom::detail {
 
+/// A synchronized batch norm's count of values per channel over every replica, after the sums
+/// went over the group: one value has no variance. Each rank sees the same count, so every rank
+/// throws alike and none waits for the others.
+inline void check_synchronized_count(std::size_t channels, double count, int ranks) {
+  if (count <= 1)
+    throw invalid_argument("loom::batch_norm (" + std::to_string(channels) +
+                           " channels, synchronized): expected more than 1 value per channel when training, got " +
+                           std::to_string(static_cast<long long>(count)) + " over the " + std::to_string(ranks) +
+                           " replicas' batches together: train with a larger batch, or evaluate");
+}
+
 /// One batch norm of geometry g on Backend by the kernel bodies. Its statistics (mean and
 /// 1 / std per channel) and sums live in Backend's memory; `block` is the channel block of the
 /// activation's layout (1 plain, 8 or 16 blocked), as Backend reports it.
@@ -85,17 +96,12 @@ class batch_norm_kernels {
   kernels::channel_layout layout(std::size_t batch, std::size_t block) const {
     return {batch, g_.c, g_.spatial(), block};
   }
-  /// After the sums went over the group: one value per channel over all of its ranks has no
-  /// variance (each rank alike sees the same count, so every rank throws, none waits).
+  /// After the sums went over the group: their count, checked (check_synchronized_count).
   void check_group_count(int ranks) const {
     double count = 0;
     if constexpr (space::host_accessible) count = sums_.data()[2 * g_.c];
     else space::copy_to_host(&count, sums_.data() + 2 * g_.c, sizeof(double));
-    if (count <= 1)
-      throw invalid_argument("loom::batch_norm (" + std::to_string(g_.c) +
-                             " channels, synchronized): expected more than 1 value per channel when training, got " +
-                             std::to_string(static_cast<long long>(count)) + " over the " + std::to_string(ranks) +
-                             " replicas' batches together: train with a larger batch, or evaluate");
+    check_synchronized_count(g_.c, count, ranks);
   }
 
   batch_norm_geometry g_;

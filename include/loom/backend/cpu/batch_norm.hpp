@@ -4,8 +4,12 @@
 // once per batch size and input layout, then reused) on the layout the activation arrives in
 // (plain, or a convolution's nChw16c / nChw8c), the ReLU after it fused into them when the
 // network has one there (oneDNN's fuse_norm_relu: its mask kept for backward); the running
-// statistics move by loom's own kernel body. double (gradient checks), and statistics summed
-// over replicas (synchronized batch norm), run loom's kernel bodies (backend/batch_norm_kernels.hpp).
+// statistics move by loom's own kernel body. Synchronized over replicas, float still runs
+// oneDNN: each rank's statistics from its primitive, added up over the group as sums in double,
+// then a second forward with the group's statistics given; backward with them, and the input
+// gradient corrected from this rank's gradient sums to the group's (one pass of a + b x). double
+// (gradient checks), and a rank without samples in a synchronized batch norm, run loom's kernel
+// bodies (backend/batch_norm_kernels.hpp), which exchange the same sums.
 // The statistics, parameters and arithmetic are float whatever the math mode (bf16 is for
 // products; a batch norm has none).
 
@@ -47,6 +51,11 @@ class dnnl_batch_norm {
   /// biased variance), C values each.
   LOOM_DECL void forward_training(const float* x, const cpu_format& xf, const float* w, const float* b, float* y,
                                   float* mean, float* var, void* workspace, std::size_t batch);
+  /// Training with statistics given in mean and var (a synchronized batch norm's, taken over
+  /// every replica): y and the fused ReLU's workspace as forward_training writes them, for the
+  /// same backward.
+  LOOM_DECL void forward_training_given(const float* x, const cpu_format& xf, const float* w, const float* b, float* y,
+                                        const float* mean, const float* var, void* workspace, std::size_t batch);
   /// Evaluation: y from x with the given statistics (the running ones).
   LOOM_DECL void forward_inference(const float* x, const cpu_format& xf, const float* w, const float* b,
                                    const float* mean, const float* var, float* y, std::size_t batch);
@@ -104,18 +113,26 @@ class cpu_batch_norm_plan {
   /// in x's layout (returned); the running statistics move toward the batch's by momentum.
   cpu_format forward_training(const T* x, const cpu_format& xf, const T* w, const T* b, T* y, T* running_mean,
                               T* running_var, double momentum, std::size_t batch, process_group* replicas) {
-    by_kernels_ = !vendor || replicas;
+    // A rank without samples (a short last batch) takes part in the sums by the kernel bodies.
+    mode_ = !vendor || (replicas && batch == 0) ? path::kernels : replicas ? path::vendor_synchronized : path::vendor;
     inference_ = false;
-    if (by_kernels_) {
+    if (mode_ == path::kernels) {
       kernels_.forward_training(x, block(xf, batch), w, b, y, running_mean, running_var, momentum, batch, replicas);
     } else if constexpr (vendor) {
       mean_.reserve_discard(g_.c);
       var_.reserve_discard(g_.c);
       // The mask's bytes in floats, rounded up per sample (as the memory plan counts them).
       workspace_.reserve_discard(batch * ((dnnl_.workspace_bytes(1) + sizeof(float) - 1) / sizeof(float)));
+      // This rank's statistics (oneDNN's, and its y, which the synchronized path writes again).
       dnnl_.forward_training(x, xf, w, b, y, mean_.data(), var_.data(), workspace_.data(), batch);
-      detail::cpu_for_each(g_.c, kernels::batch_norm_running_update<T>{mean_.data(), var_.data(), running_mean, running_var,
-                                                                       momentum, static_cast<double>(batch * g_.spatial())});
+      if (mode_ == path::vendor) {
+        detail::cpu_for_each(g_.c, kernels::batch_norm_running_update<T>{mean_.data(), var_.data(), running_mean,
+                                                                         running_var, momentum,
+                                                                         static_cast<double>(batch * g_.spatial())});
+      } else {
+        synchronize_statistics(batch, running_mean, running_var, momentum, *replicas);
+        dnnl_.forward_training_given(x, xf, w, b, y, mean_.data(), var_.data(), workspace_.data(), batch);
+      }
     }
     return xf;
   }
@@ -127,7 +144,7 @@ class cpu_batch_norm_plan {
       dnnl_.forward_inference(x, xf, w, b, running_mean, running_var, y, batch);
       running_mean_ = running_mean;  // a backward after evaluation (rare) runs the kernel bodies on them
       running_var_ = running_var;
-      by_kernels_ = false;
+      mode_ = path::vendor;
       inference_ = true;
     } else {
       kernels_.forward_inference(x, block(xf, batch), w, b, running_mean, running_var, y, batch);
@@ -139,7 +156,8 @@ class cpu_batch_norm_plan {
   /// accumulate) and, when dx is not null, the input gradient, all from dy (x's layout).
   void backward(const T* x, const cpu_format& xf, const T* w, const T* b, const T* dy, T* dx, T* dw, T* db,
                 std::size_t batch, bool accumulate, process_group* replicas) {
-    if (by_kernels_) return kernels_.backward(x, block(xf, batch), w, dy, dx, dw, db, batch, accumulate, replicas);
+    if (mode_ == path::kernels)
+      return kernels_.backward(x, block(xf, batch), w, dy, dx, dw, db, batch, accumulate, replicas);
     if (inference_) {  // the gradient of evaluation's normalisation, the running statistics constants
       dx_scratch_.reserve_discard(batch * g_.c * g_.spatial());
       kernels_.forward_inference(x, block(xf, batch), w, b, running_mean_, running_var_, dx_scratch_.data(), batch);
@@ -147,28 +165,112 @@ class cpu_batch_norm_plan {
     }
     if constexpr (vendor) {
       // oneDNN writes every gradient: the input's into dx (or a scratch when it is not asked
-      // for), the parameters' into dw and db (or a scratch added to them when accumulating).
+      // for), the parameters' into dw and db (or a scratch added to them when accumulating, or
+      // when synchronized: the correction below needs this rank's own).
       T* dsrc = dx;
       if (!dsrc) {
         dx_scratch_.reserve_discard(batch * g_.c * g_.spatial());
         dsrc = dx_scratch_.data();
       }
+      const bool own = accumulate || mode_ == path::vendor_synchronized;
       T* dscale = dw;
       T* dshift = db;
-      if (accumulate) {
+      if (own) {
         dparams_.reserve_discard(2 * g_.c);
         dscale = dparams_.data();
         dshift = dparams_.data() + g_.c;
       }
       dnnl_.backward(x, xf, w, b, mean_.data(), var_.data(), workspace_.data(), dy, dsrc, dscale, dshift, batch);
-      if (accumulate)
-        for (std::size_t c = 0; c < g_.c; ++c) dw[c] += dscale[c], db[c] += dshift[c];
+      if (own)
+        for (std::size_t c = 0; c < g_.c; ++c) {
+          dw[c] = accumulate ? dw[c] + dscale[c] : dscale[c];
+          db[c] = accumulate ? db[c] + dshift[c] : dshift[c];
+        }
+      if (mode_ == path::vendor_synchronized) {
+        if (!replicas)
+          throw error("loom::batch_norm (" + std::to_string(g_.c) + " channels): a backward without the replicas its "
+                      "synchronized forward took the statistics of");
+        synchronize_input_gradient(x, xf, w, dx, batch, *replicas);
+      }
     }
   }
 
  private:
+  // kernels: loom's kernel bodies (double; or a rank without samples in a synchronized batch
+  // norm); vendor: oneDNN alone; vendor_synchronized: oneDNN with the statistics and gradient
+  // sums of every replica (synchronize_statistics, synchronize_input_gradient).
+  enum class path { kernels, vendor, vendor_synchronized };
+
   std::size_t block(const cpu_format& f, std::size_t batch) const {
     return detail::cpu_channel_block(f, batch, g_.c, g_.h, g_.w);
+  }
+
+  /// This rank's statistics (mean_, var_: oneDNN's over its batch of n values per channel) as
+  /// sums in double — n mean, n (var + mean^2), n: what the kernel bodies sum, so that a rank
+  /// without samples adds its zeros alike — added up over the replicas; then the group's mean
+  /// and biased variance written back to mean_ and var_, and the running statistics moved by
+  /// the kernel body the other path uses (every rank alike, bitwise).
+  void synchronize_statistics(std::size_t batch, T* running_mean, T* running_var, double momentum,
+                              process_group& replicas) {
+    const std::size_t c = g_.c;
+    const double n = static_cast<double>(batch * g_.spatial());
+    sums_.reserve_discard(2 * c + 1);
+    double* s = sums_.data();
+    for (std::size_t k = 0; k < c; ++k) {
+      const double m = mean_.data()[k], v = var_.data()[k];
+      s[k] = n * m;
+      s[c + k] = n * (v + m * m);
+    }
+    s[2 * c] = n;
+    replicas.allreduce_sum(s, 2 * c + 1);
+    detail::check_synchronized_count(c, s[2 * c], replicas.size());
+    invstd_.reserve_discard(c);
+    detail::cpu_for_each(c, kernels::batch_norm_moments<T>{s, c, g_.eps, momentum, mean_.data(), invstd_.data(),
+                                                           running_mean, running_var});
+    for (std::size_t k = 0; k < c; ++k) {  // the variance batch_norm_moments took 1 / sqrt(v + eps) of
+      const double m = s[k] / s[2 * c], v = s[c + k] / s[2 * c] - m * m;
+      var_.data()[k] = static_cast<T>(v > 0 ? v : 0);
+    }
+  }
+
+  /// After oneDNN's backward with the group's statistics: dparams_ holds this rank's sums of
+  /// dy * xhat and of dy (its weight and bias gradients) and dx this rank's input gradient as if
+  /// its batch were the whole, w invstd (dy - sum(dy) / n - xhat sum(dy xhat) / n). Adds the
+  /// sums up over the replicas and corrects dx to the group's count N and sums:
+  /// dx += w invstd ((sum(dy) / n - SUM(dy) / N) + xhat (sum(dy xhat) / n - SUM(dy xhat) / N)),
+  /// one pass of a + b x per channel. Every rank takes part in the sums, dx or not.
+  void synchronize_input_gradient(const T* x, const cpu_format& xf, const T* w, T* dx, std::size_t batch,
+                                  process_group& replicas) {
+    const std::size_t c = g_.c;
+    const T* dscale = dparams_.data();
+    const T* dshift = dparams_.data() + c;
+    grad_sums_.reserve_discard(2 * c);
+    double* s = grad_sums_.data();
+    for (std::size_t k = 0; k < c; ++k) s[k] = dshift[k], s[c + k] = dscale[k];
+    replicas.allreduce_sum(s, 2 * c);
+    if (!dx) return;
+    const double n = static_cast<double>(batch * g_.spatial()), total = sums_.data()[2 * c];
+    coefficients_.reserve_discard(2 * c);
+    T* a = coefficients_.data();
+    T* bx = coefficients_.data() + c;
+    for (std::size_t k = 0; k < c; ++k) {
+      const double is = invstd_.data()[k], scale = static_cast<double>(w[k]) * is;
+      const double k0 = dshift[k] / n - s[k] / total, k1 = dscale[k] / n - s[c + k] / total;
+      // w invstd (k0 + (x - mean) invstd k1) = a + b x
+      bx[k] = static_cast<T>(scale * is * k1);
+      a[k] = static_cast<T>(scale * (k0 - is * k1 * static_cast<double>(mean_.data()[k])));
+    }
+    const std::size_t blk = block(xf, batch), spatial = g_.spatial(), groups = c / blk;
+    detail::cpu_for_each(batch * groups, [=](std::size_t ng) {
+      const std::size_t c0 = ng % groups * blk, base = ng * spatial * blk;
+      if (blk == 1) {
+        const T ak = a[c0], bk = bx[c0];
+        for (std::size_t p = 0; p < spatial; ++p) dx[base + p] += ak + bk * x[base + p];
+      } else {
+        for (std::size_t p = 0; p < spatial; ++p)
+          for (std::size_t j = 0; j < blk; ++j) dx[base + p * blk + j] += a[c0 + j] + bx[c0 + j] * x[base + p * blk + j];
+      }
+    });
   }
 
   struct no_vendor {  // double: oneDNN has no f64 batch norm
@@ -179,13 +281,18 @@ class cpu_batch_norm_plan {
   batch_norm_geometry g_;
   std::conditional_t<vendor, detail::dnnl_batch_norm, no_vendor> dnnl_;
   detail::batch_norm_kernels<T, detail::cpu_launcher> kernels_;
-  bool by_kernels_ = !vendor, inference_ = false;
+  path mode_ = vendor ? path::vendor : path::kernels;
+  bool inference_ = false;
   const T* running_mean_ = nullptr;  // those of the last evaluation forward (oneDNN's)
   const T* running_var_ = nullptr;
   buffer<T> mean_, var_;      // (C) each: the last training forward's statistics (oneDNN's)
   buffer<float> workspace_;   // the fused ReLU's mask (bytes, in floats)
   buffer<T> dx_scratch_;      // (batch, In): the input gradient nobody asked for (a first layer)
   buffer<T> dparams_;         // (2C): the parameter gradients before they are added
+  // Synchronized: this rank's statistics as sums, then the group's (2C + 1, double); the
+  // group's gradient sums (2C, double); 1 / std (C); the input gradient's correction (2C).
+  buffer<double> sums_, grad_sums_;
+  buffer<T> invstd_, coefficients_;
 };
 
 }  // namespace loom

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 
 #include "loom/backend/cpu/batch_norm.hpp"
 #include "loom/backend/cpu/impl/dnnl_support.ipp"
@@ -23,6 +24,9 @@ struct dnnl_batch_norm::entry {
   dnnl::batch_normalization_forward infer;
   dnnl::batch_normalization_backward::primitive_desc bwd_pd;
   dnnl::batch_normalization_backward bwd;
+  // Training with given statistics (a synchronized batch norm's): made on first use.
+  std::unique_ptr<dnnl::batch_normalization_forward::primitive_desc> given_pd;
+  dnnl::batch_normalization_forward given;
 };
 
 /// One value per channel: the statistics, scale and shift (and their gradients).
@@ -53,6 +57,44 @@ LOOM_DECL void dnnl_batch_norm::forward_training(const float* x, const cpu_forma
   if (relu_) args.insert({DNNL_ARG_WORKSPACE, dnnl::memory(e.train_pd.workspace_desc(), eng, workspace)});
   dnnl_checked("running a batch normalization forward", [&] {
     e.train.execute(dnnl_stream(), args);
+    dnnl_stream().wait();
+  });
+}
+
+LOOM_DECL void dnnl_batch_norm::forward_training_given(const float* x, const cpu_format& xf, const float* w,
+                                                       const float* b, float* y, const float* mean, const float* var,
+                                                       void* workspace, std::size_t batch) {
+  entry& e = get(batch, xf);
+  auto& eng = dnnl_engine();
+  if (!e.given_pd) {
+    try {
+      using flags = dnnl::normalization_flags;
+      const flags f = flags::use_scale | flags::use_shift | flags::use_global_stats |
+                      (relu_ ? flags::fuse_norm_relu : flags::none);
+      auto pd = dnnl::batch_normalization_forward::primitive_desc(
+          dnnl::batch_normalization_forward::desc(dnnl::prop_kind::forward_training, e.data,
+                                                  static_cast<float>(g_.eps), f),
+          eng);
+      if (pd.dst_desc() != e.data || pd.workspace_desc() != e.train_pd.workspace_desc())
+        throw backend_error("loom: oneDNN's batch normalization with given statistics does not keep its input's "
+                            "layout or its ReLU mask here");
+      e.given = dnnl::batch_normalization_forward(pd);
+      e.given_pd = std::make_unique<dnnl::batch_normalization_forward::primitive_desc>(std::move(pd));
+    } catch (const dnnl::error& err) {
+      throw backend_error(std::string("loom: oneDNN failed while creating a batch normalization with given "
+                                      "statistics: ") + err.what() + " (status " +
+                          std::to_string(static_cast<int>(err.status)) + ")");
+    }
+  }
+  const dnnl::memory::desc stat = batch_norm_channels_desc(g_.c), param = stat;
+  dnnl::memory ms(e.data, eng, const_cast<float*>(x)), md(e.data, eng, y);
+  dnnl::memory mm(stat, eng, const_cast<float*>(mean)), mv(stat, eng, const_cast<float*>(var));
+  dnnl::memory mw(param, eng, const_cast<float*>(w)), mb(param, eng, const_cast<float*>(b));
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, ms},  {DNNL_ARG_DST, md},   {DNNL_ARG_MEAN, mm},
+                                             {DNNL_ARG_VARIANCE, mv}, {DNNL_ARG_SCALE, mw}, {DNNL_ARG_SHIFT, mb}};
+  if (relu_) args.insert({DNNL_ARG_WORKSPACE, dnnl::memory(e.given_pd->workspace_desc(), eng, workspace)});
+  dnnl_checked("running a batch normalization forward with given statistics", [&] {
+    e.given.execute(dnnl_stream(), args);
     dnnl_stream().wait();
   });
 }
@@ -129,7 +171,7 @@ LOOM_DECL dnnl_batch_norm::entry& dnnl_batch_norm::get(std::size_t batch, const 
                           std::to_string(workspace_bytes(batch)) + " loom plans for it");
     entries_.push_back(std::make_unique<entry>(entry{batch, data, train_pd, dnnl::batch_normalization_forward(train_pd),
                                                      infer_pd, dnnl::batch_normalization_forward(infer_pd), bwd_pd,
-                                                     dnnl::batch_normalization_backward(bwd_pd)}));
+                                                     dnnl::batch_normalization_backward(bwd_pd), nullptr, {}}));
     return *entries_.back();
   } catch (const dnnl::error& err) {
     throw backend_error(std::string("loom: oneDNN failed while creating batch normalization primitives: ") + err.what() +
