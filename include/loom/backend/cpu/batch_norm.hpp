@@ -260,17 +260,39 @@ class cpu_batch_norm_plan {
       bx[k] = static_cast<T>(scale * is * k1);
       a[k] = static_cast<T>(scale * (k0 - is * k1 * static_cast<double>(mean_.data()[k])));
     }
-    const std::size_t blk = block(xf, batch), spatial = g_.spatial(), groups = c / blk;
-    detail::cpu_for_each(batch * groups, [=](std::size_t ng) {
-      const std::size_t c0 = ng % groups * blk, base = ng * spatial * blk;
-      if (blk == 1) {
-        const T ak = a[c0], bk = bx[c0];
-        for (std::size_t p = 0; p < spatial; ++p) dx[base + p] += ak + bk * x[base + p];
+    switch (block(xf, batch)) {
+      case 16: return add_affine<16>(x, a, bx, dx, batch);
+      case 8: return add_affine<8>(x, a, bx, dx, batch);
+      default: return add_affine<1>(x, a, bx, dx, batch);
+    }
+  }
+
+  /// dx += a[c] + b[c] x, element by element, over an activation whose channels come in blocks
+  /// of Block (1: plain): each (sample, block of channels) is one contiguous run of
+  /// spatial * Block values, the inner loop of a compile-time width so that it vectorises.
+  template <std::size_t Block>
+  void add_affine(const T* x, const T* a, const T* b, T* dx, std::size_t batch) const {
+    const std::size_t spatial = g_.spatial(), groups = g_.c / Block, runs = batch * groups;
+    const auto n = static_cast<std::ptrdiff_t>(runs);
+#pragma omp parallel for schedule(static) if (runs * spatial * Block >= detail::parallel_threshold)
+    for (std::ptrdiff_t r = 0; r < n; ++r) {
+      const std::size_t c0 = static_cast<std::size_t>(r) % groups * Block;
+      const std::size_t base = static_cast<std::size_t>(r) * spatial * Block;
+      const T* xr = x + base;
+      T* dr = dx + base;
+      if constexpr (Block == 1) {
+        const T ak = a[c0], bk = b[c0];
+#pragma omp simd
+        for (std::size_t p = 0; p < spatial; ++p) dr[p] += ak + bk * xr[p];
       } else {
-        for (std::size_t p = 0; p < spatial; ++p)
-          for (std::size_t j = 0; j < blk; ++j) dx[base + p * blk + j] += a[c0 + j] + bx[c0 + j] * x[base + p * blk + j];
+        T ak[Block], bk[Block];
+        for (std::size_t j = 0; j < Block; ++j) ak[j] = a[c0 + j], bk[j] = b[c0 + j];
+        for (std::size_t p = 0; p < spatial; ++p) {
+#pragma omp simd
+          for (std::size_t j = 0; j < Block; ++j) dr[p * Block + j] += ak[j] + bk[j] * xr[p * Block + j];
+        }
       }
-    });
+    }
   }
 
   struct no_vendor {  // double: oneDNN has no f64 batch norm
