@@ -35,6 +35,12 @@ inline constexpr const char* recipe_usage = R"(  --grad-compression none|bf16|fp
   --sync-bn              batch norms normalise with the statistics of the global batch, summed
                          over the ranks (loom::sync_batch_norm; data parallel; default: each
                          rank's own share, as PyTorch DDP)
+  --lr-schedule constant|cosine  the learning rate over the run: --lr throughout (default), or
+                         cosine annealing from --lr to 0 over every step of the run (--epochs
+                         of the training set, or --max-steps when fewer; PyTorch's
+                         CosineAnnealingLR stepped per batch; loom::cosine_warmup)
+  --warmup-steps N       with --lr-schedule cosine: a linear warm-up over the first N steps
+                         (LinearLR before it; default 0)
   --label-smoothing X    train against (1 - X) one-hot + X / classes (default 0)
   --weight-decay X       L2 penalty added to the gradient (default 0)
   --no-norm-bias-decay   no weight decay on batch norm and layer norm parameters nor on biases
@@ -50,6 +56,9 @@ inline constexpr const char* recipe_usage = R"(  --grad-compression none|bf16|fp
 struct recipe_flags {
   std::string grad_compression = "none";
   bool sync_bn = false;
+  std::string lr_schedule = "constant";
+  std::size_t warmup_steps = 0;
+  bool warmup_given = false;
   float label_smoothing = 0;
   float weight_decay = 0;
   bool norm_bias_decay = true;
@@ -73,6 +82,13 @@ struct recipe_flags {
       norm_bias_decay = false;
     } else if (name == "ema") {
       ema = true;
+    } else if (name == "lr-schedule") {
+      lr_schedule = value;
+      if (lr_schedule != "constant" && lr_schedule != "cosine")
+        p.fail("--lr-schedule must be constant or cosine, got '" + lr_schedule + "'");
+    } else if (name == "warmup-steps") {
+      warmup_steps = p.number<std::size_t>(name, value);
+      warmup_given = true;
     } else if (name == "label-smoothing") {
       label_smoothing = p.number<float>(name, value);
     } else if (name == "weight-decay") {
@@ -104,8 +120,22 @@ inline std::string recipe_usage_text() {
 /// Parses the command line of a data-parallel example: the common flags, the weights flags,
 /// --zero and the recipe's (into r).
 inline flags parse_data_parallel(parser& p, recipe_flags& r, int argc, char** argv) {
-  return p.with_weights_flags().with_zero_flag().with_switches(r.switches).parse(
+  flags f = p.with_weights_flags().with_zero_flag().with_switches(r.switches).parse(
       argc, argv, [&](std::string_view name, std::string_view value) { return r.take(p, name, value); });
+  if (r.warmup_given && r.lr_schedule != "cosine") p.fail("--warmup-steps needs --lr-schedule cosine");
+  return f;
+}
+
+/// The fit options of the flags, with the learning-rate schedule of the recipe: cosine annealing
+/// over every step of the run (the epochs of `train_samples`, or --max-steps when fewer).
+inline loom::fit_options fit_options_of(const flags& f, const recipe_flags& r, std::size_t train_samples) {
+  loom::fit_options o = fit_options_of(f);
+  if (r.lr_schedule == "cosine") {
+    std::size_t total = (train_samples + f.batch - 1) / f.batch * f.epochs;
+    if (f.max_steps && f.max_steps < total) total = f.max_steps;
+    o.schedule = loom::cosine_warmup{.warmup_steps = r.warmup_steps, .total_steps = total};
+  }
+  return o;
 }
 
 /// Trains Net on train_set (IDX or shards) and evaluates it on test_set; rank 0 prints the
@@ -143,7 +173,7 @@ int train_on(const char* program, const flags& f, const recipe_flags& r, const T
   load_weights(f, t);
   // --epochs 0 (with --load-weights): no training, only evaluation and the files asked for.
   const auto fit = [&] {
-    if (f.epochs) return t.fit(train_set, fit_options_of(f));
+    if (f.epochs) return t.fit(train_set, fit_options_of(f, r, train_set.size()));
     loom::fit_result none;
     none.ranks = t.ranks();
     return none;

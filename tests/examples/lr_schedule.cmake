@@ -1,0 +1,36 @@
+# SPDX-License-Identifier: Apache-2.0
+# --lr-schedule cosine --warmup-steps 2 over one epoch of 250 samples in batches of 64 (4 steps,
+# the last short: the schedule's length counts it): the learning rate of each step, as the
+# metrics file records it, is the warm-up's 0.025 and 0.05, then cosine annealing's 0.05 (q = 0)
+# and 0.025 (q = 1/2) — PROGRAM's run through loom::cosine_warmup over the steps it derived.
+file(REMOVE "${FILE}")
+execute_process(COMMAND ${PROGRAM} --epochs 1 --train-samples 250 --test-samples 64 --threads 1 --quiet --batch 64
+                        --lr 0.05 --lr-schedule cosine --warmup-steps 2 --metrics-jsonl ${FILE} --monitor-every 0
+                OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc TIMEOUT 100)
+message("exit status: ${rc}\n--- stdout\n${out}--- stderr\n${err}")
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "the run failed (${rc})")
+endif()
+file(STRINGS "${FILE}" lines)
+set(expected "1=0.0250000" "2=0.0500000" "3=0.0500000" "4=0.0250000")
+set(seen "")
+foreach(line IN LISTS lines)
+  if(line MATCHES "\"step\":([0-9]+),.*\"lr\":([0-9.e-]+)")
+    list(APPEND seen "${CMAKE_MATCH_1}=${CMAKE_MATCH_2}")
+  endif()
+endforeach()
+message("step=lr in ${FILE}: ${seen}")
+foreach(e IN LISTS expected)
+  string(REGEX REPLACE "=.*" "" step "${e}")
+  string(REGEX REPLACE ".*=" "" lr "${e}")
+  string(REPLACE "." "[.]" pattern "${lr}")
+  set(found FALSE)
+  foreach(s IN LISTS seen)
+    if(s MATCHES "^${step}=${pattern}")
+      set(found TRUE)
+    endif()
+  endforeach()
+  if(NOT found)
+    message(FATAL_ERROR "step ${step}: expected a learning rate of ${lr}..., the metrics say: ${seen}")
+  endif()
+endforeach()
