@@ -9,7 +9,20 @@
 // of steps (sized to last about `--seconds`), and the median. One `row:` line per row on stdout
 // and a `cpu:` line first. benchmarks/resnet/throughput.py is the PyTorch side with the same
 // rows and method; benchmarks/resnet/throughput.sh runs both and prints the table.
+//
+// The ceiling: oneDNN's own rate on the same convolutions — every convolution of the network
+// (the table below) at the row's batch, forward, backward weights and, except for the first
+// (whose input needs no gradient), backward data, run back to back as primitives on the layouts
+// they prefer (format any, no reorders timed), the direct algorithm as loom::cpu, fp32 or bf16
+// (bf16 sources, weights and destinations, float weight gradients), on the row's threads. The
+// row's `ceiling_fraction` is loom's rate on those convolutions' FLOP (samples/s x the FLOP a
+// sample takes in them) over oneDNN's: how much of a step is the convolutions at oneDNN's speed.
 
+#include <dnnl.hpp>  // the ceiling runs oneDNN directly
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +30,8 @@
 #include <random>
 #include <string>
 #include <string_view>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "../common/fit_rate.hpp"
@@ -38,6 +53,7 @@ struct flags {
   double warmup = 1.0;         // seconds of warm-up steps per row
   std::size_t repeats = 1;
   std::uint64_t seed = 1;
+  bool ceiling = true;
 };
 
 constexpr const char* usage = R"(usage: bench_resnet_throughput [flags]
@@ -50,9 +66,11 @@ constexpr const char* usage = R"(usage: bench_resnet_throughput [flags]
   --warmup X         seconds of warm-up steps before the repeats (default 1)
   --repeats N        timed repeats per row; the median is reported (default 1)
   --seed N           data, initialisation and shuffling seed (default 1)
+  --no-ceiling       do not measure oneDNN's rate on the network's convolutions
 Prints `cpu: impl=loom ...` first, then per row on stdout:
   row: impl=loom model=M batch=B threads=T math=fp32|bf16 samples_per_s=S (median) runs=S1,..
        steps=N train_loss=L others_cores=O (CPU cores other processes used during the timed runs)
+       conv_mflop_per_sample=F ceiling_gflops=C (oneDNN's rate on them) ceiling_fraction=S*F/C
 or, for bf16 on a CPU without avx512_bf16 or AMX,
   row: impl=loom model=M batch=B threads=T math=bf16 skipped=no_bf16_cpu
 )";
@@ -60,7 +78,7 @@ or, for bf16 on a CPU without avx512_bf16 or AMX,
 flags parse(int argc, char** argv) {
   const bench::flag_reader r("bench_resnet_throughput", usage);
   flags f;
-  r.read(argc, argv, {}, [&](std::string_view name, std::string_view value) {
+  r.read(argc, argv, {"no-ceiling"}, [&](std::string_view name, std::string_view value) {
     if (name == "model") {
       f.models = r.list(value);
       for (const auto& m : f.models)
@@ -79,6 +97,7 @@ flags parse(int argc, char** argv) {
     else if (name == "warmup") f.warmup = r.number<double>(name, value);
     else if (name == "repeats") f.repeats = r.number<std::size_t>(name, value);
     else if (name == "seed") f.seed = r.number<std::uint64_t>(name, value);
+    else if (name == "no-ceiling") f.ceiling = false;
     else return false;
     return true;
   });
@@ -103,6 +122,135 @@ auto random_images(std::size_t n, std::uint64_t seed) {
   for (auto& p : pixels) p = static_cast<std::uint8_t>(byte(rng));
   for (auto& l : labels) l = static_cast<std::uint8_t>(label(rng));
   return loom::data::labelled_images<shape, 10>(std::move(pixels), std::move(labels), "random images");
+}
+
+// One convolution: c x h x w in, oc out, k x k kernel, stride s, padding p; no bias (every
+// convolution of a ResNet is followed by a batch norm).
+struct conv_shape {
+  int c, h, w, oc, k, s, p;
+  constexpr int oh() const { return (h + 2 * p - k) / s + 1; }
+  constexpr int ow() const { return (w + 2 * p - k) / s + 1; }
+  constexpr double flop() const { return 2.0 * oc * oh() * ow() * c * k * k; }  // forward, one sample
+};
+
+// The CIFAR ResNet-20 on 1 x 28 x 28: conv1, three stages of three basic blocks (16, 32, 64
+// channels; the first block of stages 2 and 3 strided, with a 1 x 1 strided projection).
+std::vector<conv_shape> resnet20_convs() {
+  std::vector<conv_shape> v{{1, 28, 28, 16, 3, 1, 1}};
+  for (int i = 0; i < 6; ++i) v.push_back({16, 28, 28, 16, 3, 1, 1});
+  v.push_back({16, 28, 28, 32, 3, 2, 1});
+  v.push_back({16, 28, 28, 32, 1, 2, 0});
+  for (int i = 0; i < 5; ++i) v.push_back({32, 14, 14, 32, 3, 1, 1});
+  v.push_back({32, 14, 14, 64, 3, 2, 1});
+  v.push_back({32, 14, 14, 64, 1, 2, 0});
+  for (int i = 0; i < 5; ++i) v.push_back({64, 7, 7, 64, 3, 1, 1});
+  return v;
+}
+
+// torchvision's ResNet-18 on 3 x 64 x 64: the 7 x 7 stride-2 stem (then a 3 x 3 stride-2 max
+// pool: 16 x 16), four stages of two basic blocks (64, 128, 256, 512 channels; the first block
+// of stages 2-4 strided, with a 1 x 1 strided projection).
+std::vector<conv_shape> resnet18_convs() {
+  std::vector<conv_shape> v{{3, 64, 64, 64, 7, 2, 3}};
+  for (int i = 0; i < 4; ++i) v.push_back({64, 16, 16, 64, 3, 1, 1});
+  int c = 64, hw = 16;
+  for (int oc : {128, 256, 512}) {
+    v.push_back({c, hw, hw, oc, 3, 2, 1});
+    v.push_back({c, hw, hw, oc, 1, 2, 0});
+    hw /= 2;
+    for (int i = 0; i < 3; ++i) v.push_back({oc, hw, hw, oc, 3, 1, 1});
+    c = oc;
+  }
+  return v;
+}
+
+// The FLOP of one sample's training step in the convolutions: forward, weight gradient, and
+// input gradient for all but the first.
+double training_flop(const std::vector<conv_shape>& convs) {
+  double f = 0;
+  for (std::size_t i = 0; i < convs.size(); ++i) f += (i == 0 ? 2 : 3) * convs[i].flop();
+  return f;
+}
+
+// The table against the network: its forward FLOP are the convolutions' and a few percent more
+// (batch norms, ReLUs, additions, pooling, the last linear layer); a table that left a
+// convolution out, or had one wrong, falls outside that.
+template <class Net>
+void check_table(const char* model, const std::vector<conv_shape>& convs) {
+  double forward = 0;
+  for (const conv_shape& c : convs) forward += c.flop();
+  const double share = forward / Net::flops_per_sample;
+  if (share > 1 || share < 0.95)
+    throw loom::error(std::string("bench_resnet_throughput: the convolution table of ") + model + " does not match the " +
+                      "network: its forward FLOP are " + std::to_string(share) + " of the network's, expected 0.95 .. 1");
+}
+
+// oneDNN's GFLOP/s on the convolutions' training work at `batch` (see the file comment): the
+// median of 3 timings of about 0.5 s each, after 3 warm-up passes.
+double conv_ceiling(const std::vector<conv_shape>& convs, std::size_t batch, int threads, loom::math_mode math) {
+  using dims = dnnl::memory::dims;
+  using tag = dnnl::memory::format_tag;
+  using dt = dnnl::memory::data_type;
+  const dt data = math == loom::math_mode::bf16 ? dt::bf16 : dt::f32;
+  const auto direct = dnnl::algorithm::convolution_direct;
+  omp_set_num_threads(threads);
+  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(eng);
+  const auto n = static_cast<dnnl::memory::dim>(batch);
+  auto filled = [&](const dnnl::memory::desc& d) {  // small values: no denormals, no zeros
+    dnnl::memory m(d, eng);
+    if (d.data_type() == dt::f32) {
+      auto* p = static_cast<float*>(m.get_data_handle());
+      for (std::size_t i = 0; i < d.get_size() / sizeof(float); ++i) p[i] = float((i * 40503u) % 1000) / 1000.0f - 0.5f;
+    } else {
+      auto* p = static_cast<std::uint16_t*>(m.get_data_handle());
+      for (std::size_t i = 0; i < d.get_size() / 2; ++i) p[i] = std::uint16_t(0x3e00 + (i * 40503u) % 256);  // 0.125 .. 0.25
+    }
+    return m;
+  };
+  std::vector<std::pair<dnnl::primitive, std::unordered_map<int, dnnl::memory>>> steps;
+  for (std::size_t l = 0; l < convs.size(); ++l) {
+    const conv_shape& g = convs[l];
+    const dims stride{g.s, g.s}, pad{g.p, g.p};
+    const dnnl::memory::desc src({n, g.c, g.h, g.w}, data, tag::any), w({g.oc, g.c, g.k, g.k}, data, tag::any),
+        dst({n, g.oc, g.oh(), g.ow()}, data, tag::any), dw({g.oc, g.c, g.k, g.k}, dt::f32, tag::any);
+    const dnnl::convolution_forward::primitive_desc fwd(
+        dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, direct, src, w, dst, stride, pad, pad), eng);
+    steps.push_back({dnnl::convolution_forward(fwd),
+                     {{DNNL_ARG_SRC, filled(fwd.src_desc())}, {DNNL_ARG_WEIGHTS, filled(fwd.weights_desc())},
+                      {DNNL_ARG_DST, filled(fwd.dst_desc())}}});
+    const dnnl::convolution_backward_weights::primitive_desc bw(
+        dnnl::convolution_backward_weights::desc(direct, src, dw, dst, stride, pad, pad), eng, fwd);
+    steps.push_back({dnnl::convolution_backward_weights(bw),
+                     {{DNNL_ARG_SRC, filled(bw.src_desc())}, {DNNL_ARG_DIFF_DST, filled(bw.diff_dst_desc())},
+                      {DNNL_ARG_DIFF_WEIGHTS, filled(bw.diff_weights_desc())}}});
+    if (l == 0) continue;
+    const dnnl::convolution_backward_data::primitive_desc bd(
+        dnnl::convolution_backward_data::desc(direct, src, w, dst, stride, pad, pad), eng, fwd);
+    steps.push_back({dnnl::convolution_backward_data(bd),
+                     {{DNNL_ARG_DIFF_DST, filled(bd.diff_dst_desc())}, {DNNL_ARG_WEIGHTS, filled(bd.weights_desc())},
+                      {DNNL_ARG_DIFF_SRC, filled(bd.diff_src_desc())}}});
+  }
+  auto pass = [&] {
+    for (auto& [p, args] : steps) p.execute(stream, args);
+    stream.wait();
+  };
+  for (int i = 0; i < 3; ++i) pass();
+  const double flop = training_flop(convs) * double(batch);
+  std::vector<double> rates;
+  for (int r = 0; r < 3; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::size_t passes = 0;
+    double s = 0;
+    do {
+      pass();
+      ++passes;
+      s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    } while (s < 0.5);
+    rates.push_back(flop * double(passes) / s / 1e9);
+  }
+  std::sort(rates.begin(), rates.end());
+  return rates[1];
 }
 
 template <class Net>
@@ -139,10 +287,21 @@ int main(int argc, char** argv) {
             if (!runs.empty()) runs += ',';
             runs += std::to_string(std::lround(v));
           }
+          std::string ceiling;
+          if (f.ceiling) {
+            const auto convs = model == "resnet18" ? resnet18_convs() : resnet20_convs();
+            if (model == "resnet18") check_table<resnet18>(model.c_str(), convs);
+            else check_table<resnet20>(model.c_str(), convs);
+            const double c = conv_ceiling(convs, f.batch, threads, math), per_sample = training_flop(convs);
+            char text[160];
+            std::snprintf(text, sizeof text, " conv_mflop_per_sample=%.1f ceiling_gflops=%.1f ceiling_fraction=%.3f",
+                          per_sample / 1e6, c, r.median * per_sample / 1e9 / c);
+            ceiling = text;
+          }
           std::printf("row: impl=loom model=%s batch=%zu threads=%d math=%s samples_per_s=%.1f runs=%s steps=%zu "
-                      "train_loss=%.4f others_cores=%.2f\n",
+                      "train_loss=%.4f others_cores=%.2f%s\n",
                       model.c_str(), f.batch, threads, loom::to_string(math), r.median, runs.c_str(), r.steps,
-                      r.train_loss, r.others_cores);
+                      r.train_loss, r.others_cores, ceiling.c_str());
           std::fflush(stdout);
           if (!std::isfinite(r.train_loss)) {
             std::cerr << "bench_resnet_throughput: training diverged (loss " << r.train_loss << ")\n";
@@ -151,6 +310,9 @@ int main(int argc, char** argv) {
         }
   } catch (const loom::error& e) {
     std::cerr << "bench_resnet_throughput: " << e.what() << "\n";
+    return 1;
+  } catch (const dnnl::error& e) {
+    std::cerr << "bench_resnet_throughput: oneDNN failed while measuring the convolution ceiling: " << e.what() << "\n";
     return 1;
   }
   return 0;

@@ -5,7 +5,8 @@
 # 0.9), batch 64, seeded random images; per (model, threads, math) row, loom
 # (bench_resnet_throughput), PyTorch eager and torch.compile (throughput.py, in the venv of
 # benchmarks/data/make_venv.sh) run alternately, round after round, so that noise hits all three;
-# prints the medians of samples/s, loom/eager and loom/compile, the CPU and the versions. bf16
+# prints the medians of samples/s, loom/eager and loom/compile, the share of oneDNN's own rate on the
+# network's convolutions that loom reaches (%ceiling), the CPU and the versions. bf16
 # rows (loom's math_mode::bf16, PyTorch's CPU autocast) only where the CPU has avx512_bf16 or AMX.
 # Not a timed test: run it by hand (see benchmarks/README.md).
 #
@@ -42,7 +43,8 @@ program="$build_dir/benchmarks/resnet/bench_resnet_throughput"
 venv=${LOOM_DATA_VENV:-$HOME/.cache/loom/data-bench-venv}
 bash "$repo/benchmarks/data/make_venv.sh" "$venv" >/dev/null
 log=$(mktemp)  # the programs' stderr (compile warnings, notes); shown on failure
-trap 'rm -f "$log"' EXIT
+fractions=$(mktemp)  # loom's ceiling_fraction of each run of the current row
+trap 'rm -f "$log" "$fractions"' EXIT
 versions=$("$venv/bin/python" -c 'import torch, torchvision
 print(f"torch {torch.__version__}, torchvision {torchvision.__version__}")' 2>>"$log")
 bf16=no
@@ -61,6 +63,7 @@ run() {
       { tail -n 20 "$log" >&2; die "throughput.py --impl $impl failed"; }
   fi
   line=$(grep '^row:' <<<"$out")
+  [ "$impl" != loom ] || field "$line" ceiling_fraction >>"$fractions"
   field "$line" samples_per_s
 }
 
@@ -80,6 +83,7 @@ for model in "${model_list[@]}"; do
         continue
       fi
       declare -A got=([loom]="" [eager]="" [compile]="")
+      : >"$fractions"
       order=(loom eager compile)
       for ((r = 1; r <= rounds; r++)); do
         for impl in "${order[@]}"; do got[$impl]+=" $(run "$impl" "$model" "$t" "$math")"; done
@@ -90,14 +94,17 @@ for model in "${model_list[@]}"; do
       done
       # shellcheck disable=SC2086  # the values are words
       ml=$(median ${got[loom]}) me=$(median ${got[eager]}) mc=$(median ${got[compile]})
-      table+=("$(awk -v m="$model" -v t="$t" -v x="$math" -v l="$ml" -v e="$me" -v c="$mc" \
-        'BEGIN { printf "%-9s %7s %-5s %10.0f %10.0f %10.0f %11.2f %13.2f", m, t, x, l, e, c, l / e, l / c }')")
+      # shellcheck disable=SC2046
+      mf=$(median $(cat "$fractions"))
+      table+=("$(awk -v m="$model" -v t="$t" -v x="$math" -v l="$ml" -v e="$me" -v c="$mc" -v f="$mf" \
+        'BEGIN { printf "%-9s %7s %-5s %10.0f %10.0f %10.0f %11.2f %13.2f %9.0f%%", m, t, x, l, e, c, l / e, l / c, 100 * f }')")
       unset got
     done
   done
 done
 echo "  PyTorch: $versions (eager and torch.compile, default inductor backend; bf16 via torch.autocast(\"cpu\"))"
 echo
-printf '%-9s %7s %-5s %10s %10s %10s %11s %13s\n' model threads math loom eager compile loom/eager loom/compile
+printf '%-9s %7s %-5s %10s %10s %10s %11s %13s %10s\n' model threads math loom eager compile loom/eager loom/compile "%ceiling"
 printf '%s\n' "${table[@]}"
-echo "(medians of samples/s over $rounds rounds; ratios above 1: loom faster)"
+echo "(medians of samples/s over $rounds rounds; ratios above 1: loom faster; %ceiling: loom's rate on the"
+echo " network's convolutions over oneDNN's own on them, same batch, threads and math — see throughput.cpp)"
