@@ -8,8 +8,10 @@
 # hand (see benchmarks/README.md).
 #
 #   end_to_end.sh [--model resnet20|resnet56|resnet18] [--ranks 2] [--rounds 5] [--steps 60]
-#                 [--batch 64] [--decode-threads N]
+#                 [--batch 64] [--threads N] [--decode-threads N]
 #
+# --threads: compute threads per rank (default: the cores over the ranks, at least 1; fewer
+# leave cores to the loader's threads).
 # The shards are written once by loom-shards into $LOOM_BUILD_DIR/data-bench-fm-shards (PNG,
 # 5,000 samples a shard). --decode-threads is passed to the shard runs (default: the example's,
 # the cores the compute pool leaves, at least 1). Needs dataset-fashion-mnist.
@@ -24,7 +26,7 @@ jobs=${LOOM_JOBS:-1}
 # strip_env, die, quiet_wait, build, mpi_flags, field, median, cpu_line
 source "$repo/benchmarks/common/lib.sh"
 
-model=resnet20 ranks=2 rounds=5 steps=60 batch=64 decode=()
+model=resnet20 ranks=2 rounds=5 steps=60 batch=64 decode=() threads=
 while [ $# -gt 0 ]; do
   case $1 in
     --model) model=${2:?}; shift 2 ;;
@@ -32,8 +34,9 @@ while [ $# -gt 0 ]; do
     --rounds) rounds=${2:?}; shift 2 ;;
     --steps) steps=${2:?}; shift 2 ;;
     --batch) batch=${2:?}; shift 2 ;;
+    --threads) threads=${2:?}; shift 2 ;;
     --decode-threads) decode=(--decode-threads "${2:?}"); shift 2 ;;
-    -h|--help) sed -n '3,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '3,21p' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
 done
@@ -51,7 +54,7 @@ if [ ! -f "$shards/train.shards.json" ] || [ ! -f "$shards/test.shards.json" ]; 
   rm -rf "$shards" && mv "$shards.tmp" "$shards"
 fi
 mapfile -t mpi < <(mpi_flags "$ranks")
-threads=$(( $(nproc) / ranks )); [ "$threads" -ge 1 ] || threads=1
+[ -n "$threads" ] || threads=$(( $(nproc) / ranks )); [ "$threads" -ge 1 ] || threads=1
 
 # samples/s of one run reading $1 (IDX or shards).
 run() {
