@@ -10,12 +10,10 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
-#include <barrier>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "error_message.hpp"
@@ -28,6 +26,7 @@
 #include "loom/nn/model.hpp"
 #include "loom/nn/network.hpp"
 #include "relative_error.hpp"
+#include "two_threads.hpp"
 
 using namespace loom;
 using loom::testing::relatively_equals;
@@ -49,32 +48,6 @@ struct same_on_every_rank final : process_group {
   void allreduce_sum(double* v, std::size_t n) override {
     for (std::size_t i = 0; i < n; ++i) v[i] *= ranks;
   }
-};
-
-/// The two ranks of a group played by two threads: each allreduce_sum meets the other thread's
-/// at a barrier, and both add the two contributions in rank order (in double), so both get the
-/// same sums, as MPI's ranks do.
-struct two_threads {
-  std::barrier<> meet{2};
-  std::vector<double> values[2];
-
-  struct rank_of final : process_group {
-    rank_of(two_threads* group, int r) : g(group), me(r) {}
-    two_threads* g;
-    int me;
-    int rank() const override { return me; }
-    int size() const override { return 2; }
-    void allreduce_sum(float* v, std::size_t n) override { sum(v, n); }
-    void allreduce_sum(double* v, std::size_t n) override { sum(v, n); }
-    template <class V>
-    void sum(V* v, std::size_t n) {
-      g->values[me].assign(v, v + n);
-      g->meet.arrive_and_wait();
-      for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<V>(g->values[0][i] + g->values[1][i]);
-      g->meet.arrive_and_wait();  // neither writes its values again before both have read
-    }
-  };
-  rank_of rank(int r) { return rank_of(this, r); }
 };
 
 }  // namespace
@@ -150,7 +123,10 @@ TEMPLATE_TEST_CASE("batch_norm with one value per channel in training is refused
 
 TEST_CASE("batch_norm's fused ReLU (oneDNN's fuse_norm_relu) gives the unfused results bit for bit",
           "[layers][batch_norm][forward]") {
-  // named<"r", relu> is not loom::relu, so it is not fused: the same network run unfused.
+  // named<"r", relu> is not loom::relu, so it is not fused: the same network run unfused. Fused,
+  // the ReLU runs no backward either: batch_norm's applies its gradient (oneDNN's from its mask).
+  static_assert(detail::backward_fused_into_previous<batch_norm::impl<shape<16, 6, 6>, float, cpu>, relu>);
+  static_assert(!detail::backward_fused_into_previous<conv2d<16, 3, 1, 1>::impl<shape<3, 6, 6>, float, cpu>, relu>);
   using fused = network<input<3, 6, 6>, conv2d<16, 3, 1, 1>, batch_norm, relu, conv2d<8, 3>, batch_norm, relu>;
   using unfused = network<input<3, 6, 6>, conv2d<16, 3, 1, 1>, batch_norm, named<"r", relu>, conv2d<8, 3>, batch_norm,
                           named<"r", relu>>;
@@ -264,19 +240,7 @@ void check_two_halves_as_one(std::size_t batch) {
   const auto xd = loom::testing::random_values(2 * batch * in, 21);
   const auto dyd = loom::testing::random_values(2 * batch * out, 22);
   const std::vector<TestType> x(xd.begin(), xd.end()), dy(dyd.begin(), dyd.end());
-  two_threads group;
-  std::vector<TestType> y(2 * batch * out);
-  auto replica = [&](int r) {
-    auto me = group.rank(r);
-    run_context ctx;
-    ctx.replicas = &me;
-    const TestType* yr = halves[r].forward(ctx, x.data() + r * batch * in, batch);
-    std::copy(yr, yr + batch * out, y.begin() + static_cast<std::ptrdiff_t>(r * batch * out));
-    halves[r].backward(ctx, dy.data() + r * batch * out, batch);
-  };
-  std::thread second(replica, 1);
-  replica(0);
-  second.join();
+  const std::vector<TestType> y = loom::testing::train_halves(halves, x, dy, batch);
   const TestType* yw = whole.forward(run_context{}, x.data(), 2 * batch);
   whole.backward(run_context{}, dy.data(), 2 * batch);
   // The halves' statistics are the group's sums, the whole's one pass over every value: in float

@@ -13,19 +13,24 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "gradient_check.hpp"
 #include "loom/backend/cpu.hpp"
 #include "loom/core/math_mode.hpp"
+#include "loom/backend/cpu/features.hpp"
 #include "loom/layers/activation.hpp"
+#include "loom/layers/batch_norm.hpp"
 #include "loom/layers/conv2d.hpp"
 #include "loom/layers/flatten.hpp"
 #include "loom/layers/linear.hpp"
 #include "loom/layers/pool2d.hpp"
 #include "loom/nn/model.hpp"
 #include "loom/nn/network.hpp"
+#include "loom/nn/residual_with.hpp"
 #include "relative_error.hpp"
+#include "two_threads.hpp"
 
 using namespace loom;
 using loom::testing::compare_relative;
@@ -274,4 +279,120 @@ TEST_CASE("The example cnn in bf16 stays near fp32, repeats bit for bit, and fp3
     CHECK(e < 0.15);
     CHECK(e > bf16_at_least);
   }
+}
+
+namespace {
+
+/// Consumers of a bf16 convolution's output, which oneDNN's AMX kernels write channels-last
+/// (nhwc) and loom hands on as it is: the fused batch norm + ReLU, max and average pooling over
+/// 32 channels (two interleaved blocks of 16 a pixel), global average pooling (one block of
+/// all 32 channels); and a residual addition of a plain input to a channels-last branch.
+using after_conv = network<input<16, 8, 8>, conv2d<32, 3, 1, 1, no_bias>, batch_norm, relu, max_pool2d<2>,
+                           avg_pool2d<2>, global_avg_pool2d>;
+using residual_after = network<input<32, 6, 6>, residual_with<layers<conv2d<32, 3, 1, 1, no_bias>, batch_norm>>, relu,
+                               max_pool2d<2>, global_avg_pool2d>;
+/// 16 channels channels-last are nChw16c byte for byte: the batch norm runs oneDNN's blocked
+/// kernels on them.
+using sixteen_after = network<input<16, 8, 8>, conv2d<16, 3, 1, 1, no_bias>, batch_norm, relu, max_pool2d<2>,
+                              global_avg_pool2d>;
+
+/// bf16 against fp32 on operands already bf16 (parameters, input, output gradient): the
+/// convolution's products are then the same, so its output and everything computed from it in
+/// float agree to float rounding, whatever layouts the two runs kept activations in — a layer
+/// reading channels-last as another layout would be wrong by whole values. The convolution's
+/// weight gradient takes the batch norm's input gradient rounded to bf16: within bf16's
+/// tolerance only.
+template <class Network>
+void check_bf16_exact_operands(std::size_t batch, std::uint64_t seed, std::size_t conv_weights) {
+  auto p = bf16_rounded(loom::testing::random_values(Network::parameter_count, seed, 0.3, 0.0));
+  const auto x = bf16_rounded(loom::testing::random_values(batch * Network::input_shape::size, seed + 1, 1.0, 0.0));
+  const auto dy = bf16_rounded(loom::testing::random_values(batch * Network::output_shape::size, seed + 2, 1.0, 0.0));
+  const auto bf = run<Network, float>(math_mode::bf16, to_float(p), to_float(x), to_float(dy), batch);
+  const auto fp = run<Network, float>(math_mode::fp32, to_float(p), to_float(x), to_float(dy), batch);
+  const auto part = [](const std::vector<float>& v, std::size_t from, std::size_t to) {
+    return std::vector<float>(v.begin() + static_cast<std::ptrdiff_t>(from), v.begin() + static_cast<std::ptrdiff_t>(to));
+  };
+  const auto exact = [](const char* what, const std::vector<float>& a, const std::vector<float>& b) {
+    const auto e = compare_relative(a, b, floor_fraction * max_abs(std::span<const float>(b)));
+    INFO(what << ": bf16 vs fp32 on bf16 operands " << e.str());
+    CHECK(max_abs(std::span<const float>(b)) > 0);
+    CHECK(e.max_error < exact_tolerance);
+  };
+  exact("output", bf.y, fp.y);
+  const std::size_t all = Network::parameter_count;
+  exact("batch norm's gradients", part(bf.grads, conv_weights, all), part(fp.grads, conv_weights, all));
+  const auto w16 = part(bf.grads, 0, conv_weights), w32 = part(fp.grads, 0, conv_weights);
+  INFO("convolution's weight gradient, normwise " << normwise_error(w16, w32));
+  CHECK(max_abs(std::span<const float>(w32)) > 0);
+  CHECK(normwise_error(w16, w32) < bf16_tolerance);
+}
+
+}  // namespace
+
+TEST_CASE("Layers after a bf16 convolution read its channels-last output as fp32 runs read theirs",
+          "[layers][bf16][channels_last]") {
+  // Where oneDNN runs AMX kernels, its bf16 convolution of 16 or more channels writes nhwc: the
+  // layout this case is about (without AMX — a CPU without it, or oneDNN kept below it by
+  // ONEDNN_MAX_CPU_ISA — its kernels write a blocked layout, also checked).
+  const std::size_t batch = 4;
+  const bool amx = detect_cpu_features().onednn_isa.find("amx") != std::string::npos;
+  cpu_conv2d_plan<float> conv(conv2d_geometry{16, 8, 8, 32, 3, 1, 1, false});
+  std::vector<float> x(batch * 16 * 64, 0.5f), w(32 * 16 * 9, 0.25f), y(batch * 32 * 64);
+  const cpu_format f = conv.forward(x.data(), {}, w.data(), nullptr, y.data(), batch, math_mode::bf16);
+  INFO("oneDNN on AMX: " << amx << "; the bf16 convolution's output channels-last: "
+               << detail::is_channels_last(f, batch, 32, 8, 8));
+  if (amx) CHECK(detail::is_channels_last(f, batch, 32, 8, 8));
+  CHECK(detail::channel_block(f, batch, 32, 8, 8) != 0);
+  SECTION("batch norm with its ReLU, max and average pooling, global average pooling") {
+    check_bf16_exact_operands<after_conv>(batch, 61, 32 * 16 * 9);
+  }
+  SECTION("a residual block adding its plain input to a channels-last branch") {
+    check_bf16_exact_operands<residual_after>(batch, 62, 32 * 32 * 9);
+  }
+  SECTION("16 channels: batch norm on them as oneDNN's blocked layout") {
+    check_bf16_exact_operands<sixteen_after>(batch, 63, 16 * 16 * 9);
+  }
+}
+
+template <std::size_t C>
+void check_synchronized_channels_last() {
+  // Two replicas with different halves of a batch, synchronized through two threads, against
+  // one replica of the whole, both in bf16. Each replica's convolution sees the same bf16
+  // operands as the whole's, so outputs and statistics agree to float rounding; the input
+  // gradient each replica corrects from its own sums to the group's (a + b x per channel, over
+  // C channels a pixel) reaches the convolution's weight gradient, rounded to bf16 there.
+  using net = network<input<16, 4, 4>, conv2d<C, 3, 1, 1, no_bias>, batch_norm, relu, global_avg_pool2d>;
+  const std::size_t batch = 3, in = net::input_shape::size, out = net::output_shape::size;
+  model<net, float> halves[2] = {model<net, float>(7), model<net, float>(7)};
+  model<net, float> whole(7);
+  const auto x = to_float(bf16_rounded(loom::testing::random_values(2 * batch * in, 71, 1.0, 0.0)));
+  const auto dy = to_float(bf16_rounded(loom::testing::random_values(2 * batch * out, 72, 1.0, 0.0)));
+  const std::vector<float> y = loom::testing::train_halves(halves, x, dy, batch, math_mode::bf16);
+  run_context ctx;
+  ctx.math = math_mode::bf16;
+  const float* yw = whole.forward(ctx, x.data(), 2 * batch);
+  whole.backward(ctx, dy.data(), 2 * batch);
+  const std::vector<float> whole_y(yw, yw + y.size());
+  const auto e = compare_relative(y, whole_y, floor_fraction * max_abs(std::span<const float>(whole_y)));
+  INFO("outputs, halves against the whole: " << e.str());
+  CHECK(e.max_error < exact_tolerance);
+  const auto g0 = halves[0].copy_gradients_to_host(), g1 = halves[1].copy_gradients_to_host();
+  const auto gw = whole.copy_gradients_to_host();
+  std::vector<float> sum(g0.size());
+  for (std::size_t i = 0; i < sum.size(); ++i) sum[i] = g0[i] + g1[i];
+  const std::size_t weights = C * 16 * 9;
+  const std::vector<float> bn(sum.begin() + weights, sum.end()), bn_whole(gw.begin() + weights, gw.end());
+  const auto eb = compare_relative(bn, bn_whole, floor_fraction * max_abs(std::span<const float>(bn_whole)));
+  INFO("batch norm's gradients added up, against the whole's: " << eb.str());
+  CHECK(eb.max_error < exact_tolerance);
+  const std::vector<float> cw(sum.begin(), sum.begin() + weights), cw_whole(gw.begin(), gw.begin() + weights);
+  INFO("convolution's weight gradients added up, against the whole's, normwise " << normwise_error(cw, cw_whole));
+  CHECK(max_abs(std::span<const float>(cw_whole)) > 0);
+  CHECK(normwise_error(cw, cw_whole) < bf16_tolerance);
+}
+
+TEST_CASE("A synchronized batch norm after a bf16 convolution corrects a channels-last input gradient",
+          "[layers][bf16][channels_last][batch_norm]") {
+  SECTION("32 channels a pixel") { check_synchronized_channels_last<32>(); }
+  SECTION("16 channels (the batch norm's primitive on oneDNN's blocked layout)") { check_synchronized_channels_last<16>(); }
 }

@@ -33,7 +33,8 @@ struct cpu {
   using batch_norm_plan = cpu_batch_norm_plan<T>;
 
   /// The channels per block of an (n, c, h, w) activation in format f: 1 when plain, 8 or 16 in
-  /// oneDNN's nChw8c / nChw16c (what loom's channel-wise kernel bodies read).
+  /// oneDNN's nChw8c / nChw16c, c in channels-last (nhwc, one block of every channel: what bf16
+  /// convolutions write) — what loom's channel-wise kernel bodies read.
   /// Throws loom::backend_error for another layout.
   static std::size_t channel_block(const format& f, std::size_t n, std::size_t c, std::size_t h, std::size_t w) {
     return detail::cpu_channel_block(f, n, c, h, w);

@@ -111,11 +111,24 @@ concept can_fuse_relu = requires(Impl& i) { i.fuse_relu(); };
 /// Whether layer Next, right after a layer whose implementation is PrevImpl, runs inside that
 /// layer: Next is loom::relu and PrevImpl writes relu(.) of its output itself, so Next keeps no
 /// output buffer of its own (its output is the previous layer's) and its forward does nothing;
-/// its backward is unchanged, as relu'(x) = relu'(relu(x)). loom::sequence fuses by this rule
-/// (it calls PrevImpl::fuse_relu()), and what a pipeline stage keeps per sample is counted by
-/// it.
+/// its backward is unchanged, as relu'(x) = relu'(relu(x)) (unless PrevImpl applies it:
+/// backward_fused_into_previous). loom::sequence fuses by this rule (it calls
+/// PrevImpl::fuse_relu()), and what a pipeline stage keeps per sample is counted by it.
 template <class PrevImpl, class Next>
 inline constexpr bool fuses_into_previous = std::is_same_v<Next, relu> && can_fuse_relu<PrevImpl>;
+
+/// A layer implementation whose backward applies the gradient of the ReLU fused into it (its
+/// mask) itself, whatever path it runs: it says so with a static applies_fused_relu_gradient
+/// (batch_norm, whose oneDNN backward takes the mask anyway).
+template <class Impl>
+concept applies_fused_relu_gradient = Impl::applies_fused_relu_gradient;
+
+/// Whether the ReLU Next, fused into the layer before (PrevImpl), needs no backward of its own:
+/// that layer's backward takes dy as it comes and applies the ReLU's gradient itself, so
+/// loom::sequence leaves the ReLU's backward out — a pass over the activation fewer.
+template <class PrevImpl, class Next>
+inline constexpr bool backward_fused_into_previous = fuses_into_previous<PrevImpl, Next> &&
+                                                     applies_fused_relu_gradient<PrevImpl>;
 }  // namespace detail
 
 }  // namespace loom

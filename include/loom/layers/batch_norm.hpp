@@ -7,15 +7,18 @@
 // the CPU, with the ReLU after it fused in; cuDNN on the GPU).
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <type_traits>
 
+#include "loom/backend/kernels/activation.hpp"
 #include "loom/backend/kernels/normalization.hpp"
 #include "loom/core/config.hpp"
 #include "loom/core/error.hpp"
 #include "loom/core/geometry.hpp"
+#include "loom/core/memory.hpp"
 #include "loom/layers/describe.hpp"
 #include "loom/layers/layer.hpp"
 
@@ -28,6 +31,13 @@ LOOM_DECL std::string batch_norm_onnx(onnx_graph& g, const layer_description& d,
 /// PyTorch refuses it: a channel of one value normalises to nothing).
 [[noreturn]] LOOM_DECL void batch_norm_single_value(std::size_t layer, std::size_t batch, std::size_t channels,
                                                     std::size_t spatial);
+/// A backend's batch norm plan that can say whether its next backward applies the gradient of
+/// a fused ReLU itself (cpu_batch_norm_plan: oneDNN's backward does). A concept of its own, as
+/// nvcc 13 fails to evaluate a requires-expression in place.
+template <class Plan>
+concept plan_applies_fused_relu = requires(const Plan& p) {
+  { p.backward_applies_fused_relu() } -> std::convertible_to<bool>;
+};
 }  // namespace detail
 
 /// Batch normalisation, per channel of a (C, H, W) input or per feature of a (C) one.
@@ -116,12 +126,20 @@ struct batch_norm {
   class impl {
     static constexpr batch_norm_geometry g_ = geometry<In>;
     static constexpr std::size_t c_ = g_.c;
+    using plan_type = typename Backend::template batch_norm_plan<T>;
 
    public:
     explicit impl(layer_site site) : index_(site.index), plan_(g_) {}
 
     /// The network calls this when a loom::relu follows: forward then writes the ReLU's output.
-    void fuse_relu() { plan_.fuse_relu(); }
+    void fuse_relu() {
+      plan_.fuse_relu();
+      relu_ = true;
+    }
+    /// With a fused ReLU, backward takes the gradient of the ReLU's output and applies the
+    /// ReLU's gradient itself (oneDNN's backward does, from its mask; otherwise one pass here,
+    /// from y): the network runs no backward of the ReLU (detail::backward_fused_into_previous).
+    static constexpr bool applies_fused_relu_gradient = true;
 
     void initialize(T* params, std::uint64_t) const {
       std::fill_n(params, c_, T(1));
@@ -151,16 +169,32 @@ struct batch_norm {
       Backend::for_each(1, kernels::batch_norm_count<T>{running_ + 2 * c_});
     }
 
-    void backward(const run_context& ctx, const T* params, activation<const T, Backend> x, activation<const T, Backend>,
+    void backward(const run_context& ctx, const T* params, activation<const T, Backend> x, activation<const T, Backend> y,
                   const T* dy, T* dx, T* dparams, std::size_t batch) {
-      plan_.backward(x.data, x.format, params, params + c_, dy, dx, dparams, dparams + c_, batch, ctx.accumulate,
+      const T* g = dy;
+      if (relu_ && !plan_applies_relu()) {  // relu'(pre) = relu'(relu(pre)): the mask from y
+        masked_.reserve_discard(batch * In::size);
+        Backend::for_each(batch * In::size, kernels::pointwise_backward<kernels::relu_op, T>{y.data, y.data, dy,
+                                                                                             masked_.data()});
+        g = masked_.data();
+      }
+      plan_.backward(x.data, x.format, params, params + c_, g, dx, dparams, dparams + c_, batch, ctx.accumulate,
                      ctx.replicas);
     }
 
    private:
+    bool plan_applies_relu() const {
+      if constexpr (detail::plan_applies_fused_relu<plan_type>) return plan_.backward_applies_fused_relu();
+      else return false;
+    }
+
     std::size_t index_;
-    typename Backend::template batch_norm_plan<T> plan_;
+    plan_type plan_;
+    bool relu_ = false;
     T* running_ = nullptr;  // (2C + 1): running_mean, running_var, num_batches_tracked
+    // dy with the fused ReLU's gradient applied, where the plan's backward does not apply it
+    // (its kernel bodies: double, a rank without samples, a backward after evaluation, the GPU).
+    buffer<T, typename Backend::memory_space> masked_;
   };
 };
 

@@ -126,7 +126,8 @@ struct avg_pool2d : detail::pool2d_layer<pool_kind::average, Kernel, Stride, Pad
 
 /// Global average pooling: the mean of each channel over the image, (C, H, W) -> (C), as
 /// torch.nn.AdaptiveAvgPool2d(1) followed by a flatten (what a ResNet does before its fc). It
-/// reads its input in the layout it comes in (plain or channel-blocked) and writes plain.
+/// reads its input in the layout it comes in (plain, channel-blocked or channels-last) and
+/// writes plain.
 struct global_avg_pool2d {
   static constexpr bool is_loom_layer = true;
   static constexpr const char* name = "global_avg_pool2d";
@@ -176,7 +177,7 @@ struct global_avg_pool2d {
                   T* dx, T*, std::size_t batch) {
       if (!dx) return;
       dispatch(block(x, batch), [&]<std::size_t B>() {
-        Backend::for_each(batch * In::size, kernels::global_avg_pool_backward<T, B>{dy, dx, c_, spatial_});
+        Backend::for_each(batch * c_ / B, kernels::global_avg_pool_backward<T, B>{dy, dx, c_, spatial_});
       });
     }
 
@@ -184,10 +185,13 @@ struct global_avg_pool2d {
     static std::size_t block(activation<const T, Backend> x, std::size_t batch) {
       return Backend::channel_block(x.format, batch, c_, In::dims[1], In::dims[2]);
     }
+    /// Blocks of 16 or 8 channels; c_ for channels-last (a bf16 convolution's output on the
+    /// CPU), whose one block of every channel is read with the same loops; 1 plain.
     template <class F>
     static void dispatch(std::size_t block, F&& f) {
       if (block == 16) f.template operator()<16>();
       else if (block == 8) f.template operator()<8>();
+      else if (block == c_) f.template operator()<c_>();
       else f.template operator()<1>();
     }
   };

@@ -80,6 +80,21 @@ struct chain_step<Index, In, L, Rest...> {
   using inputs = decltype(concat(type_list<In>{}, typename next::inputs{}));
 };
 
+/// Which of backward's two input-gradient buffers layer k >= 1 writes (entry 0 unused: layer 0
+/// writes the caller's dx): the layers that run a backward (not `skipped`) alternate, counted
+/// from layer 1, so each writes the buffer its gradient does not come from — k % 2 when none
+/// is skipped.
+template <std::size_t N>
+constexpr std::array<std::size_t, N> gradient_buffers(const std::array<bool, N>& skipped) {
+  std::array<std::size_t, N> b{};
+  std::size_t running = 0;
+  for (std::size_t k = 1; k < N; ++k) {
+    if (!skipped[k]) ++running;
+    b[k] = running % 2;
+  }
+  return b;
+}
+
 }  // namespace detail
 
 /// The compile-time facts of layers Layers... applied in order to input shape In.

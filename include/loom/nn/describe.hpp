@@ -64,10 +64,24 @@ constexpr bool fused_in_sequence() {
   }
 }
 
+/// Whether layer K of Chain runs no backward on Backend: a ReLU fused into layer K - 1 whose
+/// backward applies the ReLU's gradient itself (loom::sequence's rule).
+template <class Chain, std::size_t K, class Backend>
+constexpr bool backward_skipped_in_sequence() {
+  if constexpr (K == 0) {
+    return false;
+  } else {
+    using prev = at<K - 1, typename Chain::layers>;
+    return backward_fused_into_previous<
+        typename prev::template impl<typename Chain::template input_of<K - 1>, float, Backend>, at<K, typename Chain::layers>>;
+  }
+}
+
 /// What loom::sequence allocates over Chain on Backend, its first layer in context c: one output
 /// per layer that is not a fused ReLU, the two input-gradient buffers of backward (layer k >= 1
-/// writes into buffer k % 2, sized for its input; layer 0 writes the caller's dx), and each
-/// layer's own buffers (its footprint, in the layout its input comes in).
+/// that runs a backward writes into buffer gradient_buffers(...)[k], sized for its input; layer
+/// 0 writes the caller's dx), and each layer's own buffers (its footprint, in the layout its
+/// input comes in).
 template <class Chain, class Backend>
 constexpr sequence_elements elements_of_sequence(const footprint_context& c) {
   if constexpr (!Chain::ok) {
@@ -77,6 +91,9 @@ constexpr sequence_elements elements_of_sequence(const footprint_context& c) {
       constexpr std::size_t n = sizeof...(K);
       using layers = typename Chain::layers;
       constexpr std::array<bool, n> fused{fused_in_sequence<Chain, K, Backend>()...};
+      constexpr std::array<std::size_t, n> buffer_of =
+          gradient_buffers(std::array<bool, n>{backward_skipped_in_sequence<Chain, K, Backend>()...});
+      constexpr std::array<bool, n> skipped{backward_skipped_in_sequence<Chain, K, Backend>()...};
       auto at_k = [&](std::size_t k, bool blocked) {
         return footprint_context{blocked, k > 0 || c.needs_input_gradient, c.accumulates, k + 1 < n && fused[k + 1]};
       };
@@ -93,7 +110,7 @@ constexpr sequence_elements elements_of_sequence(const footprint_context& c) {
       for (std::size_t k = 0; k < n; ++k) {
         e.add(blocked ? blocked_input[k] : plain_input[k]);
         if (!fused[k]) e.saved += out[k];
-        if (k > 0) gradient[k % 2] = std::max(gradient[k % 2], in[k]);
+        if (k > 0 && !skipped[k]) gradient[buffer_of[k]] = std::max(gradient[buffer_of[k]], in[k]);
         blocked = effect[k] == layout_effect::blocks || (effect[k] == layout_effect::keeps && blocked);
       }
       e.scratch += gradient[0] + gradient[1];

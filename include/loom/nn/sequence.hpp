@@ -85,6 +85,25 @@ class sequence {
       return detail::fuses_into_previous<impl_at<K - 1>, at<K, type_list<Layers...>>>;
     }
   }
+  /// ...and its backward too (detail::backward_fused_into_previous): backward leaves it out.
+  template <std::size_t K>
+  static constexpr bool backward_skipped() {
+    if constexpr (K == 0 || !chain::ok) {
+      return false;
+    } else {
+      return detail::backward_fused_into_previous<impl_at<K - 1>, at<K, type_list<Layers...>>>;
+    }
+  }
+  /// The gradient buffer layer K >= 1 writes its input gradient into: the layers that run a
+  /// backward alternate between the two, so none writes where it reads
+  /// (detail::gradient_buffers in nn/chain.hpp, which the memory plan counts by too).
+  template <std::size_t K>
+  static constexpr std::size_t gradient_buffer() {
+    std::array<bool, sizeof...(Layers)> skipped{};
+    [&]<std::size_t... I>(std::index_sequence<I...>) { ((skipped[I] = backward_skipped<I>()), ...); }
+    (std::index_sequence_for<Layers...>{});
+    return detail::gradient_buffers(skipped)[K];
+  }
 
  public:
   /// stream: the random stream of this sequence (0 for a whole network); layer i gets its own
@@ -163,11 +182,16 @@ class sequence {
     const T* grad = dy;
     if constexpr (chain::ok) each_reverse([&](auto i) {
       constexpr std::size_t k = i;
+      if constexpr (sequence::template backward_skipped<k>()) {
+        hook(k);  // the layer before applies this ReLU's gradient: dy goes to it as it is
+        return;
+      }
       T* out = nullptr;
       if constexpr (k == 0) {
         out = dx;
       } else {
-        auto& g = grads_[k % 2];
+        constexpr std::size_t into = gradient_buffer<k>();
+        auto& g = grads_[into];
         g.reserve_discard(batch * chain::template input_of<k>::size);
         out = g.data();
       }

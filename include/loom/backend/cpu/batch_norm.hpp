@@ -83,13 +83,13 @@ struct cpu_launcher {
   }
 };
 
-/// The channel block of a CPU activation of g's shape: 1 plain, 8 or 16 blocked.
-/// Throws loom::backend_error for another layout.
+/// The channel block of a CPU activation of g's shape: 1 plain, 8 or 16 blocked, c
+/// channels-last. Throws loom::backend_error for another layout.
 inline std::size_t cpu_channel_block(const cpu_format& f, std::size_t batch, std::size_t c, std::size_t h, std::size_t w) {
   if (f.plain()) return 1;
   if (const std::size_t b = channel_block(f, batch, c, h, w)) return b;
   throw backend_error("loom: an activation came in a oneDNN layout loom's kernels do not read (only plain NCHW, "
-                      "nChw8c and nChw16c); channels " + std::to_string(c));
+                      "nChw8c, nChw16c and nhwc); channels " + std::to_string(c));
 }
 
 }  // namespace detail
@@ -107,14 +107,22 @@ class cpu_batch_norm_plan {
   void fuse_relu() {
     dnnl_.fuse_relu();
     kernels_.fuse_relu();
+    relu_ = true;
   }
+
+  /// Whether the next backward applies the fused ReLU's gradient itself: after a training
+  /// forward through oneDNN, whose backward takes the ReLU's mask (the kernel bodies take dy
+  /// with it applied already).
+  bool backward_applies_fused_relu() const { return relu_ && mode_ != path::kernels && !inference_; }
 
   /// Training: y = batch_norm(x) with the batch's statistics (summed over `replicas` when given),
   /// in x's layout (returned); the running statistics move toward the batch's by momentum.
   cpu_format forward_training(const T* x, const cpu_format& xf, const T* w, const T* b, T* y, T* running_mean,
                               T* running_var, double momentum, std::size_t batch, process_group* replicas) {
     // A rank without samples (a short last batch) takes part in the sums by the kernel bodies.
-    mode_ = !vendor || (replicas && batch == 0) ? path::kernels : replicas ? path::vendor_synchronized : path::vendor;
+    // A group of one (one rank, or one survivor of a recovery) has the statistics oneDNN gives.
+    const bool group = replicas && replicas->size() > 1;
+    mode_ = !vendor || (group && batch == 0) ? path::kernels : group ? path::vendor_synchronized : path::vendor;
     inference_ = false;
     if (mode_ == path::kernels) {
       kernels_.forward_training(x, block(xf, batch), w, b, y, running_mean, running_var, momentum, batch, replicas);
@@ -260,10 +268,26 @@ class cpu_batch_norm_plan {
       bx[k] = static_cast<T>(scale * is * k1);
       a[k] = static_cast<T>(scale * (k0 - is * k1 * static_cast<double>(mean_.data()[k])));
     }
-    switch (block(xf, batch)) {
+    const std::size_t blk = block(xf, batch);
+    if (blk == c && c != 8 && c != 16) return add_affine_channels_last(x, a, bx, dx, batch);
+    switch (blk) {
       case 16: return add_affine<16>(x, a, bx, dx, batch);
       case 8: return add_affine<8>(x, a, bx, dx, batch);
       default: return add_affine<1>(x, a, bx, dx, batch);
+    }
+  }
+
+  /// add_affine over a channels-last activation (one block of every channel, a bf16
+  /// convolution's output): each pixel's C values in a row, the inner loop over them.
+  void add_affine_channels_last(const T* x, const T* a, const T* b, T* dx, std::size_t batch) const {
+    const std::size_t c = g_.c, rows = batch * g_.spatial();
+    const auto n = static_cast<std::ptrdiff_t>(rows);
+#pragma omp parallel for schedule(static) if (rows * c >= detail::parallel_threshold)
+    for (std::ptrdiff_t r = 0; r < n; ++r) {
+      const T* xr = x + static_cast<std::size_t>(r) * c;
+      T* dr = dx + static_cast<std::size_t>(r) * c;
+#pragma omp simd
+      for (std::size_t j = 0; j < c; ++j) dr[j] += a[j] + b[j] * xr[j];
     }
   }
 
@@ -305,6 +329,7 @@ class cpu_batch_norm_plan {
   detail::batch_norm_kernels<T, detail::cpu_launcher> kernels_;
   path mode_ = vendor ? path::vendor : path::kernels;
   bool inference_ = false;
+  bool relu_ = false;
   const T* running_mean_ = nullptr;  // those of the last evaluation forward (oneDNN's)
   const T* running_var_ = nullptr;
   buffer<T> mean_, var_;      // (C) each: the last training forward's statistics (oneDNN's)

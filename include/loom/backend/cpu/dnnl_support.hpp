@@ -37,9 +37,19 @@ namespace detail {
 /// nChw8c (block 8).
 LOOM_DECL cpu_format blocked_nchw(std::size_t n, std::size_t c, std::size_t h, std::size_t w, std::size_t block);
 
+/// oneDNN's channels-last layout of a (n, c, h, w) float activation (nhwc): what its bf16 (AMX)
+/// convolutions write. Element (i, j, y, x) at ((i * h + y) * w + x) * c + j: the blocked
+/// layout's formula with one block of all c channels.
+LOOM_DECL cpu_format channels_last_nchw(std::size_t n, std::size_t c, std::size_t h, std::size_t w);
+
 /// The channels per block of format f for a (n, c, h, w) float activation: 1 when plain, 8 or 16
-/// for nChw8c / nChw16c, 0 for any other layout.
+/// for nChw8c / nChw16c, c for channels-last (nhwc: one block of every channel), 0 for any
+/// other layout. For each of them element (i, j) at spatial place s (y * w + x) sits at
+/// ((i * (c / B) + j / B) * h * w + s) * B + j % B.
 LOOM_DECL std::size_t channel_block(const cpu_format& f, std::size_t n, std::size_t c, std::size_t h, std::size_t w);
+
+/// Whether f is channels-last for a (n, c, h, w) float activation (false for n = 0).
+LOOM_DECL bool is_channels_last(const cpu_format& f, std::size_t n, std::size_t c, std::size_t h, std::size_t w);
 
 class reorder_cache;  // impl/onednn.hpp
 

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // 2-D max and average pooling on the CPU (padding never read), run by loom's own kernel bodies
-// (backend/kernels/pool.hpp) directly on the layout the input arrives in — plain NCHW or
-// oneDNN's channel-blocked nChw8c / nChw16c — so the output keeps that layout and nothing is
-// reordered. (oneDNN's pooling was measured 3-5x slower than these loops for training here.)
+// (backend/kernels/pool.hpp) directly on the layout the input arrives in — plain NCHW,
+// oneDNN's channel-blocked nChw8c / nChw16c, or channels-last (nhwc, a bf16 convolution's) — so
+// the output keeps that layout and nothing is reordered. (oneDNN's pooling was measured 3-5x slower than these loops for training here.)
 
 #include <cstddef>
 #include <cstdint>
@@ -32,16 +32,26 @@ class cpu_pool2d_plan {
   void backward(const T* x, const cpu_format& xf, const T* dy, T* dx, std::size_t batch);
 
  private:
-  kernels::pool_planes planes(std::size_t batch, std::size_t block) const {
-    return {batch * g_.c / block, g_.h, g_.w, g_.oh(), g_.ow(), g_.k, g_.stride, g_.pad};
+  /// How the kernels walk layout f: planes of `block` channels (1 plain NCHW, 8 or 16 for
+  /// oneDNN's blocked layouts and for channels-last, whose planes interleave).
+  struct walk {
+    std::size_t block;
+    bool channels_last;
+  };
+
+  kernels::pool_planes planes(std::size_t batch, walk k) const {
+    return {batch * g_.c / k.block, g_.h,     g_.w, g_.oh(), g_.ow(), g_.k, g_.stride,
+            g_.pad,                 k.channels_last ? g_.c / k.block : 0};
   }
 
-  /// Channels per block of layout f: 1 for plain NCHW, 8 or 16 for oneDNN's blocked layouts.
-  std::size_t block_of(const cpu_format& f, std::size_t batch) const {
-    if (f.plain()) return 1;
-    if (const std::size_t b = detail::channel_block(f, batch, g_.c, g_.h, g_.w)) return b;
+  walk walk_of(const cpu_format& f, std::size_t batch) const {
+    if (f.plain()) return {1, false};
+    const std::size_t b = detail::channel_block(f, batch, g_.c, g_.h, g_.w);
+    if (b == g_.c && detail::is_channels_last(f, batch, g_.c, g_.h, g_.w))
+      return {g_.c % 16 == 0 ? 16 : g_.c % 8 == 0 ? 8 : std::size_t{1}, true};
+    if (b != 0) return {b, false};  // 8, 16; 1 without samples (nothing to read)
     throw backend_error("loom: pooling got an activation in a oneDNN layout it does not handle (only plain NCHW, "
-                        "nChw8c and nChw16c are); channels " + std::to_string(g_.c));
+                        "nChw8c, nChw16c and nhwc are); channels " + std::to_string(g_.c));
   }
 
   template <class F>
@@ -56,37 +66,41 @@ class cpu_pool2d_plan {
 
   pool2d_geometry g_;
   pool_kind kind_;
-  cpu_format out_;  // the blocked layout forward last returned, for batch out_batch_
+  cpu_format out_;  // the layout forward last returned, for batch out_batch_
   std::size_t out_batch_ = 0, out_block_ = 0;
+  bool out_channels_last_ = false;
 };
 
 // Out of the class, so not inline: with loom::compiled a program calls the library's
 // cpu_pool2d_plan<float> rather than inlining the kernels into every model's passes.
 template <class T>
 cpu_format cpu_pool2d_plan<T>::forward(const T* x, const cpu_format& xf, T* y, std::size_t batch) {
-  const std::size_t block = block_of(xf, batch);
-  const kernels::pool_planes p = planes(batch, block);
+  const walk k = walk_of(xf, batch);
+  const kernels::pool_planes p = planes(batch, k);
   const std::size_t pixels = p.planes * p.oh * p.ow;
-  dispatch(block, [&]<std::size_t B>() {
+  dispatch(k.block, [&]<std::size_t B>() {
     if (kind_ == pool_kind::max)
       detail::cpu_for_each(pixels, kernels::max_pool_forward<T, B>{x, y, p});
     else
       detail::cpu_for_each(pixels, kernels::avg_pool_forward<T, B>{x, y, p});
   });
-  if (block == 1) return {};
-  if (out_batch_ != batch || out_block_ != block) {  // made once per batch size, not per call
-    out_ = detail::blocked_nchw(batch, g_.c, g_.oh(), g_.ow(), block);
+  if (xf.plain() || (k.block == 1 && !k.channels_last)) return {};  // (the latter: no samples)
+  // made once per batch size and layout, not per call
+  if (out_batch_ != batch || out_block_ != k.block || out_channels_last_ != k.channels_last) {
+    out_ = k.channels_last ? detail::channels_last_nchw(batch, g_.c, g_.oh(), g_.ow())
+                           : detail::blocked_nchw(batch, g_.c, g_.oh(), g_.ow(), k.block);
     out_batch_ = batch;
-    out_block_ = block;
+    out_block_ = k.block;
+    out_channels_last_ = k.channels_last;
   }
   return out_;
 }
 
 template <class T>
 void cpu_pool2d_plan<T>::backward(const T* x, const cpu_format& xf, const T* dy, T* dx, std::size_t batch) {
-  const std::size_t block = block_of(xf, batch);
-  const kernels::pool_planes p = planes(batch, block);
-  dispatch(block, [&]<std::size_t B>() {
+  const walk k = walk_of(xf, batch);
+  const kernels::pool_planes p = planes(batch, k);
+  dispatch(k.block, [&]<std::size_t B>() {
     if (kind_ == pool_kind::max)
       detail::cpu_for_each(p.planes, kernels::max_pool_backward<T, B>{x, dy, dx, p});
     else

@@ -2,8 +2,10 @@
 #pragma once
 // Kernel bodies of 2-D max and average pooling, and of global average pooling, over a
 // channel-blocked layout: element (n, c, h, w) sits at (((n * CB + c / Block) * H + h) * W + w) * Block + c % Block, CB being
-// C / Block. Block = 1 is plain NCHW; 8 and 16 are oneDNN's nChw8c / nChw16c. The innermost
-// loop runs over the Block channels, which are contiguous, so it vectorises.
+// C / Block. Block = 1 is plain NCHW; 8 and 16 are oneDNN's nChw8c / nChw16c; Block = C is
+// channels-last (nhwc). The 2-D poolings also read channels-last in blocks of 8 or 16 channels
+// (pool_planes::channels_last): the same loops with a pixel pitch of C. The innermost loop runs
+// over the Block channels, which are contiguous, so it vectorises.
 
 #include <cstddef>
 #include <cstdint>
@@ -19,6 +21,24 @@ struct pool_planes {
   std::size_t planes;  // batch * C / Block
   std::size_t h, w, oh, ow, k, stride;
   std::size_t pad = 0;
+  /// 0: a blocked layout, plane after plane. Otherwise channels-last with this many blocks of
+  /// Block channels per pixel (C / Block): plane p is block p % blocks of sample p / blocks,
+  /// its pixels C values apart.
+  std::size_t channels_last = 0;
+
+  /// Where plane p of an input (in) or output (out) starts, and how far apart its pixels are.
+  template <std::size_t Block>
+  LOOM_HD std::size_t in_plane(std::size_t p) const { return plane_at<Block>(p, h * w); }
+  template <std::size_t Block>
+  LOOM_HD std::size_t out_plane(std::size_t p) const { return plane_at<Block>(p, oh * ow); }
+  template <std::size_t Block>
+  LOOM_HD std::size_t pitch() const { return channels_last ? channels_last * Block : Block; }
+
+ private:
+  template <std::size_t Block>
+  LOOM_HD std::size_t plane_at(std::size_t p, std::size_t pixels) const {
+    return channels_last ? (p / channels_last * pixels * channels_last + p % channels_last) * Block : p * pixels * Block;
+  }
 };
 
 /// The rows (or columns) [first, last) of a window's k that lie inside an input of n, for the
@@ -42,19 +62,20 @@ struct max_pool_forward {
   pool_planes g;
   LOOM_HD void operator()(std::size_t i) const {
     const std::size_t ow = i % g.ow, oh = (i / g.ow) % g.oh, plane = i / (g.ow * g.oh);
-    const T* in = x + plane * g.h * g.w * Block;
+    const std::size_t pitch = g.template pitch<Block>();
+    const T* in = x + g.template in_plane<Block>(plane);
     const pool_window rows = pool_window::of(oh, g.stride, g.pad, g.k, g.h);
     const pool_window cols = pool_window::of(ow, g.stride, g.pad, g.k, g.w);
     const std::size_t top = oh * g.stride - g.pad, left = ow * g.stride - g.pad;  // wrap around, undone below
     T best[Block];
-    const T* first = in + ((top + rows.first) * g.w + left + cols.first) * Block;
+    const T* first = in + ((top + rows.first) * g.w + left + cols.first) * pitch;
     for (std::size_t c = 0; c < Block; ++c) best[c] = first[c];
     for (std::size_t p = rows.first; p < rows.last; ++p)
       for (std::size_t q = cols.first; q < cols.last; ++q) {
-        const T* src = in + ((top + p) * g.w + left + q) * Block;
+        const T* src = in + ((top + p) * g.w + left + q) * pitch;
         for (std::size_t c = 0; c < Block; ++c) best[c] = src[c] > best[c] ? src[c] : best[c];
       }
-    T* out = y + i * Block;
+    T* out = y + g.template out_plane<Block>(plane) + (oh * g.ow + ow) * pitch;
     for (std::size_t c = 0; c < Block; ++c) out[c] = best[c];
   }
 };
@@ -69,23 +90,24 @@ struct max_pool_backward {
   T* dx;
   pool_planes g;
   LOOM_HD void operator()(std::size_t plane) const {
-    const std::size_t plane_size = g.h * g.w * Block;
-    const T* in = x + plane * plane_size;
-    T* din = dx + plane * plane_size;
-    for (std::size_t j = 0; j < plane_size; ++j) din[j] = T(0);
+    const std::size_t pitch = g.template pitch<Block>();
+    const T* in = x + g.template in_plane<Block>(plane);
+    T* din = dx + g.template in_plane<Block>(plane);
+    for (std::size_t j = 0; j < g.h * g.w; ++j)
+      for (std::size_t c = 0; c < Block; ++c) din[j * pitch + c] = T(0);
     for (std::size_t oh = 0; oh < g.oh; ++oh)
       for (std::size_t ow = 0; ow < g.ow; ++ow) {
-        const std::size_t o = ((plane * g.oh + oh) * g.ow + ow) * Block;
+        const std::size_t o = g.template out_plane<Block>(plane) + (oh * g.ow + ow) * pitch;
         const pool_window rows = pool_window::of(oh, g.stride, g.pad, g.k, g.h);
         const pool_window cols = pool_window::of(ow, g.stride, g.pad, g.k, g.w);
         const std::size_t top = oh * g.stride - g.pad, left = ow * g.stride - g.pad;  // wrap around, undone below
-        const std::size_t corner = ((top + rows.first) * g.w + left + cols.first) * Block;
+        const std::size_t corner = ((top + rows.first) * g.w + left + cols.first) * pitch;
         T best[Block];
         std::size_t at[Block];
         for (std::size_t c = 0; c < Block; ++c) best[c] = in[corner + c], at[c] = corner + c;
         for (std::size_t p = rows.first; p < rows.last; ++p)
           for (std::size_t q = cols.first; q < cols.last; ++q) {
-            const std::size_t base = ((top + p) * g.w + left + q) * Block;
+            const std::size_t base = ((top + p) * g.w + left + q) * pitch;
             for (std::size_t c = 0; c < Block; ++c) {
               const bool more = in[base + c] > best[c];
               best[c] = more ? in[base + c] : best[c];
@@ -105,7 +127,8 @@ struct avg_pool_forward {
   pool_planes g;
   LOOM_HD void operator()(std::size_t i) const {
     const std::size_t ow = i % g.ow, oh = (i / g.ow) % g.oh, plane = i / (g.ow * g.oh);
-    const T* in = x + plane * g.h * g.w * Block;
+    const std::size_t pitch = g.template pitch<Block>();
+    const T* in = x + g.template in_plane<Block>(plane);
     const pool_window rows = pool_window::of(oh, g.stride, g.pad, g.k, g.h);
     const pool_window cols = pool_window::of(ow, g.stride, g.pad, g.k, g.w);
     const std::size_t top = oh * g.stride - g.pad, left = ow * g.stride - g.pad;  // wrap around, undone below
@@ -113,11 +136,12 @@ struct avg_pool_forward {
     for (std::size_t c = 0; c < Block; ++c) sum[c] = T(0);
     for (std::size_t p = rows.first; p < rows.last; ++p)
       for (std::size_t q = cols.first; q < cols.last; ++q) {
-        const T* src = in + ((top + p) * g.w + left + q) * Block;
+        const T* src = in + ((top + p) * g.w + left + q) * pitch;
         for (std::size_t c = 0; c < Block; ++c) sum[c] += src[c];
       }
     const T inv = T(1) / static_cast<T>(g.k * g.k);
-    for (std::size_t c = 0; c < Block; ++c) y[i * Block + c] = sum[c] * inv;
+    T* out = y + g.template out_plane<Block>(plane) + (oh * g.ow + ow) * pitch;
+    for (std::size_t c = 0; c < Block; ++c) out[c] = sum[c] * inv;
   }
 };
 
@@ -129,18 +153,20 @@ struct avg_pool_backward {
   T* dx;
   pool_planes g;
   LOOM_HD void operator()(std::size_t plane) const {
-    T* din = dx + plane * g.h * g.w * Block;
-    for (std::size_t j = 0; j < g.h * g.w * Block; ++j) din[j] = T(0);
+    const std::size_t pitch = g.template pitch<Block>();
+    T* din = dx + g.template in_plane<Block>(plane);
+    for (std::size_t j = 0; j < g.h * g.w; ++j)
+      for (std::size_t c = 0; c < Block; ++c) din[j * pitch + c] = T(0);
     const T inv = T(1) / static_cast<T>(g.k * g.k);
     for (std::size_t oh = 0; oh < g.oh; ++oh)
       for (std::size_t ow = 0; ow < g.ow; ++ow) {
-        const std::size_t o = ((plane * g.oh + oh) * g.ow + ow) * Block;
+        const std::size_t o = g.template out_plane<Block>(plane) + (oh * g.ow + ow) * pitch;
         const pool_window rows = pool_window::of(oh, g.stride, g.pad, g.k, g.h);
         const pool_window cols = pool_window::of(ow, g.stride, g.pad, g.k, g.w);
         const std::size_t top = oh * g.stride - g.pad, left = ow * g.stride - g.pad;  // wrap around, undone below
         for (std::size_t p = rows.first; p < rows.last; ++p)
           for (std::size_t q = cols.first; q < cols.last; ++q) {
-            T* dst = din + ((top + p) * g.w + left + q) * Block;
+            T* dst = din + ((top + p) * g.w + left + q) * pitch;
             for (std::size_t c = 0; c < Block; ++c) dst[c] += dy[o + c] * inv;
           }
       }
@@ -168,16 +194,20 @@ struct global_avg_pool_forward {
 };
 
 /// Its backward: each input element's gradient is its (sample, channel)'s dy over spatial, in
-/// the input's layout. One input element per call.
+/// the input's layout. One (sample, channel block) per call, as forward: the Block values
+/// computed once and written to each of its spatial places.
 template <class T, std::size_t Block>
 struct global_avg_pool_backward {
   const T* dy;
   T* dx;
   std::size_t channels, spatial;
-  LOOM_HD void operator()(std::size_t i) const {
-    const std::size_t c_in_block = i % Block, plane = i / (spatial * Block);  // plane = n * (channels / Block) + cb
-    const std::size_t blocks = channels / Block, n = plane / blocks, cb = plane % blocks;
-    dx[i] = dy[n * channels + cb * Block + c_in_block] / static_cast<T>(spatial);
+  LOOM_HD void operator()(std::size_t i) const {  // i = n * (channels / Block) + cb
+    const std::size_t blocks = channels / Block, n = i / blocks, cb = i % blocks;
+    T g[Block];
+    for (std::size_t c = 0; c < Block; ++c) g[c] = dy[n * channels + cb * Block + c] / static_cast<T>(spatial);
+    T* out = dx + i * spatial * Block;
+    for (std::size_t s = 0; s < spatial; ++s)
+      for (std::size_t c = 0; c < Block; ++c) out[s * Block + c] = g[c];
   }
 };
 

@@ -30,6 +30,11 @@ struct dnnl_conv2d::entry {
   reorder_cache reorders;
   scratch src_scratch, w_fwd_scratch, w_bwd_scratch, dst_scratch, ddst_scratch, ddst_w_scratch, dsrc_scratch,
       dw_scratch, dw_plain_scratch, db_scratch;
+  // The x whose reordered copy (bf16: its conversion) src_scratch holds, in src_desc: backward
+  // of the same x uses it rather than converting x again (x is forward's input, unchanged
+  // until its backward); a forward of another x replaces it.
+  const float* src_of = nullptr;
+  dnnl::memory::desc src_of_desc;
 };
 
 /// The plain (oihw) layout of a convolution's weights, as loom stores them.
@@ -66,7 +71,10 @@ LOOM_DECL cpu_format dnnl_conv2d::forward(const float* x, const cpu_format& xf, 
   const void* src = x;
   if (!(e.src_given == e.fwd_pd.src_desc())) {
     void* p = room_for(e.src_scratch, e.fwd_pd.src_desc());
+    e.src_of = nullptr;  // until the reorder has succeeded
     e.reorders.run(e.src_given, x, e.fwd_pd.src_desc(), p);
+    e.src_of = x;
+    e.src_of_desc = e.fwd_pd.src_desc();
     src = p;
   }
   const void* wts = conv2d_weights_in(g_, e.reorders, w, e.fwd_pd.weights_desc(), e.w_fwd_scratch);
@@ -125,7 +133,12 @@ LOOM_DECL void dnnl_conv2d::backward(const float* x, const cpu_format& xf, const
   const void* src = x;
   if (!(e.bwd_w_pd.src_desc() == e.src_given)) {
     void* p = room_for(e.src_scratch, e.bwd_w_pd.src_desc());
-    e.reorders.run(e.src_given, x, e.bwd_w_pd.src_desc(), p);
+    if (!(e.src_of == x && e.src_of_desc == e.bwd_w_pd.src_desc())) {  // not already there from forward
+      e.src_of = nullptr;
+      e.reorders.run(e.src_given, x, e.bwd_w_pd.src_desc(), p);
+      e.src_of = x;
+      e.src_of_desc = e.bwd_w_pd.src_desc();
+    }
     src = p;
   }
   // A second scratch when backward-weights wants dy differently from backward-data.
@@ -207,12 +220,16 @@ LOOM_DECL dnnl_conv2d::entry& dnnl_conv2d::get(std::size_t batch, const cpu_form
     const auto plain = plain_nchw(batch, g_.oc, g_.oh(), g_.ow());
     dnnl::memory::desc y_desc = fwd_pd.dst_desc();
     if (math == math_mode::bf16) {
-      // bf16 (AMX) primitives write channels-last, which loom's pooling does not read: y is
-      // handed on in the blocked layout fp32 primitives choose (nChw16c / nChw8c), or plain,
-      // through one reorder after the convolution. Asking the primitive for that layout
-      // instead picks a kernel without AMX, measured 4x slower here.
+      // bf16 (AMX) primitives write channels-last (nhwc), which loom's layers read as they are
+      // (a block of every channel): y is handed on in it, so the batch norm, ReLU and
+      // residual addition after the convolution and the next convolution's bf16 input read
+      // it without a reorder. (Asking the primitive for nChw16c instead picks a kernel without
+      // AMX, measured 4x slower here; reordering its output to nChw16c cost 14% of a
+      // ResNet-20 step, and converting nChw16c back to channels-last bf16 another 19%.) Any
+      // other layout is brought to a blocked or plain one by a reorder after the convolution.
       auto blocked = [&](tag t) { return dnnl::memory::desc({n, static_cast<dt>(g_.oc), oh, ow}, f32::f32, t); };
-      if (!(y_desc == plain || y_desc == blocked(tag::nChw16c) || y_desc == blocked(tag::nChw8c)))
+      if (!(y_desc == plain || y_desc == blocked(tag::nChw16c) || y_desc == blocked(tag::nChw8c) ||
+            y_desc == blocked(tag::nhwc)))
         y_desc = g_.oc % 16 == 0 ? blocked(tag::nChw16c) : g_.oc % 8 == 0 ? blocked(tag::nChw8c) : plain;
     }
     cpu_format dst_format;
@@ -233,7 +250,7 @@ LOOM_DECL dnnl_conv2d::entry& dnnl_conv2d::get(std::size_t batch, const cpu_form
                                                      dnnl::convolution_forward(fwd_pd), bwd_data_pd,
                                                      dnnl::convolution_backward_data(bwd_data_pd), bwd_w_pd,
                                                      dnnl::convolution_backward_weights(bwd_w_pd), {}, {}, {}, {}, {},
-                                                     {}, {}, {}, {}, {}, {}}));
+                                                     {}, {}, {}, {}, {}, {}, nullptr, {}}));
 
     return *entries_.back();
   } catch (const dnnl::error& err) {

@@ -45,12 +45,28 @@ LOOM_DECL cpu_format blocked_nchw(std::size_t n, std::size_t c, std::size_t h, s
   return {interned_layout(blocked_nchw_desc(n, c, h, w, block))};
 }
 
+inline dnnl::memory::desc channels_last_desc(std::size_t n, std::size_t c, std::size_t h, std::size_t w) {
+  using dt = dnnl::memory::dim;
+  return {{static_cast<dt>(n), static_cast<dt>(c), static_cast<dt>(h), static_cast<dt>(w)},
+          dnnl::memory::data_type::f32,
+          dnnl::memory::format_tag::nhwc};
+}
+
+LOOM_DECL cpu_format channels_last_nchw(std::size_t n, std::size_t c, std::size_t h, std::size_t w) {
+  return {interned_layout(channels_last_desc(n, c, h, w))};
+}
+
+LOOM_DECL bool is_channels_last(const cpu_format& f, std::size_t n, std::size_t c, std::size_t h, std::size_t w) {
+  return !f.plain() && n != 0 && f.layout->desc == channels_last_desc(n, c, h, w);
+}
+
 LOOM_DECL std::size_t channel_block(const cpu_format& f, std::size_t n, std::size_t c, std::size_t h, std::size_t w) {
   // No samples (a data-parallel rank without any in a short last batch, still taking part in
   // a synchronized batch norm's sums): no value to read, whatever oneDNN made of the layout.
   if (f.plain() || n == 0) return 1;
   for (std::size_t b : {16, 8})
     if (c % b == 0 && f.layout->desc == blocked_nchw_desc(n, c, h, w, b)) return b;
+  if (f.layout->desc == channels_last_desc(n, c, h, w)) return c;
   return 0;
 }
 
