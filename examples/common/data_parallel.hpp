@@ -50,6 +50,10 @@ inline constexpr const char* recipe_usage = R"(  --grad-compression none|bf16|fp
                          its decay adjusted to the batch and epochs as its train.py does
   --ema-decay D          torchvision's --model-ema-decay (default 0.99998)
   --ema-every N          optimizer steps between updates, torchvision's --model-ema-steps (default 32)
+  --math fp32|bf16       what the matrix products and convolutions take: fp32 (default), or
+                         operands rounded to bf16 and summed in float, weights, gradients,
+                         batch norms and the optimizer staying float (loom::math_mode::bf16,
+                         as PyTorch's CPU autocast; needs avx512_bf16 or AMX, refused otherwise)
 )";
 
 /// The recipe's flags (parser's `extra`; --sync-bn is a switch: parser::with_switches).
@@ -65,6 +69,7 @@ struct recipe_flags {
   bool ema = false;
   double ema_decay = 0.99998;
   std::size_t ema_every = 32;
+  loom::math_mode math = loom::math_mode::fp32;
 #if LOOM_HAS_IMAGES
   /// --shard-streams, --shuffle-window, --on-bad-sample, --decode-threads (shards in --data).
   shard_flags shards;
@@ -97,6 +102,9 @@ struct recipe_flags {
       ema_decay = p.number<double>(name, value);
     } else if (name == "ema-every") {
       ema_every = p.number<std::size_t>(name, value);
+    } else if (name == "math") {
+      if (value != "fp32" && value != "bf16") p.fail("--math must be fp32 or bf16, got '" + std::string(value) + "'");
+      math = value == "bf16" ? loom::math_mode::bf16 : loom::math_mode::fp32;
     } else if (name == "grad-compression") {
       grad_compression = value;
       if (grad_compression != "none" && grad_compression != "bf16" && grad_compression != "fp16")
@@ -149,7 +157,7 @@ int train_on(const char* program, const flags& f, const recipe_flags& r, const T
                 .lr = f.lr, .weight_decay = r.weight_decay, .decay_norm_and_bias = r.norm_bias_decay})
           : loom::any_optimizer::options(loom::sgd::options{.lr = f.lr, .momentum = f.momentum, .weight_decay = r.weight_decay,
                                                             .decay_norm_and_bias = r.norm_bias_decay});
-  loom::trainer_options options{.seed = f.seed, .threads = f.threads, .label_smoothing = r.label_smoothing};
+  loom::trainer_options options{.seed = f.seed, .threads = f.threads, .math = r.math, .label_smoothing = r.label_smoothing};
   if (r.ema) options.ema = loom::ema_options::torchvision(r.ema_decay, f.batch, r.ema_every, std::max<std::size_t>(f.epochs, 1));
   using trainer_type = loom::trainer<Net, loom::softmax_cross_entropy, loom::any_optimizer, data_parallel_policy>;
 #if LOOM_HAS_MPI
