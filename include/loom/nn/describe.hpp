@@ -91,9 +91,8 @@ constexpr sequence_elements elements_of_sequence(const footprint_context& c) {
       constexpr std::size_t n = sizeof...(K);
       using layers = typename Chain::layers;
       constexpr std::array<bool, n> fused{fused_in_sequence<Chain, K, Backend>()...};
-      constexpr std::array<std::size_t, n> buffer_of =
-          gradient_buffers(std::array<bool, n>{backward_skipped_in_sequence<Chain, K, Backend>()...});
       constexpr std::array<bool, n> skipped{backward_skipped_in_sequence<Chain, K, Backend>()...};
+      constexpr std::array<std::size_t, n> buffer_of = gradient_buffers(skipped);
       auto at_k = [&](std::size_t k, bool blocked) {
         return footprint_context{blocked, k > 0 || c.needs_input_gradient, c.accumulates, k + 1 < n && fused[k + 1]};
       };
