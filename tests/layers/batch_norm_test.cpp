@@ -28,6 +28,8 @@
 #include "relative_error.hpp"
 #include "two_threads.hpp"
 
+#include <omp.h>
+
 using namespace loom;
 using loom::testing::relatively_equals;
 using loom::testing::values_of;
@@ -268,4 +270,137 @@ TEMPLATE_TEST_CASE("batch_norm synchronized over two replicas with different hal
   SECTION("channels that no block divides (the plain layout)") {
     check_two_halves_as_one<network<input<6, 3, 3>, conv2d<5, 1, 1, 0, no_bias>, batch_norm, relu>, TestType>(3);
   }
+}
+
+namespace {
+
+/// Batch norm of one layout by hand in double (training, the batch's statistics; with the ReLU
+/// after it when relu): y, and from dy (the gradient of y) dx, dw, db, the ReLU's gradient taken
+/// where `out` (the float output under test, checked against y on its own) is positive: a value
+/// within rounding of 0 may fall either side.
+struct by_hand {
+  std::vector<double> y, dx, dw, db;
+};
+by_hand batch_norm_by_hand(const std::vector<float>& x, const std::vector<float>& dy, const std::vector<float>& w,
+                           const std::vector<float>& b, const kernels::channel_layout& l, bool relu,
+                           const std::vector<float>& out) {
+  const std::size_t c = l.channels, n = l.batch * l.spatial;
+  std::vector<double> mean(c), invstd(c);
+  for (std::size_t k = 0; k < c; ++k) {
+    double s = 0, q = 0;
+    for (std::size_t i = 0; i < l.batch; ++i)
+      for (std::size_t p = 0; p < l.spatial; ++p) s += x[l.at(i, k, p)];
+    mean[k] = s / static_cast<double>(n);
+    for (std::size_t i = 0; i < l.batch; ++i)
+      for (std::size_t p = 0; p < l.spatial; ++p) q += std::pow(x[l.at(i, k, p)] - mean[k], 2);
+    invstd[k] = 1 / std::sqrt(q / static_cast<double>(n) + 1e-5);
+  }
+  by_hand h{std::vector<double>(x.size()), std::vector<double>(x.size()), std::vector<double>(c), std::vector<double>(c)};
+  std::vector<double> g(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const std::size_t k = l.channel_of(i);
+    const double v = (x[i] - mean[k]) * invstd[k] * w[k] + b[k];
+    h.y[i] = relu && v < 0 ? 0 : v;
+    g[i] = relu && !(out[i] > 0) ? 0 : dy[i];
+    h.db[k] += g[i];
+    h.dw[k] += g[i] * (x[i] - mean[k]) * invstd[k];
+  }
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const std::size_t k = l.channel_of(i);
+    const double xhat = (x[i] - mean[k]) * invstd[k];
+    h.dx[i] = w[k] * invstd[k] * (g[i] - h.db[k] / static_cast<double>(n) - xhat * h.dw[k] / static_cast<double>(n));
+  }
+  return h;
+}
+
+template <class V>
+double largest_difference(const std::vector<float>& got, const std::vector<V>& want) {
+  double d = 0, m = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    d = std::max(d, std::abs(got[i] - static_cast<double>(want[i])));
+    m = std::max(m, std::abs(static_cast<double>(want[i])));
+  }
+  return d / std::max(m, 1e-30);
+}
+
+}  // namespace
+
+TEST_CASE("batch_norm's own passes (channels-last, or synchronized on blocked layouts) agree with the arithmetic by hand",
+          "[layers][batch_norm][rows]") {
+  struct layout_case {
+    std::size_t c, block;  // block == c: channels-last
+    bool synchronized;
+  };
+  // Channels-last of 24, 40 (a 16, an 8 and a rest of pieces) and 3 channels, and blocked ones; 10 x 13 pixels: runs of
+  // more rows than a 64-row chunk. A channel's values sit far from 0 (a mean 3 + c, spread 0.5).
+  const layout_case cases[] = {{24, 24, false}, {40, 40, false}, {3, 3, true},  {40, 40, true},
+                               {32, 16, true},  {24, 8, true},   {56, 56, false}};
+  const std::size_t batch = 6, h = 10, wd = 13;
+  for (const layout_case lc : cases)
+    for (const bool relu : {false, true}) {
+      CAPTURE(lc.c, lc.block, lc.synchronized, relu);
+      const batch_norm_geometry g{lc.c, h, wd, 3, 1e-5};
+      const kernels::channel_layout l{batch, lc.c, h * wd, lc.block};
+      std::vector<float> x(l.size()), dy(l.size()), w(lc.c), b(lc.c);
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        const std::size_t k = l.channel_of(i);
+        x[i] = 3.0f + static_cast<float>(k) + 0.5f * std::sin(0.37f * static_cast<float>(i) + 0.1f * static_cast<float>(k));
+        dy[i] = std::cos(0.23f * static_cast<float>(i));
+      }
+      for (std::size_t k = 0; k < lc.c; ++k) w[k] = 0.5f + 0.1f * static_cast<float>(k % 7), b[k] = 0.05f * static_cast<float>(k % 5) - 0.1f;
+      const cpu_format f = lc.block == lc.c ? detail::channels_last_nchw(batch, lc.c, h, wd)
+                                            : detail::blocked_nchw(batch, lc.c, h, wd, lc.block);
+      REQUIRE(detail::channel_block(f, batch, lc.c, h, wd) == lc.block);
+      cpu_batch_norm_plan<float> plan(g);
+      if (relu) plan.fuse_relu();
+      same_on_every_rank group;
+      process_group* replicas = lc.synchronized ? &group : nullptr;
+      std::vector<float> y(x.size()), dx(x.size()), dw(lc.c), db(lc.c), rm(lc.c, 0.0f), rv(lc.c, 1.0f);
+      plan.forward_training(x.data(), f, w.data(), b.data(), y.data(), rm.data(), rv.data(), 0.1, batch, replicas);
+      CHECK(plan.backward_applies_fused_relu() == relu);
+      plan.backward(x.data(), f, w.data(), b.data(), dy.data(), dx.data(), dw.data(), db.data(), batch, false, replicas,
+                    y.data());
+      const by_hand want = batch_norm_by_hand(x, dy, w, b, l, relu, y);
+      CHECK(largest_difference(y, want.y) < 1e-5);
+      CHECK(largest_difference(dx, want.dx) < 1e-4);
+      // The parameter gradients are this rank's own, synchronized or not.
+      CHECK(largest_difference(dw, want.dw) < 1e-4);
+      CHECK(largest_difference(db, want.db) < 1e-5);
+      // The running statistics: the batch's (over every replica: the same values twice), momentum 0.1.
+      for (std::size_t k = 0; k < lc.c; ++k) {
+        double s = 0, q = 0;
+        const std::size_t n = batch * h * wd;
+        for (std::size_t i = 0; i < x.size(); ++i)
+          if (l.channel_of(i) == k) s += x[i];
+        const double m = s / static_cast<double>(n);
+        for (std::size_t i = 0; i < x.size(); ++i)
+          if (l.channel_of(i) == k) q += std::pow(x[i] - m, 2);
+        const double count = lc.synchronized ? 2.0 * static_cast<double>(n) : static_cast<double>(n);
+        CHECK(rm[k] == Approx(0.1 * m).epsilon(1e-6));
+        CHECK(rv[k] == Approx(0.9 + 0.1 * q * (count / static_cast<double>(n)) / (count - 1)).epsilon(1e-5));
+      }
+    }
+}
+
+TEST_CASE("batch_norm's own sums give the same bits on one thread and on two", "[layers][batch_norm][rows]") {
+  const std::size_t batch = 16, c = 40, spatial = 12 * 12;
+  std::vector<float> x(batch * c * spatial), dy(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = 1.0f + std::sin(0.11f * static_cast<float>(i)), dy[i] = std::cos(0.7f * static_cast<float>(i));
+  const detail::batch_norm_rows_layout l{batch, c, spatial, c};
+  std::vector<float> mean(c, 1.0f);
+  auto sums = [&](int threads) {
+    omp_set_num_threads(threads);
+    std::vector<double> partials(detail::batch_norm_rows_partials(c)), s(4 * c + 1);
+    detail::batch_norm_rows_sums(x.data(), l, partials.data(), s.data());
+    detail::batch_norm_rows_gradient_sums(x.data(), dy.data(), x.data(), l, mean.data(), partials.data(), s.data() + 2 * c + 1);
+    return s;
+  };
+  const int before = omp_get_max_threads();
+  const std::vector<double> one = sums(1), two = sums(2), three = sums(3);
+  omp_set_num_threads(before);
+  CHECK(std::memcmp(one.data(), two.data(), one.size() * sizeof(double)) == 0);
+  CHECK(std::memcmp(one.data(), three.data(), one.size() * sizeof(double)) == 0);
+  CHECK(one[2 * c] == static_cast<double>(batch * spatial));
+  // The layer's memory plan counts the passes' scratch: the shares' partial sums among it.
+  STATIC_REQUIRE(batch_norm::rows_scratch_per_channel >= 2 * detail::batch_norm_rows_partials(1) + 8 + 4);
 }

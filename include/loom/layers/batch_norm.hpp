@@ -108,17 +108,25 @@ struct batch_norm {
   /// The CPU's plan (cpu_batch_norm_plan) keeps the batch's mean and variance (C each), the
   /// fused ReLU's mask (one byte per element, in floats), the input gradient when none is asked
   /// for (a first layer), and when gradients accumulate, its parameter gradients before they are
-  /// added. It keeps its input's layout. Nothing counted on other backends.
+  /// added; on an image, what its own passes take when they run (channels-last, or synchronized:
+  /// rows_scratch_per_channel floats per channel). It keeps its input's layout. Nothing counted on
+  /// other backends.
   template <class In, class Backend>
   static constexpr sequence_elements footprint(const footprint_context& c) {
     sequence_elements e;
     if constexpr (!std::is_empty_v<typename Backend::format>) {  // loom::cpu: its format holds a layout
-      e.fixed_scratch = 2 * channels<In> + (c.accumulates ? 2 * channels<In> : 0);
+      e.fixed_scratch = 2 * channels<In> + (c.accumulates ? 2 * channels<In> : 0) +
+                        (In::rank == 3 ? rows_scratch_per_channel * channels<In> + 2 : 0);
       e.saved = c.relu_fused_after ? (In::size + sizeof(float) - 1) / sizeof(float) : 0;
       e.scratch = c.needs_input_gradient ? 0 : In::size;
     }
     return e;
   }
+  /// The CPU's own passes' scratch per channel, in floats: each of at most 32 shares' two
+  /// partial sums (double: 128), the forward's and backward's sums (double: 4 + 4; 2 more floats
+  /// for the count), 1 / std and three coefficients (4). detail::batch_norm_rows_partials agrees
+  /// (a test checks).
+  static constexpr std::size_t rows_scratch_per_channel = 128 + 8 + 4;
   template <class In, class Backend>
   static constexpr layout_effect layout = layout_effect::keeps;
 
@@ -178,8 +186,12 @@ struct batch_norm {
                                                                                              masked_.data()});
         g = masked_.data();
       }
-      plan_.backward(x.data, x.format, params, params + c_, g, dx, dparams, dparams + c_, batch, ctx.accumulate,
-                     ctx.replicas);
+      if constexpr (detail::plan_applies_fused_relu<plan_type>)
+        plan_.backward(x.data, x.format, params, params + c_, g, dx, dparams, dparams + c_, batch, ctx.accumulate,
+                       ctx.replicas, y.data);
+      else
+        plan_.backward(x.data, x.format, params, params + c_, g, dx, dparams, dparams + c_, batch, ctx.accumulate,
+                       ctx.replicas);
     }
 
    private:

@@ -4,12 +4,17 @@
 // once per batch size and input layout, then reused) on the layout the activation arrives in
 // (plain, or a convolution's nChw16c / nChw8c), the ReLU after it fused into them when the
 // network has one there (oneDNN's fuse_norm_relu: its mask kept for backward); the running
-// statistics move by loom's own kernel body. Synchronized over replicas, float still runs
-// oneDNN: each rank's statistics from its primitive, added up over the group as sums in double,
-// then a second forward with the group's statistics given; backward with them, and the input
-// gradient corrected from this rank's gradient sums to the group's (one pass of a + b x). double
-// (gradient checks), and a rank without samples in a synchronized batch norm, run loom's kernel
-// bodies (backend/batch_norm_kernels.hpp), which exchange the same sums.
+// statistics move by loom's own kernel body. An image on channels-last (a bf16 convolution's
+// output) of other than 8 or 16 channels runs loom's own passes (batch_norm_rows.hpp: oneDNN
+// 2.6's nhwc kernels are the slow ones), and so does a synchronized batch norm on any layout but
+// plain: the sums of its forward and of its backward go over the group between two passes, one
+// forward and one backward (oneDNN takes the statistics as its own or as given, so it ran
+// forward twice and corrected the input gradient in a third pass; it still does on plain
+// layouts and vectors: each rank's statistics from its primitive, added up as sums in double, a
+// second forward with the group's given, backward with them and the input gradient corrected to
+// the group's sums in one pass of a + b x). double (gradient checks), and a rank without samples
+// in a synchronized batch norm, run loom's kernel bodies (backend/batch_norm_kernels.hpp), which
+// exchange the same sums.
 // The statistics, parameters and arithmetic are float whatever the math mode (bf16 is for
 // products; a batch norm has none).
 
@@ -20,6 +25,7 @@
 #include <vector>
 
 #include "loom/backend/batch_norm_kernels.hpp"
+#include "loom/backend/cpu/batch_norm_rows.hpp"
 #include "loom/backend/cpu/dnnl_support.hpp"
 #include "loom/backend/cpu/launch.hpp"
 #include "loom/backend/kernels/normalization.hpp"
@@ -122,10 +128,16 @@ class cpu_batch_norm_plan {
     // A rank without samples (a short last batch) takes part in the sums by the kernel bodies.
     // A group of one (one rank, or one survivor of a recovery) has the statistics oneDNN gives.
     const bool group = replicas && replicas->size() > 1;
-    mode_ = !vendor || (group && batch == 0) ? path::kernels : group ? path::vendor_synchronized : path::vendor;
+    mode_ = !vendor || (group && batch == 0) ? path::kernels
+            : own_rows(xf, batch, group)     ? path::rows
+            : group                          ? path::vendor_synchronized
+                                             : path::vendor;
+    synchronized_ = group;
     inference_ = false;
     if (mode_ == path::kernels) {
       kernels_.forward_training(x, block(xf, batch), w, b, y, running_mean, running_var, momentum, batch, replicas);
+    } else if (mode_ == path::rows) {
+      if constexpr (vendor) rows_forward(x, xf, w, b, y, running_mean, running_var, momentum, batch, replicas);
     } else if constexpr (vendor) {
       mean_.reserve_discard(g_.c);
       var_.reserve_discard(g_.c);
@@ -161,9 +173,15 @@ class cpu_batch_norm_plan {
   }
 
   /// After forward_training: the weight and bias gradients (overwritten, or added to when
-  /// accumulate) and, when dx is not null, the input gradient, all from dy (x's layout).
+  /// accumulate) and, when dx is not null, the input gradient, all from dy (x's layout). y is
+  /// forward's output: with a fused ReLU, backward_applies_fused_relu() tells whether dy is the
+  /// ReLU output's gradient (then the ReLU's gradient is where y > 0).
   void backward(const T* x, const cpu_format& xf, const T* w, const T* b, const T* dy, T* dx, T* dw, T* db,
-                std::size_t batch, bool accumulate, process_group* replicas) {
+                std::size_t batch, bool accumulate, process_group* replicas, const T* y) {
+    if (mode_ == path::rows) {
+      if constexpr (vendor) rows_backward(x, xf, w, dy, y, dx, dw, db, batch, accumulate, replicas);
+      return;
+    }
     if (mode_ == path::kernels)
       return kernels_.backward(x, block(xf, batch), w, dy, dx, dw, db, batch, accumulate, replicas);
     if (inference_) {  // the gradient of evaluation's normalisation, the running statistics constants
@@ -206,8 +224,83 @@ class cpu_batch_norm_plan {
  private:
   // kernels: loom's kernel bodies (double; or a rank without samples in a synchronized batch
   // norm); vendor: oneDNN alone; vendor_synchronized: oneDNN with the statistics and gradient
-  // sums of every replica (synchronize_statistics, synchronize_input_gradient).
-  enum class path { kernels, vendor, vendor_synchronized };
+  // sums of every replica (synchronize_statistics, synchronize_input_gradient); rows: loom's
+  // passes over channels-innermost layouts (batch_norm_rows.hpp), synchronized or not.
+  enum class path { kernels, vendor, vendor_synchronized, rows };
+
+  /// Whether float training takes loom's own passes: on an image whose channels are innermost
+  /// (nChw16c, nChw8c, channels-last) when synchronized, and on channels-last of other than 8 or
+  /// 16 channels alone (8 and 16 are blocked layouts byte for byte, where oneDNN's kernels are
+  /// the faster: 0.75-0.87x for loom's at 64 x 16..512 channels, batch 64, one thread).
+  bool own_rows(const cpu_format& xf, std::size_t batch, bool group) const {
+    if (!vendor || g_.rank == 1 || batch == 0 || xf.plain()) return false;
+    const std::size_t blk = block(xf, batch);
+    if (group) return blk == 8 || blk == 16 || blk == g_.c;
+    return blk == g_.c && g_.c != 8 && g_.c != 16;
+  }
+
+  detail::batch_norm_rows_layout rows_layout(const cpu_format& xf, std::size_t batch) const {
+    return {batch, g_.c, g_.spatial(), block(xf, batch)};
+  }
+
+  /// The rows path's forward: this rank's sums, over the group when synchronized, the
+  /// statistics (and the running ones) from them, then y in one pass.
+  void rows_forward(const T* x, const cpu_format& xf, const T* w, const T* b, T* y, T* running_mean, T* running_var,
+                    double momentum, std::size_t batch, process_group* replicas) {
+    const std::size_t c = g_.c;
+    const detail::batch_norm_rows_layout l = rows_layout(xf, batch);
+    sums_.reserve_discard(2 * c + 1);
+    partials_.reserve_discard(detail::batch_norm_rows_partials(c));
+    detail::batch_norm_rows_sums(x, l, partials_.data(), sums_.data());
+    if (synchronized_) {
+      replicas->allreduce_sum(sums_.data(), 2 * c + 1);
+      detail::check_synchronized_count(c, sums_.data()[2 * c], replicas->size());
+    }
+    mean_.reserve_discard(c);
+    invstd_.reserve_discard(c);
+    detail::cpu_for_each(c, kernels::batch_norm_moments<T>{sums_.data(), c, g_.eps, momentum, mean_.data(),
+                                                           invstd_.data(), running_mean, running_var});
+    coefficients_.reserve_discard(3 * c);
+    T* scale = coefficients_.data();
+    for (std::size_t k = 0; k < c; ++k) scale[k] = w[k] * invstd_.data()[k];
+    detail::batch_norm_rows_normalize(x, l, mean_.data(), scale, b, y, relu_);
+  }
+
+  /// The rows path's backward: this rank's gradient sums (its weight and bias gradients), over
+  /// the group when synchronized, then dx in one pass: w invstd (g - S(g) / N - xhat S(g xhat) / N).
+  void rows_backward(const T* x, const cpu_format& xf, const T* w, const T* dy, const T* y, T* dx, T* dw, T* db,
+                     std::size_t batch, bool accumulate, process_group* replicas) {
+    const std::size_t c = g_.c;
+    if (relu_ && !y)
+      throw error("loom::batch_norm (" + std::to_string(c) + " channels): a backward with a fused ReLU needs "
+                  "forward's output");
+    if (synchronized_ && !replicas)
+      throw error("loom::batch_norm (" + std::to_string(c) + " channels): a backward without the replicas its "
+                  "synchronized forward took the statistics of");
+    const detail::batch_norm_rows_layout l = rows_layout(xf, batch);
+    grad_sums_.reserve_discard(2 * c);
+    double* s = grad_sums_.data();
+    detail::batch_norm_rows_gradient_sums(x, dy, relu_ ? y : nullptr, l, mean_.data(), partials_.data(), s);
+    const T* invstd = invstd_.data();
+    for (std::size_t k = 0; k < c; ++k) {  // this rank's own, as every parameter's gradient
+      const T gw = static_cast<T>(invstd[k] * s[c + k]), gb = static_cast<T>(s[k]);
+      dw[k] = accumulate ? dw[k] + gw : gw;
+      db[k] = accumulate ? db[k] + gb : gb;
+    }
+    if (synchronized_) replicas->allreduce_sum(s, 2 * c);
+    if (!dx) return;
+    const double n = sums_.data()[2 * c];
+    T* a = coefficients_.data();
+    T* bx = a + c;
+    T* d = a + 2 * c;
+    for (std::size_t k = 0; k < c; ++k) {
+      const double is = invstd[k], scale = static_cast<double>(w[k]) * is;
+      a[k] = static_cast<T>(scale);
+      bx[k] = static_cast<T>(-scale * is * is * s[c + k] / n);
+      d[k] = static_cast<T>(-scale * s[k] / n);
+    }
+    detail::batch_norm_rows_input_gradient(x, dy, relu_ ? y : nullptr, l, mean_.data(), a, bx, d, dx);
+  }
 
   std::size_t block(const cpu_format& f, std::size_t batch) const {
     return detail::cpu_channel_block(f, batch, g_.c, g_.h, g_.w);
@@ -330,6 +423,7 @@ class cpu_batch_norm_plan {
   path mode_ = vendor ? path::vendor : path::kernels;
   bool inference_ = false;
   bool relu_ = false;
+  bool synchronized_ = false;  // the last training forward's statistics were the group's
   const T* running_mean_ = nullptr;  // those of the last evaluation forward (oneDNN's)
   const T* running_var_ = nullptr;
   buffer<T> mean_, var_;      // (C) each: the last training forward's statistics (oneDNN's)
@@ -338,7 +432,9 @@ class cpu_batch_norm_plan {
   buffer<T> dparams_;         // (2C): the parameter gradients before they are added
   // Synchronized: this rank's statistics as sums, then the group's (2C + 1, double); the
   // group's gradient sums (2C, double); 1 / std (C); the input gradient's correction (2C).
-  buffer<double> sums_, grad_sums_;
+  // The rows path: its sums (sums_, grad_sums_ as above), each share's partial sums
+  // (batch_norm_rows_partials), 1 / std, and per channel scale (forward) or a, b, d (backward).
+  buffer<double> sums_, grad_sums_, partials_;
   buffer<T> invstd_, coefficients_;
 };
 
