@@ -92,7 +92,7 @@ float_run<Network> run(math_mode m, const std::vector<T>& p, const std::vector<T
 /// The three-way check for a one-layer network: bf16 float run == double run on rounded
 /// operands (to float rounding); bf16 run ~ fp32 run (bf16 rounding), and != it.
 template <class Network>
-void check_layer(std::size_t batch, std::uint64_t seed, bool accumulate_twice = false) {
+void check_layer(std::size_t batch, std::uint64_t seed, bool accumulate_twice = false, bool bias = true) {
   // Parameters, input and output gradient, all float-representable.
   auto p = loom::testing::random_values(Network::parameter_count, seed, 0.3, 0.0);
   for (double& v : p) v = static_cast<double>(static_cast<float>(v));
@@ -105,7 +105,7 @@ void check_layer(std::size_t batch, std::uint64_t seed, bool accumulate_twice = 
   const auto fp = run<Network, float>(math_mode::fp32, to_float(p), to_float(x), to_float(dy), batch, accumulate_twice);
   // The reference: weights rounded to bf16 (biases enter by addition, in float: not rounded).
   auto p_rounded = p;
-  const std::size_t weights = Network::parameter_count - Network::output_shape::dims[0];
+  const std::size_t weights = Network::parameter_count - (bias ? Network::output_shape::dims[0] : 0);
   for (std::size_t i = 0; i < weights; ++i) p_rounded[i] = static_cast<double>(detail::round_to_bf16(static_cast<float>(p[i])));
   const auto ref = run<Network, double>(math_mode::fp32, p_rounded, bf16_rounded(x), bf16_rounded(dy), batch, accumulate_twice);
 
@@ -128,6 +128,7 @@ void check_layer(std::size_t batch, std::uint64_t seed, bool accumulate_twice = 
   expect("weight gradients", part(bf.grads, 0, weights), part(fp.grads, 0, weights), part(ref.grads, 0, weights));
   // Bias gradients are sums of dy: linear adds float dy (an element-wise kernel), oneDNN's
   // bf16 convolution adds the bf16 dy it was given. Either way within bf16 tolerance of fp32.
+  if (!bias) return;
   const auto db16 = part(bf.grads, weights, all), db32 = part(fp.grads, weights, all);
   INFO("bias gradients, bf16 vs fp32, normwise: " << normwise_error(db16, db32));
   CHECK(normwise_error(db16, db32) < bf16_tolerance);
@@ -179,6 +180,10 @@ void check_input_gradient(std::size_t batch, std::uint64_t seed) {
 using one_linear = network<input<300>, linear<70>>;
 using one_conv = network<input<3, 12, 12>, conv2d<16, 3, 1, 1>>;
 using strided_conv = network<input<8, 9, 9>, conv2d<5, 3, 2, 0>>;
+// At most 16 output pixels: the weight gradient as one matmul over x's columns (zeros where the
+// padding is), with and without bias, strided.
+using small_conv = network<input<32, 4, 4>, conv2d<48, 3, 1, 1, no_bias>>;
+using small_strided_conv = network<input<16, 7, 7>, conv2d<32, 3, 2, 1>>;
 using cnn = network<input<1, 28, 28>, conv2d<32, 3, 1, 1>, relu, max_pool2d<2>, conv2d<64, 3, 1, 1>, relu, max_pool2d<2>,
                     flatten, linear<128>, relu, linear<10>>;
 
@@ -236,6 +241,10 @@ TEST_CASE("conv2d in bf16: output and gradients are products of bf16-rounded ope
   check_layer<one_conv>(4, 41);
   check_layer<one_conv>(3, 42, /*accumulate_twice=*/true);
   check_layer<strided_conv>(5, 43);
+  check_layer<small_conv>(6, 46, false, /*bias=*/false);
+  check_layer<small_conv>(3, 47, /*accumulate_twice=*/true, /*bias=*/false);
+  check_layer<small_strided_conv>(5, 48);
+  check_layer<small_strided_conv>(2, 49, /*accumulate_twice=*/true);
   check_input_gradient<conv2d<16, 3, 1, 1>, shape<3, 12, 12>>(4, 44);
   check_input_gradient<conv2d<5, 3, 2, 0>, shape<8, 9, 9>>(3, 45);
 }

@@ -93,6 +93,8 @@ class dnnl_conv2d {
  private:
   struct entry;  // the primitives of one (batch, layout, math mode), and their scratch
 
+  LOOM_DECL void backward_weights_by_matmul(entry& e, const float* x, const float* dy, const void* dy_bf16, float* dw,
+                                            float* db, std::size_t batch, bool accumulate);
   entry& get(std::size_t batch, const cpu_format& xf, math_mode math);
 
   conv2d_geometry g_;

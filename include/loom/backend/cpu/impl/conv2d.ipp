@@ -4,6 +4,8 @@
 // of the header (header-only), or compiled once in src/loom.cpp (LOOM_SEPARATE_COMPILATION; see
 // loom/core/config.hpp).
 
+#include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -35,7 +37,49 @@ struct dnnl_conv2d::entry {
   // until its backward); a forward of another x replaces it.
   const float* src_of = nullptr;
   dnnl::memory::desc src_of_desc;
+  // bf16 with few output pixels (conv2d_weights_by_matmul): the weight gradient as one matmul,
+  // dy^T (OC x N*OH*OW) by the columns of x (N*OH*OW x K*K*C), instead of the primitive.
+  std::unique_ptr<dnnl::matmul> wgrad;
+  dnnl::memory::desc x_bf16_nhwc, dy_bf16_nhwc, wgrad_a, wgrad_b, wgrad_c;
+  scratch cols_scratch, wgrad_scratch;
 };
+
+/// Whether a bf16 convolution's weight gradient runs as a matmul over x's columns: where its
+/// output has at most 16 pixels. oneDNN 2.6's AMX backward-weights kernels are slow there
+/// (ResNet-18's 512-channel 3x3 convolutions at 2x2: 26 ms a call at batch 64 on one thread,
+/// against 1.4 ms for the same products as one bf16 matmul: benchmarks/README.md, `resnet`);
+/// the columns cost N*OH*OW*K*K*C bf16 values, few at these sizes.
+inline bool conv2d_weights_by_matmul(const conv2d_geometry& g, math_mode math, const dnnl::memory::desc& y_desc,
+                                     std::size_t batch) {
+  using dt = dnnl::memory::dim;
+  const dnnl::memory::desc nhwc({static_cast<dt>(batch), static_cast<dt>(g.oc), static_cast<dt>(g.oh()),
+                                 static_cast<dt>(g.ow())},
+                                dnnl::memory::data_type::f32, dnnl::memory::format_tag::nhwc);
+  return math == math_mode::bf16 && batch > 0 && g.oh() * g.ow() <= 16 && y_desc == nhwc;
+}
+
+/// x's columns: row (n, oy, ox) holds, for each (ky, kx), the C values of x at
+/// (n, oy * stride - pad + ky, ox * stride - pad + kx), zeros outside x. x is bf16 channels-last.
+inline void conv2d_columns(const conv2d_geometry& g, std::size_t batch, const std::uint16_t* x, std::uint16_t* cols) {
+  const std::size_t oh = g.oh(), ow = g.ow(), k = g.k, c = g.c, rows = batch * oh * ow, width = k * k * c;
+  const auto n = static_cast<std::ptrdiff_t>(rows);
+#pragma omp parallel for schedule(static) if (rows * width >= parallel_threshold)
+  for (std::ptrdiff_t r = 0; r < n; ++r) {
+    const std::size_t i = static_cast<std::size_t>(r) / (oh * ow), oy = static_cast<std::size_t>(r) / ow % oh,
+                      ox = static_cast<std::size_t>(r) % ow;
+    std::uint16_t* out = cols + static_cast<std::size_t>(r) * width;
+    for (std::size_t ky = 0; ky < k; ++ky)
+      for (std::size_t kx = 0; kx < k; ++kx, out += c) {
+        const std::ptrdiff_t iy = static_cast<std::ptrdiff_t>(oy * g.stride + ky) - static_cast<std::ptrdiff_t>(g.pad);
+        const std::ptrdiff_t ix = static_cast<std::ptrdiff_t>(ox * g.stride + kx) - static_cast<std::ptrdiff_t>(g.pad);
+        if (iy < 0 || ix < 0 || iy >= static_cast<std::ptrdiff_t>(g.h) || ix >= static_cast<std::ptrdiff_t>(g.w))
+          std::memset(out, 0, c * sizeof(std::uint16_t));
+        else
+          std::memcpy(out, x + ((i * g.h + static_cast<std::size_t>(iy)) * g.w + static_cast<std::size_t>(ix)) * c,
+                      c * sizeof(std::uint16_t));
+      }
+  }
+}
 
 /// The plain (oihw) layout of a convolution's weights, as loom stores them.
 inline dnnl::memory::desc conv2d_plain_weights(const conv2d_geometry& g) {
@@ -129,6 +173,8 @@ LOOM_DECL void dnnl_conv2d::backward(const float* x, const cpu_format& xf, const
     });
     if (!direct) e.reorders.run(e.bwd_data_pd.diff_src_desc(), dsrc, e.src_given, dx);
   }
+  if (e.wgrad) return backward_weights_by_matmul(e, x, dy, diff_dst_for(e.dy_bf16_nhwc, e.ddst_scratch), dw, db,
+                                                 batch, accumulate);
   // backward-weights
   const void* src = x;
   if (!(e.bwd_w_pd.src_desc() == e.src_given)) {
@@ -175,6 +221,47 @@ LOOM_DECL void dnnl_conv2d::backward(const float* x, const cpu_format& xf, const
   }
   if (accumulate && db && g_.bias)
     for (std::size_t i = 0; i < g_.oc; ++i) db[i] += dbias[i];
+}
+
+LOOM_DECL void dnnl_conv2d::backward_weights_by_matmul(entry& e, const float* x, const float* dy, const void* dy_bf16,
+                                                       float* dw, float* db, std::size_t batch, bool accumulate) {
+  // x in bf16 channels-last: forward's conversion when it made that one, else made here.
+  void* xb = room_for(e.src_scratch, e.x_bf16_nhwc);
+  if (!(e.src_of == x && e.src_of_desc == e.x_bf16_nhwc)) {
+    e.src_of = nullptr;
+    e.reorders.run(e.src_given, x, e.x_bf16_nhwc, xb);
+    e.src_of = x;
+    e.src_of_desc = e.x_bf16_nhwc;
+  }
+  auto* cols = static_cast<std::uint16_t*>(room_for(e.cols_scratch, e.wgrad_b));
+  conv2d_columns(g_, batch, static_cast<const std::uint16_t*>(xb), cols);
+  float* c = static_cast<float*>(room_for(e.wgrad_scratch, e.wgrad_c));
+  auto& eng = dnnl_engine();
+  dnnl::memory ma(e.wgrad_a, eng, const_cast<void*>(dy_bf16)), mb(e.wgrad_b, eng, cols), mc(e.wgrad_c, eng, c);
+  dnnl_checked("running a convolution's weight gradient as a matmul", [&] {
+    e.wgrad->execute(dnnl_stream(), {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+    dnnl_stream().wait();
+  });
+  // c is (oc, ky, kx, ic); loom's weights are (oc, ic, ky, kx).
+  const std::size_t oc = g_.oc, ic = g_.c, kk = g_.k * g_.k;
+  const auto outs = static_cast<std::ptrdiff_t>(oc);
+#pragma omp parallel for schedule(static) if (oc * ic * kk >= parallel_threshold)
+  for (std::ptrdiff_t o = 0; o < outs; ++o)
+    for (std::size_t j = 0; j < ic; ++j)
+      for (std::size_t q = 0; q < kk; ++q) {
+        const std::size_t at = static_cast<std::size_t>(o) * ic * kk;
+        const float v = c[at + q * ic + j];
+        float& d = dw[at + j * kk + q];
+        d = accumulate ? d + v : v;
+      }
+  if (g_.bias) {  // the sums of dy (float, channels-last: a row of OC values per output pixel)
+    const std::size_t rows = batch * g_.oh() * g_.ow();
+    for (std::size_t o = 0; o < oc; ++o) {
+      float t = 0;
+      for (std::size_t r = 0; r < rows; ++r) t += dy[r * oc + o];
+      db[o] = accumulate ? db[o] + t : t;
+    }
+  }
 }
 
 LOOM_DECL dnnl_conv2d::entry& dnnl_conv2d::get(std::size_t batch, const cpu_format& xf, math_mode math) {
@@ -250,9 +337,21 @@ LOOM_DECL dnnl_conv2d::entry& dnnl_conv2d::get(std::size_t batch, const cpu_form
                                                      dnnl::convolution_forward(fwd_pd), bwd_data_pd,
                                                      dnnl::convolution_backward_data(bwd_data_pd), bwd_w_pd,
                                                      dnnl::convolution_backward_weights(bwd_w_pd), {}, {}, {}, {}, {},
-                                                     {}, {}, {}, {}, {}, {}, nullptr, {}}));
-
-    return *entries_.back();
+                                                     {}, {}, {}, {}, {}, {}, nullptr, {}, nullptr, {}, {}, {}, {}, {},
+                                                     {}, {}}));
+    entry& e = *entries_.back();
+    if (conv2d_weights_by_matmul(g_, math, y_desc, batch)) {
+      const dt rows = n * oh * ow, width = static_cast<dt>(g_.k * g_.k * g_.c), ocs = static_cast<dt>(g_.oc);
+      e.x_bf16_nhwc = dnnl::memory::desc({n, static_cast<dt>(g_.c), static_cast<dt>(g_.h), static_cast<dt>(g_.w)},
+                                         f32::bf16, tag::nhwc);
+      e.dy_bf16_nhwc = dnnl::memory::desc({n, ocs, oh, ow}, f32::bf16, tag::nhwc);
+      e.wgrad_a = dnnl::memory::desc({ocs, rows}, f32::bf16, tag::ba);  // dy^T: dy's rows of OC values
+      e.wgrad_b = dnnl::memory::desc({rows, width}, f32::bf16, tag::ab);
+      e.wgrad_c = dnnl::memory::desc({ocs, width}, f32::f32, tag::ab);
+      auto pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(e.wgrad_a, e.wgrad_b, e.wgrad_c), eng);
+      e.wgrad = std::make_unique<dnnl::matmul>(pd);
+    }
+    return e;
   } catch (const dnnl::error& err) {
     if (math == math_mode::bf16 && err.status == dnnl_unimplemented)
       throw invalid_argument(cpu_bf16_unsupported("convolution"));
