@@ -184,6 +184,9 @@ using strided_conv = network<input<8, 9, 9>, conv2d<5, 3, 2, 0>>;
 // padding is), with and without bias, strided.
 using small_conv = network<input<32, 4, 4>, conv2d<48, 3, 1, 1, no_bias>>;
 using small_strided_conv = network<input<16, 7, 7>, conv2d<32, 3, 2, 1>>;
+// At most 4 output pixels: forward and the input gradient as matmuls too.
+using tiny_conv = network<input<32, 2, 2>, conv2d<40, 3, 1, 1, no_bias>>;
+using tiny_strided_conv = network<input<24, 4, 4>, conv2d<48, 3, 2, 1>>;
 using cnn = network<input<1, 28, 28>, conv2d<32, 3, 1, 1>, relu, max_pool2d<2>, conv2d<64, 3, 1, 1>, relu, max_pool2d<2>,
                     flatten, linear<128>, relu, linear<10>>;
 
@@ -245,8 +248,60 @@ TEST_CASE("conv2d in bf16: output and gradients are products of bf16-rounded ope
   check_layer<small_conv>(3, 47, /*accumulate_twice=*/true, /*bias=*/false);
   check_layer<small_strided_conv>(5, 48);
   check_layer<small_strided_conv>(2, 49, /*accumulate_twice=*/true);
+  check_layer<tiny_conv>(7, 50, false, /*bias=*/false);
+  check_layer<tiny_conv>(3, 51, /*accumulate_twice=*/true, /*bias=*/false);
+  check_layer<tiny_strided_conv>(5, 52);
+  check_input_gradient<conv2d<40, 3, 1, 1, no_bias>, shape<32, 2, 2>>(6, 53);
+  check_input_gradient<conv2d<48, 3, 2, 1>, shape<24, 4, 4>>(5, 54);
+  check_input_gradient<conv2d<16, 1, 2, 0, no_bias>, shape<32, 4, 4>>(4, 55);
   check_input_gradient<conv2d<16, 3, 1, 1>, shape<3, 12, 12>>(4, 44);
   check_input_gradient<conv2d<5, 3, 2, 0>, shape<8, 9, 9>>(3, 45);
+}
+
+TEST_CASE("A bf16 convolution run as matmuls takes each batch's own input, also from the same buffer",
+          "[layers][bf16][conv2d]") {
+  // forward and backward of batch a, then of batch b in the same memory: b's results are those
+  // of a fresh network on b (nothing of a's columns or conversions kept).
+  using net = network<input<32, 2, 2>, conv2d<40, 3, 1, 1, no_bias>, relu, flatten, linear<3>>;
+  const std::size_t batch = 4;
+  const auto p = to_float(loom::testing::random_values(net::parameter_count, 71, 0.3, 0.0));
+  const auto a = to_float(loom::testing::random_values(batch * net::input_shape::size, 72, 1.0, 0.0));
+  const auto b = to_float(loom::testing::random_values(batch * net::input_shape::size, 73, 1.0, 0.0));
+  const auto dy = to_float(loom::testing::random_values(batch * 3, 74, 1.0, 0.0));
+  run_context ctx;
+  ctx.math = math_mode::bf16;
+  auto pass = [&](model<net, float>& m, const std::vector<float>& x) {
+    const float* y = m.forward(ctx, x.data(), batch);
+    std::vector<float> out(y, y + batch * 3);
+    m.backward(ctx, dy.data(), batch);
+    const auto g = m.gradients();
+    out.insert(out.end(), g.begin(), g.end());
+    return out;
+  };
+  model<net, float> reused(1), fresh(1);
+  std::copy(p.begin(), p.end(), reused.parameters().begin());
+  std::copy(p.begin(), p.end(), fresh.parameters().begin());
+  std::vector<float> x = a;
+  const auto first = pass(reused, x);
+  x = b;  // the same buffer
+  const auto second = pass(reused, x);
+  CHECK(second == pass(fresh, x));
+  CHECK(first != second);
+
+  // The ReLU fused into forward's matmul: the unfused output, clipped at 0, bit for bit.
+  using unfused = network<input<32, 2, 2>, conv2d<40, 3, 1, 1, no_bias>>;
+  using fused = network<input<32, 2, 2>, conv2d<40, 3, 1, 1, no_bias>, relu>;
+  model<unfused, float> u(1);
+  model<fused, float> f(1);
+  std::copy_n(p.begin(), unfused::parameter_count, u.parameters().begin());
+  std::copy_n(p.begin(), fused::parameter_count, f.parameters().begin());
+  const float* yu = u.forward(ctx, x.data(), batch);
+  std::vector<float> clipped(yu, yu + batch * unfused::output_shape::size);
+  std::size_t negative = 0;
+  for (float& v : clipped) negative += v < 0, v = v > 0 ? v : 0.0f;
+  const float* yf = f.forward(ctx, x.data(), batch);
+  CHECK(negative > 0);
+  CHECK(std::vector<float>(yf, yf + clipped.size()) == clipped);
 }
 
 TEST_CASE("The example cnn in bf16 stays near fp32, repeats bit for bit, and fp32 runs after it are unchanged",

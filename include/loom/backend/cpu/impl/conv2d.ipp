@@ -38,11 +38,50 @@ struct dnnl_conv2d::entry {
   const float* src_of = nullptr;
   dnnl::memory::desc src_of_desc;
   // bf16 with few output pixels (conv2d_weights_by_matmul): the weight gradient as one matmul,
-  // dy^T (OC x N*OH*OW) by the columns of x (N*OH*OW x K*K*C), instead of the primitive.
-  std::unique_ptr<dnnl::matmul> wgrad;
+  // dy^T (OC x N*OH*OW) by the columns of x (N*OH*OW x K*K*C), instead of the primitive; with
+  // fewer still (conv2d_by_matmul), forward (columns by the weights as (K*K*C x OC)) and the
+  // input gradient (dy by the weights, then the columns' gradient added back into place) too.
+  std::unique_ptr<dnnl::matmul> wgrad, fwd_mm, dgrad;
   dnnl::memory::desc x_bf16_nhwc, dy_bf16_nhwc, wgrad_a, wgrad_b, wgrad_c;
-  scratch cols_scratch, wgrad_scratch;
+  dnnl::memory::desc w_ohwi;  // the weights, bf16, (oc, ky, kx, ic): a row of K*K*C per output channel
+  scratch cols_scratch, wgrad_scratch, dcols_scratch;
+  const float* cols_of = nullptr;  // the x whose columns cols_scratch holds (forward's, for backward)
+
+  // The matmuls' other operands (wgrad_b: the columns, rows x width).
+  struct forward_descs {
+    dnnl::memory::desc weights, bias, dst;
+  };
+  dnnl::memory::dim rows() const { return wgrad_b.dims()[0]; }
+  dnnl::memory::dim width() const { return wgrad_b.dims()[1]; }
+  dnnl::memory::dim outs() const { return wgrad_a.dims()[0]; }
+  /// forward: the weights as (width x OC) (their ohwi rows, transposed), the bias, y as rows x OC.
+  forward_descs fwd_mm_desc() const {
+    using dt = dnnl::memory::data_type;
+    using tag = dnnl::memory::format_tag;
+    return {dnnl::memory::desc({width(), outs()}, dt::bf16, tag::ba), dnnl::memory::desc({1, outs()}, dt::f32, tag::ab),
+            dnnl::memory::desc({rows(), outs()}, dt::f32, tag::ab)};
+  }
+  /// input gradient: dy as rows x OC, the weights as OC x width, the columns' gradient.
+  dnnl::memory::desc dy_rows_desc() const {
+    return {{rows(), outs()}, dnnl::memory::data_type::bf16, dnnl::memory::format_tag::ab};
+  }
+  dnnl::memory::desc w_rows_desc() const {
+    return {{outs(), width()}, dnnl::memory::data_type::bf16, dnnl::memory::format_tag::ab};
+  }
+  dnnl::memory::desc dcols_desc() const {
+    return {{rows(), width()}, dnnl::memory::data_type::f32, dnnl::memory::format_tag::ab};
+  }
+  /// x's shape, float, channels-last.
+  dnnl::memory::desc x_f32_nhwc() const {
+    return {x_bf16_nhwc.dims(), dnnl::memory::data_type::f32, dnnl::memory::format_tag::nhwc};
+  }
 };
+
+/// Whether a bf16 convolution's forward and input gradient run as matmuls over x's columns
+/// too: where its output has at most 4 pixels (oneDNN 2.6's AMX kernels at 2x2: 10.3 and 10.5 ms
+/// a call for ResNet-18's 512-channel 3x3 convolution, batch 64, one thread, about 120 GFLOP/s;
+/// at 4x4 they run 600-760 GFLOP/s and stay).
+inline bool conv2d_by_matmul(const conv2d_geometry& g) { return g.oh() * g.ow() <= 4; }
 
 /// Whether a bf16 convolution's weight gradient runs as a matmul over x's columns: where its
 /// output has at most 16 pixels. oneDNN 2.6's AMX backward-weights kernels are slow there
@@ -112,6 +151,7 @@ LOOM_DECL void dnnl_conv2d::fuse_relu() {
 LOOM_DECL cpu_format dnnl_conv2d::forward(const float* x, const cpu_format& xf, const float* w, const float* b, float* y,
                                           std::size_t batch, math_mode math) {
   entry& e = get(batch, xf, math);
+  if (e.fwd_mm) return forward_by_matmul(e, x, w, b, y, batch);
   const void* src = x;
   if (!(e.src_given == e.fwd_pd.src_desc())) {
     void* p = room_for(e.src_scratch, e.fwd_pd.src_desc());
@@ -159,7 +199,9 @@ LOOM_DECL void dnnl_conv2d::backward(const float* x, const cpu_format& xf, const
     ddst_converted_desc = want;
     return p;
   };
-  if (dx) {
+  if (dx && e.dgrad) {
+    input_gradient_by_matmul(e, w, diff_dst_for(e.dy_bf16_nhwc, e.ddst_scratch), dx, batch);
+  } else if (dx) {
     const void* wts = conv2d_weights_in(g_, e.reorders, w, e.bwd_data_pd.weights_desc(), e.w_bwd_scratch);
     const void* ddst = diff_dst_for(e.bwd_data_pd.diff_dst_desc(), e.ddst_scratch);
     const bool direct = e.bwd_data_pd.diff_src_desc() == e.src_given;
@@ -225,19 +267,11 @@ LOOM_DECL void dnnl_conv2d::backward(const float* x, const cpu_format& xf, const
 
 LOOM_DECL void dnnl_conv2d::backward_weights_by_matmul(entry& e, const float* x, const float* dy, const void* dy_bf16,
                                                        float* dw, float* db, std::size_t batch, bool accumulate) {
-  // x in bf16 channels-last: forward's conversion when it made that one, else made here.
-  void* xb = room_for(e.src_scratch, e.x_bf16_nhwc);
-  if (!(e.src_of == x && e.src_of_desc == e.x_bf16_nhwc)) {
-    e.src_of = nullptr;
-    e.reorders.run(e.src_given, x, e.x_bf16_nhwc, xb);
-    e.src_of = x;
-    e.src_of_desc = e.x_bf16_nhwc;
-  }
-  auto* cols = static_cast<std::uint16_t*>(room_for(e.cols_scratch, e.wgrad_b));
-  conv2d_columns(g_, batch, static_cast<const std::uint16_t*>(xb), cols);
+  const std::uint16_t* cols = columns_of(e, x, batch, true);
   float* c = static_cast<float*>(room_for(e.wgrad_scratch, e.wgrad_c));
   auto& eng = dnnl_engine();
-  dnnl::memory ma(e.wgrad_a, eng, const_cast<void*>(dy_bf16)), mb(e.wgrad_b, eng, cols), mc(e.wgrad_c, eng, c);
+  dnnl::memory ma(e.wgrad_a, eng, const_cast<void*>(dy_bf16)), mb(e.wgrad_b, eng, const_cast<std::uint16_t*>(cols)),
+      mc(e.wgrad_c, eng, c);
   dnnl_checked("running a convolution's weight gradient as a matmul", [&] {
     e.wgrad->execute(dnnl_stream(), {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
     dnnl_stream().wait();
@@ -262,6 +296,89 @@ LOOM_DECL void dnnl_conv2d::backward_weights_by_matmul(entry& e, const float* x,
       db[o] = accumulate ? db[o] + t : t;
     }
   }
+}
+
+LOOM_DECL const std::uint16_t* dnnl_conv2d::columns_of(entry& e, const float* x, std::size_t batch, bool backward) {
+  auto* cols = static_cast<std::uint16_t*>(room_for(e.cols_scratch, e.wgrad_b));
+  // Backward reuses its forward's columns (x is unchanged until its backward); a forward makes
+  // them anew, whatever x's address (the same buffer holds the next batch).
+  if (backward && e.cols_of == x) return cols;
+  // x in bf16 channels-last: forward's conversion when it made that one, else made here.
+  void* xb = room_for(e.src_scratch, e.x_bf16_nhwc);
+  if (!(backward && e.src_of == x && e.src_of_desc == e.x_bf16_nhwc)) {
+    e.src_of = nullptr;
+    e.reorders.run(e.src_given, x, e.x_bf16_nhwc, xb);
+    e.src_of = x;
+    e.src_of_desc = e.x_bf16_nhwc;
+  }
+  e.cols_of = nullptr;
+  conv2d_columns(g_, batch, static_cast<const std::uint16_t*>(xb), cols);
+  e.cols_of = x;
+  return cols;
+}
+
+LOOM_DECL cpu_format dnnl_conv2d::forward_by_matmul(entry& e, const float* x, const float* w, const float* b, float* y,
+                                                   std::size_t batch) {
+  const std::uint16_t* cols = columns_of(e, x, batch, false);
+  const void* wts = conv2d_weights_in(g_, e.reorders, w, e.w_ohwi, e.w_fwd_scratch);
+  const auto md = e.fwd_mm_desc();
+  auto& eng = dnnl_engine();
+  // y is (N*OH*OW) x OC: channels-last, the layout the primitive would have written.
+  dnnl::memory ma(e.wgrad_b, eng, const_cast<std::uint16_t*>(cols)), mb(md.weights, eng, const_cast<void*>(wts)),
+      mc(md.dst, eng, y);
+  dnnl_checked("running a convolution forward as a matmul", [&] {
+    if (g_.bias)
+      e.fwd_mm->execute(dnnl_stream(), {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc},
+                                        {DNNL_ARG_BIAS, dnnl::memory(md.bias, eng, const_cast<float*>(b))}});
+    else
+      e.fwd_mm->execute(dnnl_stream(), {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+    dnnl_stream().wait();
+  });
+  return e.dst_format;
+}
+
+LOOM_DECL void dnnl_conv2d::input_gradient_by_matmul(entry& e, const float* w, const void* dy_bf16, float* dx,
+                                                     std::size_t batch) {
+  const void* wts = conv2d_weights_in(g_, e.reorders, w, e.w_ohwi, e.w_bwd_scratch);
+  const std::size_t oh = g_.oh(), ow = g_.ow(), k = g_.k, c = g_.c, width = k * k * c;
+  const auto md = e.fwd_mm_desc();
+  const dnnl::memory::desc dcols_desc = e.dcols_desc();
+  float* dcols = static_cast<float*>(room_for(e.dcols_scratch, dcols_desc));
+  auto& eng = dnnl_engine();
+  dnnl::memory ma(e.dy_rows_desc(), eng, const_cast<void*>(dy_bf16)), mb(e.w_rows_desc(), eng, const_cast<void*>(wts)),
+      mc(dcols_desc, eng, dcols);
+  dnnl_checked("running a convolution's input gradient as a matmul", [&] {
+    e.dgrad->execute(dnnl_stream(), {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+    dnnl_stream().wait();
+  });
+  (void)md;
+  // The columns' gradient added back where each column came from: dx channels-last (x's own
+  // layout when it is that, else a scratch reordered into it), one sample per iteration.
+  const dnnl::memory::desc nhwc = e.x_f32_nhwc();
+  const bool direct = e.src_given == nhwc;
+  float* out = direct ? dx : static_cast<float*>(room_for(e.dsrc_scratch, nhwc));
+  const auto samples = static_cast<std::ptrdiff_t>(batch);
+#pragma omp parallel for schedule(static) if (batch * oh * ow * width >= parallel_threshold)
+  for (std::ptrdiff_t i = 0; i < samples; ++i) {
+    const std::size_t n = static_cast<std::size_t>(i);
+    float* img = out + n * g_.h * g_.w * c;
+    std::fill_n(img, g_.h * g_.w * c, 0.0f);
+    for (std::size_t oy = 0; oy < oh; ++oy)
+      for (std::size_t ox = 0; ox < ow; ++ox) {
+        const float* row = dcols + ((n * oh + oy) * ow + ox) * width;
+        for (std::size_t ky = 0; ky < k; ++ky)
+          for (std::size_t kx = 0; kx < k; ++kx, row += c) {
+            const std::ptrdiff_t iy = static_cast<std::ptrdiff_t>(oy * g_.stride + ky) - static_cast<std::ptrdiff_t>(g_.pad);
+            const std::ptrdiff_t ix = static_cast<std::ptrdiff_t>(ox * g_.stride + kx) - static_cast<std::ptrdiff_t>(g_.pad);
+            if (iy < 0 || ix < 0 || iy >= static_cast<std::ptrdiff_t>(g_.h) || ix >= static_cast<std::ptrdiff_t>(g_.w))
+              continue;
+            float* at = img + (static_cast<std::size_t>(iy) * g_.w + static_cast<std::size_t>(ix)) * c;
+#pragma omp simd
+            for (std::size_t j = 0; j < c; ++j) at[j] += row[j];
+          }
+      }
+  }
+  if (!direct) e.reorders.run(nhwc, out, e.src_given, dx);
 }
 
 LOOM_DECL dnnl_conv2d::entry& dnnl_conv2d::get(std::size_t batch, const cpu_format& xf, math_mode math) {
@@ -337,8 +454,8 @@ LOOM_DECL dnnl_conv2d::entry& dnnl_conv2d::get(std::size_t batch, const cpu_form
                                                      dnnl::convolution_forward(fwd_pd), bwd_data_pd,
                                                      dnnl::convolution_backward_data(bwd_data_pd), bwd_w_pd,
                                                      dnnl::convolution_backward_weights(bwd_w_pd), {}, {}, {}, {}, {},
-                                                     {}, {}, {}, {}, {}, {}, nullptr, {}, nullptr, {}, {}, {}, {}, {},
-                                                     {}, {}}));
+                                                     {}, {}, {}, {}, {}, {}, nullptr, {}, nullptr, nullptr, nullptr,
+                                                     {}, {}, {}, {}, {}, {}, {}, {}, {}, nullptr}));
     entry& e = *entries_.back();
     if (conv2d_weights_by_matmul(g_, math, y_desc, batch)) {
       const dt rows = n * oh * ow, width = static_cast<dt>(g_.k * g_.k * g_.c), ocs = static_cast<dt>(g_.oc);
@@ -350,6 +467,23 @@ LOOM_DECL dnnl_conv2d::entry& dnnl_conv2d::get(std::size_t batch, const cpu_form
       e.wgrad_c = dnnl::memory::desc({ocs, width}, f32::f32, tag::ab);
       auto pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(e.wgrad_a, e.wgrad_b, e.wgrad_c), eng);
       e.wgrad = std::make_unique<dnnl::matmul>(pd);
+      if (conv2d_by_matmul(g_)) {
+        e.w_ohwi = dnnl::memory::desc({ocs, static_cast<dt>(g_.c), static_cast<dt>(g_.k), static_cast<dt>(g_.k)},
+                                      f32::bf16, tag::ohwi);
+        const auto md = e.fwd_mm_desc();
+        dnnl::primitive_attr mm_attr;
+        if (relu_) {
+          dnnl::post_ops ops;
+          ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+          mm_attr.set_post_ops(ops);
+        }
+        auto fpd = g_.bias ? dnnl::matmul::primitive_desc(dnnl::matmul::desc(e.wgrad_b, md.weights, md.bias, md.dst),
+                                                          mm_attr, eng)
+                           : dnnl::matmul::primitive_desc(dnnl::matmul::desc(e.wgrad_b, md.weights, md.dst), mm_attr, eng);
+        e.fwd_mm = std::make_unique<dnnl::matmul>(fpd);
+        auto dpd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(e.dy_rows_desc(), e.w_rows_desc(), e.dcols_desc()), eng);
+        e.dgrad = std::make_unique<dnnl::matmul>(dpd);
+      }
     }
     return e;
   } catch (const dnnl::error& err) {
