@@ -187,6 +187,31 @@ TEST_CASE("float runs repeat bit for bit with the same seed", "[layers][backend]
   CHECK(bitwise_equal(third, float_step(e, 3, 300)));
 }
 
+TEST_CASE("float convolutions with few output pixels take each batch's own input, also from the same buffer",
+          "[layers][backend]") {
+  // small_resnet's 3x3-pixel convolutions run their weight gradient as a matmul over x's
+  // columns, made from a channels-last copy of x: a second batch in the same memory must not
+  // find the first batch's copy or columns.
+  const std::size_t batch = 4;
+  model<small_resnet, float> reused(41), fresh(41);
+  const auto a = loom::testing::random_values(batch * small_resnet::input_shape::size, 42, 1.0, 0.0);
+  const auto b = loom::testing::random_values(batch * small_resnet::input_shape::size, 43, 1.0, 0.0);
+  const auto dyd = loom::testing::random_values(batch * small_resnet::output_shape::size, 44, 0.1, 0.0);
+  const std::vector<float> dy(dyd.begin(), dyd.end());
+  std::vector<float> x(a.begin(), a.end());
+  auto step = [&](model<small_resnet, float>& m) {
+    m.forward(run_context{}, x.data(), batch);
+    m.backward(run_context{}, dy.data(), batch);
+    const auto g = m.gradients();
+    return std::vector<float>(g.begin(), g.end());
+  };
+  const auto first = step(reused);
+  std::copy(b.begin(), b.end(), x.begin());  // the same buffer
+  const auto second = step(reused);
+  CHECK(bitwise_equal(second, step(fresh)));
+  CHECK(!bitwise_equal(first, second));
+}
+
 TEST_CASE("CPU formats: one object per oneDNN layout, pooling reads the blocked ones, reorders round-trip",
           "[layers][backend]") {
   // The blocked layouts pooling hands on: the same layout twice is one object (a format is a

@@ -96,11 +96,11 @@ class dnnl_conv2d {
 
   /// x's columns (bf16, (N*OH*OW) x (K*K*C)) for the matmul paths: made anew in forward, reused
   /// by the backward of the same x.
-  LOOM_DECL const std::uint16_t* columns_of(entry& e, const float* x, std::size_t batch, bool backward);
+  LOOM_DECL const void* columns_of(entry& e, const float* x, std::size_t batch, bool backward);
   LOOM_DECL cpu_format forward_by_matmul(entry& e, const float* x, const float* w, const float* b, float* y,
                                          std::size_t batch);
   LOOM_DECL void input_gradient_by_matmul(entry& e, const float* w, const void* dy_bf16, float* dx, std::size_t batch);
-  LOOM_DECL void backward_weights_by_matmul(entry& e, const float* x, const float* dy, const void* dy_bf16, float* dw,
+  LOOM_DECL void backward_weights_by_matmul(entry& e, const float* x, const float* dy, const void* dy_rows, float* dw,
                                             float* db, std::size_t batch, bool accumulate);
   entry& get(std::size_t batch, const cpu_format& xf, math_mode math);
 

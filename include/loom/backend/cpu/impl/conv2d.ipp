@@ -37,12 +37,14 @@ struct dnnl_conv2d::entry {
   // until its backward); a forward of another x replaces it.
   const float* src_of = nullptr;
   dnnl::memory::desc src_of_desc;
-  // bf16 with few output pixels (conv2d_weights_by_matmul): the weight gradient as one matmul,
-  // dy^T (OC x N*OH*OW) by the columns of x (N*OH*OW x K*K*C), instead of the primitive; with
-  // fewer still (conv2d_by_matmul), forward (columns by the weights as (K*K*C x OC)) and the
-  // input gradient (dy by the weights, then the columns' gradient added back into place) too.
+  // Few output pixels (conv2d_weights_by_matmul): the weight gradient as one matmul, dy^T
+  // (OC x N*OH*OW) by the columns of x (N*OH*OW x K*K*C), in the products' type (bf16 or f32),
+  // instead of the primitive; with fewer still in bf16 (conv2d_by_matmul), forward (columns by
+  // the weights as (K*K*C x OC)) and the input gradient (dy by the weights, then the columns'
+  // gradient added back into place) too. x_rows, dy_rows_nhwc: x and dy channels-last in the
+  // products' type.
   std::unique_ptr<dnnl::matmul> wgrad, fwd_mm, dgrad;
-  dnnl::memory::desc x_bf16_nhwc, dy_bf16_nhwc, wgrad_a, wgrad_b, wgrad_c;
+  dnnl::memory::desc x_rows, dy_rows_nhwc, wgrad_a, wgrad_b, wgrad_c;
   dnnl::memory::desc w_ohwi;  // the weights, bf16, (oc, ky, kx, ic): a row of K*K*C per output channel
   scratch cols_scratch, wgrad_scratch, dcols_scratch;
   const float* cols_of = nullptr;  // the x whose columns cols_scratch holds (forward's, for backward)
@@ -73,7 +75,7 @@ struct dnnl_conv2d::entry {
   }
   /// x's shape, float, channels-last.
   dnnl::memory::desc x_f32_nhwc() const {
-    return {x_bf16_nhwc.dims(), dnnl::memory::data_type::f32, dnnl::memory::format_tag::nhwc};
+    return {x_rows.dims(), dnnl::memory::data_type::f32, dnnl::memory::format_tag::nhwc};
   }
 };
 
@@ -83,39 +85,42 @@ struct dnnl_conv2d::entry {
 /// at 4x4 they run 600-760 GFLOP/s and stay).
 inline bool conv2d_by_matmul(const conv2d_geometry& g) { return g.oh() * g.ow() <= 4; }
 
-/// Whether a bf16 convolution's weight gradient runs as a matmul over x's columns: where its
-/// output has at most 16 pixels. oneDNN 2.6's AMX backward-weights kernels are slow there
-/// (ResNet-18's 512-channel 3x3 convolutions at 2x2: 26 ms a call at batch 64 on one thread,
-/// against 1.4 ms for the same products as one bf16 matmul: benchmarks/README.md, `resnet`);
-/// the columns cost N*OH*OW*K*K*C bf16 values, few at these sizes.
+/// Whether a convolution's weight gradient runs as a matmul over x's columns: where its output
+/// has at most 16 pixels (in bf16: when its output is channels-last, as AMX writes it). oneDNN
+/// 2.6's backward-weights kernels are slow there: ResNet-18's 512-channel 3x3 convolution at 2x2,
+/// batch 64, one thread, took 26-29 ms a call in bf16 (AMX) and 36 ms in fp32 (AVX-512), against
+/// 1.4 ms and 7.5 ms for the same products as one matmul (benchmarks/README.md, `resnet`). The
+/// columns cost N*OH*OW*K*K*C values, few at these sizes.
 inline bool conv2d_weights_by_matmul(const conv2d_geometry& g, math_mode math, const dnnl::memory::desc& y_desc,
                                      std::size_t batch) {
   using dt = dnnl::memory::dim;
   const dnnl::memory::desc nhwc({static_cast<dt>(batch), static_cast<dt>(g.oc), static_cast<dt>(g.oh()),
                                  static_cast<dt>(g.ow())},
                                 dnnl::memory::data_type::f32, dnnl::memory::format_tag::nhwc);
-  return math == math_mode::bf16 && batch > 0 && g.oh() * g.ow() <= 16 && y_desc == nhwc;
+  return batch > 0 && g.oh() * g.ow() <= 16 && (math == math_mode::fp32 || y_desc == nhwc);
 }
 
 /// x's columns: row (n, oy, ox) holds, for each (ky, kx), the C values of x at
-/// (n, oy * stride - pad + ky, ox * stride - pad + kx), zeros outside x. x is bf16 channels-last.
-inline void conv2d_columns(const conv2d_geometry& g, std::size_t batch, const std::uint16_t* x, std::uint16_t* cols) {
+/// (n, oy * stride - pad + ky, ox * stride - pad + kx), zeros outside x. x is channels-last, of
+/// Element (bf16's bits, or float).
+template <class Element>
+void conv2d_columns(const conv2d_geometry& g, std::size_t batch, const Element* x, Element* cols) {
   const std::size_t oh = g.oh(), ow = g.ow(), k = g.k, c = g.c, rows = batch * oh * ow, width = k * k * c;
   const auto n = static_cast<std::ptrdiff_t>(rows);
 #pragma omp parallel for schedule(static) if (rows * width >= parallel_threshold)
   for (std::ptrdiff_t r = 0; r < n; ++r) {
     const std::size_t i = static_cast<std::size_t>(r) / (oh * ow), oy = static_cast<std::size_t>(r) / ow % oh,
                       ox = static_cast<std::size_t>(r) % ow;
-    std::uint16_t* out = cols + static_cast<std::size_t>(r) * width;
+    Element* out = cols + static_cast<std::size_t>(r) * width;
     for (std::size_t ky = 0; ky < k; ++ky)
       for (std::size_t kx = 0; kx < k; ++kx, out += c) {
         const std::ptrdiff_t iy = static_cast<std::ptrdiff_t>(oy * g.stride + ky) - static_cast<std::ptrdiff_t>(g.pad);
         const std::ptrdiff_t ix = static_cast<std::ptrdiff_t>(ox * g.stride + kx) - static_cast<std::ptrdiff_t>(g.pad);
         if (iy < 0 || ix < 0 || iy >= static_cast<std::ptrdiff_t>(g.h) || ix >= static_cast<std::ptrdiff_t>(g.w))
-          std::memset(out, 0, c * sizeof(std::uint16_t));
+          std::memset(out, 0, c * sizeof(Element));
         else
           std::memcpy(out, x + ((i * g.h + static_cast<std::size_t>(iy)) * g.w + static_cast<std::size_t>(ix)) * c,
-                      c * sizeof(std::uint16_t));
+                      c * sizeof(Element));
       }
   }
 }
@@ -151,6 +156,10 @@ LOOM_DECL void dnnl_conv2d::fuse_relu() {
 LOOM_DECL cpu_format dnnl_conv2d::forward(const float* x, const cpu_format& xf, const float* w, const float* b, float* y,
                                           std::size_t batch, math_mode math) {
   entry& e = get(batch, xf, math);
+  // What backward may reuse is of this x from here on: none yet (the same buffer may hold a new
+  // batch at the same address).
+  e.src_of = nullptr;
+  e.cols_of = nullptr;
   if (e.fwd_mm) return forward_by_matmul(e, x, w, b, y, batch);
   const void* src = x;
   if (!(e.src_given == e.fwd_pd.src_desc())) {
@@ -200,7 +209,7 @@ LOOM_DECL void dnnl_conv2d::backward(const float* x, const cpu_format& xf, const
     return p;
   };
   if (dx && e.dgrad) {
-    input_gradient_by_matmul(e, w, diff_dst_for(e.dy_bf16_nhwc, e.ddst_scratch), dx, batch);
+    input_gradient_by_matmul(e, w, diff_dst_for(e.dy_rows_nhwc, e.ddst_scratch), dx, batch);
   } else if (dx) {
     const void* wts = conv2d_weights_in(g_, e.reorders, w, e.bwd_data_pd.weights_desc(), e.w_bwd_scratch);
     const void* ddst = diff_dst_for(e.bwd_data_pd.diff_dst_desc(), e.ddst_scratch);
@@ -215,7 +224,7 @@ LOOM_DECL void dnnl_conv2d::backward(const float* x, const cpu_format& xf, const
     });
     if (!direct) e.reorders.run(e.bwd_data_pd.diff_src_desc(), dsrc, e.src_given, dx);
   }
-  if (e.wgrad) return backward_weights_by_matmul(e, x, dy, diff_dst_for(e.dy_bf16_nhwc, e.ddst_scratch), dw, db,
+  if (e.wgrad) return backward_weights_by_matmul(e, x, dy, diff_dst_for(e.dy_rows_nhwc, e.ddst_scratch), dw, db,
                                                  batch, accumulate);
   // backward-weights
   const void* src = x;
@@ -265,12 +274,12 @@ LOOM_DECL void dnnl_conv2d::backward(const float* x, const cpu_format& xf, const
     for (std::size_t i = 0; i < g_.oc; ++i) db[i] += dbias[i];
 }
 
-LOOM_DECL void dnnl_conv2d::backward_weights_by_matmul(entry& e, const float* x, const float* dy, const void* dy_bf16,
+LOOM_DECL void dnnl_conv2d::backward_weights_by_matmul(entry& e, const float* x, const float* dy, const void* dy_rows,
                                                        float* dw, float* db, std::size_t batch, bool accumulate) {
-  const std::uint16_t* cols = columns_of(e, x, batch, true);
+  const void* cols = columns_of(e, x, batch, true);
   float* c = static_cast<float*>(room_for(e.wgrad_scratch, e.wgrad_c));
   auto& eng = dnnl_engine();
-  dnnl::memory ma(e.wgrad_a, eng, const_cast<void*>(dy_bf16)), mb(e.wgrad_b, eng, const_cast<std::uint16_t*>(cols)),
+  dnnl::memory ma(e.wgrad_a, eng, const_cast<void*>(dy_rows)), mb(e.wgrad_b, eng, const_cast<void*>(cols)),
       mc(e.wgrad_c, eng, c);
   dnnl_checked("running a convolution's weight gradient as a matmul", [&] {
     e.wgrad->execute(dnnl_stream(), {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
@@ -290,41 +299,47 @@ LOOM_DECL void dnnl_conv2d::backward_weights_by_matmul(entry& e, const float* x,
       }
   if (g_.bias) {  // the sums of dy (float, channels-last: a row of OC values per output pixel)
     const std::size_t rows = batch * g_.oh() * g_.ow();
+    // fp32: dy_rows is dy brought to channels-last; bf16: dy itself is (AMX writes it so).
+    const float* d = e.math == math_mode::fp32 ? static_cast<const float*>(dy_rows) : dy;
     for (std::size_t o = 0; o < oc; ++o) {
       float t = 0;
-      for (std::size_t r = 0; r < rows; ++r) t += dy[r * oc + o];
+      for (std::size_t r = 0; r < rows; ++r) t += d[r * oc + o];
       db[o] = accumulate ? db[o] + t : t;
     }
   }
 }
 
-LOOM_DECL const std::uint16_t* dnnl_conv2d::columns_of(entry& e, const float* x, std::size_t batch, bool backward) {
-  auto* cols = static_cast<std::uint16_t*>(room_for(e.cols_scratch, e.wgrad_b));
+LOOM_DECL const void* dnnl_conv2d::columns_of(entry& e, const float* x, std::size_t batch, bool backward) {
+  void* cols = room_for(e.cols_scratch, e.wgrad_b);
   // Backward reuses its forward's columns (x is unchanged until its backward); a forward makes
   // them anew, whatever x's address (the same buffer holds the next batch).
   if (backward && e.cols_of == x) return cols;
-  // x in bf16 channels-last: forward's conversion when it made that one, else made here.
-  void* xb = room_for(e.src_scratch, e.x_bf16_nhwc);
-  if (!(backward && e.src_of == x && e.src_of_desc == e.x_bf16_nhwc)) {
+  // x channels-last in the products' type: forward's conversion when it made that one, else
+  // made here.
+  void* xb = room_for(e.src_scratch, e.x_rows);
+  if (!(backward && e.src_of == x && e.src_of_desc == e.x_rows)) {
     e.src_of = nullptr;
-    e.reorders.run(e.src_given, x, e.x_bf16_nhwc, xb);
+    e.reorders.run(e.src_given, x, e.x_rows, xb);
     e.src_of = x;
-    e.src_of_desc = e.x_bf16_nhwc;
+    e.src_of_desc = e.x_rows;
   }
   e.cols_of = nullptr;
-  conv2d_columns(g_, batch, static_cast<const std::uint16_t*>(xb), cols);
+  if (e.math == math_mode::bf16)
+    conv2d_columns(g_, batch, static_cast<const std::uint16_t*>(xb), static_cast<std::uint16_t*>(cols));
+  else
+    conv2d_columns(g_, batch, static_cast<const float*>(xb), static_cast<float*>(cols));
   e.cols_of = x;
   return cols;
 }
 
 LOOM_DECL cpu_format dnnl_conv2d::forward_by_matmul(entry& e, const float* x, const float* w, const float* b, float* y,
                                                    std::size_t batch) {
-  const std::uint16_t* cols = columns_of(e, x, batch, false);
+  const void* cols = columns_of(e, x, batch, false);
   const void* wts = conv2d_weights_in(g_, e.reorders, w, e.w_ohwi, e.w_fwd_scratch);
   const auto md = e.fwd_mm_desc();
   auto& eng = dnnl_engine();
   // y is (N*OH*OW) x OC: channels-last, the layout the primitive would have written.
-  dnnl::memory ma(e.wgrad_b, eng, const_cast<std::uint16_t*>(cols)), mb(md.weights, eng, const_cast<void*>(wts)),
+  dnnl::memory ma(e.wgrad_b, eng, const_cast<void*>(cols)), mb(md.weights, eng, const_cast<void*>(wts)),
       mc(md.dst, eng, y);
   dnnl_checked("running a convolution forward as a matmul", [&] {
     if (g_.bias)
@@ -459,15 +474,15 @@ LOOM_DECL dnnl_conv2d::entry& dnnl_conv2d::get(std::size_t batch, const cpu_form
     entry& e = *entries_.back();
     if (conv2d_weights_by_matmul(g_, math, y_desc, batch)) {
       const dt rows = n * oh * ow, width = static_cast<dt>(g_.k * g_.k * g_.c), ocs = static_cast<dt>(g_.oc);
-      e.x_bf16_nhwc = dnnl::memory::desc({n, static_cast<dt>(g_.c), static_cast<dt>(g_.h), static_cast<dt>(g_.w)},
-                                         f32::bf16, tag::nhwc);
-      e.dy_bf16_nhwc = dnnl::memory::desc({n, ocs, oh, ow}, f32::bf16, tag::nhwc);
-      e.wgrad_a = dnnl::memory::desc({ocs, rows}, f32::bf16, tag::ba);  // dy^T: dy's rows of OC values
-      e.wgrad_b = dnnl::memory::desc({rows, width}, f32::bf16, tag::ab);
+      e.x_rows = dnnl::memory::desc({n, static_cast<dt>(g_.c), static_cast<dt>(g_.h), static_cast<dt>(g_.w)},
+                                         in_type, tag::nhwc);
+      e.dy_rows_nhwc = dnnl::memory::desc({n, ocs, oh, ow}, in_type, tag::nhwc);
+      e.wgrad_a = dnnl::memory::desc({ocs, rows}, in_type, tag::ba);  // dy^T: dy's rows of OC values
+      e.wgrad_b = dnnl::memory::desc({rows, width}, in_type, tag::ab);
       e.wgrad_c = dnnl::memory::desc({ocs, width}, f32::f32, tag::ab);
       auto pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(e.wgrad_a, e.wgrad_b, e.wgrad_c), eng);
       e.wgrad = std::make_unique<dnnl::matmul>(pd);
-      if (conv2d_by_matmul(g_)) {
+      if (math == math_mode::bf16 && conv2d_by_matmul(g_)) {
         e.w_ohwi = dnnl::memory::desc({ocs, static_cast<dt>(g_.c), static_cast<dt>(g_.k), static_cast<dt>(g_.k)},
                                       f32::bf16, tag::ohwi);
         const auto md = e.fwd_mm_desc();
