@@ -14,6 +14,7 @@
 #include "loom/backend/cpu/gemm.hpp"
 #include "loom/backend/cpu/impl/dnnl_support.ipp"
 #include "loom/backend/cpu/impl/onednn.hpp"
+#include "loom/backend/cpu/launch.hpp"
 
 namespace loom::detail {
 
