@@ -100,7 +100,7 @@ class dnnl_conv2d {
   LOOM_DECL cpu_format forward_by_matmul(entry& e, const float* x, const float* w, const float* b, float* y,
                                          std::size_t batch);
   LOOM_DECL void input_gradient_by_matmul(entry& e, const float* w, const void* dy_bf16, float* dx, std::size_t batch);
-  LOOM_DECL void backward_weights_by_matmul(entry& e, const float* x, const float* dy, const void* dy_rows, float* dw,
+  LOOM_DECL void backward_weights_by_matmul(entry& e, const float* x, const void* dy_rows, float* dw,
                                             float* db, std::size_t batch, bool accumulate);
   entry& get(std::size_t batch, const cpu_format& xf, math_mode math);
 

@@ -225,7 +225,7 @@ LOOM_DECL void dnnl_conv2d::backward(const float* x, const cpu_format& xf, const
     });
     if (!direct) e.reorders.run(e.bwd_data_pd.diff_src_desc(), dsrc, e.src_given, dx);
   }
-  if (e.wgrad) return backward_weights_by_matmul(e, x, dy, diff_dst_for(e.dy_rows_nhwc, e.ddst_scratch), dw, db,
+  if (e.wgrad) return backward_weights_by_matmul(e, x, diff_dst_for(e.dy_rows_nhwc, e.ddst_scratch), dw, db,
                                                  batch, accumulate);
   // backward-weights
   const void* src = x;
@@ -275,7 +275,7 @@ LOOM_DECL void dnnl_conv2d::backward(const float* x, const cpu_format& xf, const
     for (std::size_t i = 0; i < g_.oc; ++i) db[i] += dbias[i];
 }
 
-LOOM_DECL void dnnl_conv2d::backward_weights_by_matmul(entry& e, const float* x, const float* dy, const void* dy_rows,
+LOOM_DECL void dnnl_conv2d::backward_weights_by_matmul(entry& e, const float* x, const void* dy_rows,
                                                        float* dw, float* db, std::size_t batch, bool accumulate) {
   const void* cols = columns_of(e, x, batch, true);
   float* c = static_cast<float*>(room_for(e.wgrad_scratch, e.wgrad_c));
@@ -298,14 +298,25 @@ LOOM_DECL void dnnl_conv2d::backward_weights_by_matmul(entry& e, const float* x,
         float& d = dw[at + j * kk + q];
         d = accumulate ? d + v : v;
       }
-  if (g_.bias) {  // the sums of dy (float, channels-last: a row of OC values per output pixel)
+  if (g_.bias) {  // the sums of dy_rows (channels-last: a row of OC values per output pixel)
+    // In bf16 the sums of the bf16 dy the products took, as oneDNN's bf16 primitive sums them
+    // (and as the GPU check's reference defines bf16 math).
     const std::size_t rows = batch * g_.oh() * g_.ow();
-    // fp32: dy_rows is dy brought to channels-last; bf16: dy itself is (AMX writes it so).
-    const float* d = e.math == math_mode::fp32 ? static_cast<const float*>(dy_rows) : dy;
     for (std::size_t o = 0; o < oc; ++o) {
-      float t = 0;
-      for (std::size_t r = 0; r < rows; ++r) t += d[r * oc + o];
-      db[o] = accumulate ? db[o] + t : t;
+      double t = 0;
+      if (e.math == math_mode::bf16) {
+        const auto* d = static_cast<const std::uint16_t*>(dy_rows);
+        for (std::size_t r = 0; r < rows; ++r) {
+          const std::uint32_t bits = static_cast<std::uint32_t>(d[r * oc + o]) << 16;
+          float v;
+          std::memcpy(&v, &bits, sizeof v);
+          t += v;
+        }
+      } else {
+        const auto* d = static_cast<const float*>(dy_rows);
+        for (std::size_t r = 0; r < rows; ++r) t += d[r * oc + o];
+      }
+      db[o] = accumulate ? db[o] + static_cast<float>(t) : static_cast<float>(t);
     }
   }
 }
@@ -357,7 +368,6 @@ LOOM_DECL void dnnl_conv2d::input_gradient_by_matmul(entry& e, const float* w, c
                                                      std::size_t batch) {
   const void* wts = conv2d_weights_in(g_, e.reorders, w, e.w_ohwi, e.w_bwd_scratch);
   const std::size_t oh = g_.oh(), ow = g_.ow(), k = g_.k, c = g_.c, width = k * k * c;
-  const auto md = e.fwd_mm_desc();
   const dnnl::memory::desc dcols_desc = e.dcols_desc();
   float* dcols = static_cast<float*>(room_for(e.dcols_scratch, dcols_desc));
   auto& eng = dnnl_engine();
@@ -367,7 +377,6 @@ LOOM_DECL void dnnl_conv2d::input_gradient_by_matmul(entry& e, const float* w, c
     e.dgrad->execute(dnnl_stream(), {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
     dnnl_stream().wait();
   });
-  (void)md;
   // The columns' gradient added back where each column came from: dx channels-last (x's own
   // layout when it is that, else a scratch reordered into it), one sample per iteration.
   const dnnl::memory::desc nhwc = e.x_f32_nhwc();
