@@ -16,13 +16,26 @@ shift 4
 [ "$1" = "--" ] && shift
 flags=("$@")
 source "$here/harness.sh"
-fail() { echo "FAIL: $*"; exit 1; }
+# A failure shows what happened: the job's stderr and mpirun's state machine (loomrun --log), and
+# keeps them (the work directory goes with the cluster) in ${CLUSTER_LOGS:-/tmp}/loomcl-failed.*.
+fail() {
+  echo "FAIL: $*"
+  if [ -n "${w:-}" ] && [ -f "$w/run.err" ]; then
+    echo "== the job's stderr (last 60 lines)"; tail -n 60 "$w/run.err"
+    echo "== mpirun's state machine and the ranks' statuses (loomrun --log; last 40 lines)"
+    grep -E "ACTIVATE (JOB|PROC)|^== loomrun" "$w/mpirun.log" 2>/dev/null | tail -n 40
+    local keep
+    keep=$(mktemp -d "${CLUSTER_LOGS:-/tmp}/loomcl-failed.XXXXXX") &&
+      cp "$w"/run.out "$w"/run.err "$w"/mpirun.log "$keep"/ 2>/dev/null && echo "== kept in $keep"
+  fi
+  exit 1
+}
 cluster_up 2
 cluster_hostfile "$CLUSTER_DIR/hosts" 2
 w=$CLUSTER_DIR
 through=()
 for a in "${CLUSTER_MCA[@]}"; do through+=(--mpirun-arg "$a"); done
-(cluster_exec 0 "$loomrun" -np 4 --hostfile "$w/hosts" --recovery-timeout 30 "${through[@]}" -- \
+(cluster_exec 0 "$loomrun" -np 4 --hostfile "$w/hosts" --recovery-timeout 30 --log "$w/mpirun.log" "${through[@]}" -- \
    "$program" "${flags[@]}" --max-steps "$total" --checkpoint-dir "$w/ck" --checkpoint-every "$every" \
    > "$w/run.out" 2> "$w/run.err") &
 job=$!

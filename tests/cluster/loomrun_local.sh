@@ -33,6 +33,7 @@ check_bad "needs a number of ranks >= 1, not 'x'" -np x -- true
 check_bad "unknown option '--frobnicate'" -np 2 --frobnicate -- true
 check_bad "cannot read the hostfile '$work/none'" -np 2 --hostfile "$work/none" -- true
 check_bad "-np N is required" -- true
+check_bad "--log needs a file" -np 2 --log
 check_bad "no program" -np 2 --
 check_bad "--world-sizes needs world sizes >= 1 separated by commas (or 'ask'), not '0,2'" -np 2 --world-sizes 0,2 -- true
 check_bad "-np 3 is not a world size the job trains on (--world-sizes: 2 4)" -np 3 --world-sizes 2,4 -- true
@@ -141,10 +142,16 @@ for r in 0 1; do echo finished > "$LOOM_STATUS_DIR/rank-$r.status"; say $r "TERM
 echo "[h0:1] PMIX ERROR: BAD-PARAM in file ../../../src/event/pmix_event_notification.c at line 1033" >&2
 sleep 120  # waits for the live daemon; loomrun stops it
 FAKE
-"$loomrun" -np 4 --max-restarts 0 --recovery-timeout 2 --mpirun "$work/mpirun-late" -- true > "$work/late.out" 2> "$work/late.err"
+"$loomrun" -np 4 --max-restarts 0 --recovery-timeout 2 --log "$work/late.log" --mpirun "$work/mpirun-late" -- true > "$work/late.out" 2> "$work/late.err"
 status=$?
 grep "^loomrun" "$work/late.err"
 [ "$status" -eq 0 ] || { cat "$work/late.err"; fail "loomrun ended with status $status: it took a recovered job for a failed one"; }
+# --log keeps what loomrun read: the state machine's lines (not passed through to stderr) and
+# the ranks' statuses.
+grep -q "ACTIVATE PROC \[\[7,1\],2\] STATE ABORTED BY SIGNAL" "$work/late.log" || fail "--log: no state-machine line in $work/late.log"
+grep -q "^== loomrun: rank-0.status: finished" "$work/late.log" || fail "--log: no rank status in $work/late.log"
+grep -q "^== loomrun: attempt 1 (4 ranks" "$work/late.log" || fail "--log: no attempt header in $work/late.log"
+grep -q "ACTIVATE PROC" "$work/late.err" && fail "the state machine's lines reached stderr"
 grep -q "no in-process recovery" "$work/late.err" && fail "loomrun stopped a job that had recovered in the process"
 grep -q "^loomrun: the ranks finished but mpirun did not end" "$work/late.err" || fail "loomrun did not say why it stopped mpirun"
 
