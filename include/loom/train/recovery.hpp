@@ -216,6 +216,12 @@ class failure_watch final : public step_observer {
   /// writers' job-wide, io::checkpointer::last_seconds) and sets the step deadline again.
   LOOM_DECL void checkpoint_begins();
   LOOM_DECL void checkpoint_ended(double here_s, double job_s);
+  /// The previous checkpoint's job-wide time, known once it completed (wait() inside this
+  /// checkpoint, job_s > 0): the rest of this checkpoint's collectives take the deadline derived
+  /// from it instead of startup_deadline_s. (Without it the second checkpoint ran wholly under the
+  /// 60 s startup deadline, longer than loomrun's --recovery-timeout: a host lost during it was
+  /// restarted from the checkpoint instead of recovered in the process.)
+  LOOM_DECL void checkpoint_measured(double job_s);
 
   /// Runs attempt(from); after each rank_failure, the recovery — the survivors agree, rebuild
   /// and take the state of the one ahead (detail::survive) — then reshard() (the data dealt over

@@ -261,6 +261,13 @@ LOOM_DECL bool checkpoint_schedule::after_step(const step_point& p) {
     {
       monitor::span writing(monitor::span_kind::checkpoint);
       test_hooks::checkpoint_begins(ck_.engine.rank());
+      // The previous (asynchronous) checkpoint first, under checkpoint_begins' deadline: its
+      // peers may legitimately wait for the slowest writer. Once it completed, its time sets
+      // the deadline of this checkpoint's own collectives (save() then finds nothing to wait for).
+      if (ck_.writer().busy()) {
+        ck_.writer().wait(world_);
+        watch_.checkpoint_measured(ck_.writer().last_seconds());
+      }
       ck_.save(world_, co.directory, /*async=*/co.async && !b.signal, co.keep, co.commit_timeout_s);
     }
     saved_step_ = p.step;
@@ -281,6 +288,10 @@ LOOM_DECL void checkpoint_schedule::finish(fit_result& r) {
   if (co.at_end && saved_step_ != step) {
     // The run's end: the next epoch's start (or where max_steps stopped it, mid-epoch).
     monitor::span writing(monitor::span_kind::checkpoint);
+    if (ck_.writer().busy()) {  // as after_step: the previous one's time sets this one's deadline
+      ck_.writer().wait(world_);
+      watch_.checkpoint_measured(ck_.writer().last_seconds());
+    }
     ck_.save(world_, co.directory, co.async, co.keep, co.commit_timeout_s);
     saved_step_ = step;
   }

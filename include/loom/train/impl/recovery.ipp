@@ -72,6 +72,11 @@ LOOM_DECL void failure_watch::checkpoint_ended(double here_s, double job_s) {
   steps_timed_.add_checkpoint(here_s, job_s);
   set_deadline(steps_timed_.deadline());
 }
+LOOM_DECL void failure_watch::checkpoint_measured(double job_s) {
+  if (job_s <= 0) return;
+  steps_timed_.add_checkpoint(0, job_s);
+  set_deadline(steps_timed_.checkpoint_deadline());
+}
 
 LOOM_DECL int failure_watch::run(const fit_position& from, step_observers& observers,
                                  const std::function<void(const fit_position&)>& attempt,
