@@ -134,6 +134,10 @@ class checkpoint_schedule final : public step_observer {
  private:
   static constexpr std::size_t none = static_cast<std::size_t>(-1);
   bool on() const noexcept { return !opts_.checkpoint.directory.empty(); }
+  /// Saves a checkpoint of now: first the previous (asynchronous) one completes, under the
+  /// deadline checkpoint_begins set (its peers may wait for the slowest writer), and its time
+  /// sets the deadline of this one's own collectives (failure_watch::checkpoint_measured).
+  LOOM_DECL void save(bool async);
 
   checkpoints ck_;
   collectives& world_;

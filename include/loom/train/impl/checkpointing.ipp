@@ -261,14 +261,7 @@ LOOM_DECL bool checkpoint_schedule::after_step(const step_point& p) {
     {
       monitor::span writing(monitor::span_kind::checkpoint);
       test_hooks::checkpoint_begins(ck_.engine.rank());
-      // The previous (asynchronous) checkpoint first, under checkpoint_begins' deadline: its
-      // peers may legitimately wait for the slowest writer. Once it completed, its time sets
-      // the deadline of this checkpoint's own collectives (save() then finds nothing to wait for).
-      if (ck_.writer().busy()) {
-        ck_.writer().wait(world_);
-        watch_.checkpoint_measured(ck_.writer().last_seconds());
-      }
-      ck_.save(world_, co.directory, /*async=*/co.async && !b.signal, co.keep, co.commit_timeout_s);
+      save(/*async=*/co.async && !b.signal);
     }
     saved_step_ = p.step;
     last_checkpoint_time_ = monitor::clock::now();
@@ -276,6 +269,15 @@ LOOM_DECL bool checkpoint_schedule::after_step(const step_point& p) {
   }
   signal_ = static_cast<int>(b.signal);
   return b.signal == 0;
+}
+
+LOOM_DECL void checkpoint_schedule::save(bool async) {
+  const checkpoint_options& co = opts_.checkpoint;
+  if (ck_.writer().busy()) {
+    ck_.writer().wait(world_);
+    watch_.checkpoint_measured(ck_.writer().last_seconds());
+  }
+  ck_.save(world_, co.directory, async, co.keep, co.commit_timeout_s);  // its wait() finds nothing in progress
 }
 
 LOOM_DECL void checkpoint_schedule::finish(fit_result& r) {
@@ -288,11 +290,7 @@ LOOM_DECL void checkpoint_schedule::finish(fit_result& r) {
   if (co.at_end && saved_step_ != step) {
     // The run's end: the next epoch's start (or where max_steps stopped it, mid-epoch).
     monitor::span writing(monitor::span_kind::checkpoint);
-    if (ck_.writer().busy()) {  // as after_step: the previous one's time sets this one's deadline
-      ck_.writer().wait(world_);
-      watch_.checkpoint_measured(ck_.writer().last_seconds());
-    }
-    ck_.save(world_, co.directory, co.async, co.keep, co.commit_timeout_s);
+    save(co.async);
     saved_step_ = step;
   }
   ck_.writer().wait(world_);
