@@ -8,6 +8,14 @@
 #define LOOM_HD
 #endif
 
+// A kernel body that is always inlined into its loop: on the CPU into loops compiled for a wider
+// vector ISA than the rest of the program (backend/cpu/pool2d.hpp), which a call would leave.
+#if defined(__CUDACC__)
+#define LOOM_HD_INLINE __host__ __device__ __forceinline__
+#else
+#define LOOM_HD_INLINE [[gnu::always_inline]] inline
+#endif
+
 // Separate compilation (README.md, "Compiling loom's non-template code once"). By default
 // loom is header-only: every non-template function is `inline`, and each translation unit
 // that uses one compiles it again. With LOOM_SEPARATE_COMPILATION defined (CMake: link

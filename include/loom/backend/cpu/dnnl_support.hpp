@@ -51,6 +51,11 @@ LOOM_DECL std::size_t channel_block(const cpu_format& f, std::size_t n, std::siz
 /// Whether f is channels-last for a (n, c, h, w) float activation (false for n = 0).
 LOOM_DECL bool is_channels_last(const cpu_format& f, std::size_t n, std::size_t c, std::size_t h, std::size_t w);
 
+/// The widest vector ISA loom's own CPU loops are compiled for (batch_norm_rows, pooling) that
+/// this CPU has and oneDNN runs too (ONEDNN_MAX_CPU_ISA limits both): 2 AVX-512 (F, BW, VL,
+/// DQ), 1 AVX2 with FMA, 0 the baseline x86-64. Found once.
+LOOM_DECL int cpu_vector_level();
+
 class reorder_cache;  // impl/onednn.hpp
 
 /// Copies (n, c, h, w) float activations between formats with reorder primitives created once

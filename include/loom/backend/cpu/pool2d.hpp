@@ -4,6 +4,7 @@
 // (backend/kernels/pool.hpp) directly on the layout the input arrives in — plain NCHW,
 // oneDNN's channel-blocked nChw8c / nChw16c, or channels-last (nhwc, a bf16 convolution's) — so
 // the output keeps that layout and nothing is reordered. (oneDNN's pooling was measured 3-5x slower than these loops for training here.)
+// The loops are compiled for AVX-512, AVX2 and the baseline, and the widest the CPU has runs.
 
 #include <cstddef>
 #include <cstdint>
@@ -19,6 +20,38 @@
 #include "loom/core/memory.hpp"
 
 namespace loom {
+
+namespace detail {
+
+// The pooling loops: kernel body k for i in [0, n), in parallel when `work` (values touched) pays
+// for it, compiled three times — for AVX-512, AVX2 and the baseline — and run for the widest this
+// CPU has (cpu_vector_level), as batch_norm_rows is: the kernels' loops over a block's channels
+// then vectorise. The OpenMP loop sits in each function itself, so that its body is compiled for
+// that function's ISA (and the kernel body, LOOM_HD_INLINE, inlined into it). No multiply-add is
+// fused (fp-contract=off): average pooling gives the baseline's bits on any ISA.
+#define LOOM_POOL_LOOP(name, target)                                                           \
+  template <class K>                                                                          \
+  target void name(std::size_t n, std::size_t work, const K& k) {                             \
+    const auto m = static_cast<std::ptrdiff_t>(n);                                            \
+    _Pragma("omp parallel for schedule(static) if (work >= parallel_threshold)")              \
+    for (std::ptrdiff_t i = 0; i < m; ++i) k(static_cast<std::size_t>(i));                    \
+  }
+LOOM_POOL_LOOP(pool_loop_avx512, __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,prefer-vector-width=512"),
+                                                optimize("fp-contract=off"))))
+LOOM_POOL_LOOP(pool_loop_avx2, __attribute__((target("avx2,fma"), optimize("fp-contract=off"))))
+LOOM_POOL_LOOP(pool_loop_baseline, )
+#undef LOOM_POOL_LOOP
+
+template <class K>
+void pool_loop(std::size_t n, std::size_t work, const K& k) {
+  switch (cpu_vector_level()) {
+    case 2: return pool_loop_avx512(n, work, k);
+    case 1: return pool_loop_avx2(n, work, k);
+    default: return pool_loop_baseline(n, work, k);
+  }
+}
+
+}  // namespace detail
 
 template <class T>
 class cpu_pool2d_plan {
@@ -78,11 +111,12 @@ cpu_format cpu_pool2d_plan<T>::forward(const T* x, const cpu_format& xf, T* y, s
   const walk k = walk_of(xf, batch);
   const kernels::pool_planes p = planes(batch, k);
   const std::size_t pixels = p.planes * p.oh * p.ow;
+  const std::size_t work = pixels * g_.k * g_.k * k.block;
   dispatch(k.block, [&]<std::size_t B>() {
     if (kind_ == pool_kind::max)
-      detail::cpu_for_each(pixels, kernels::max_pool_forward<T, B>{x, y, p});
+      detail::pool_loop(pixels, work, kernels::max_pool_forward<T, B>{x, y, p});
     else
-      detail::cpu_for_each(pixels, kernels::avg_pool_forward<T, B>{x, y, p});
+      detail::pool_loop(pixels, work, kernels::avg_pool_forward<T, B>{x, y, p});
   });
   if (xf.plain() || (k.block == 1 && !k.channels_last)) return {};  // (the latter: no samples)
   // made once per batch size and layout, not per call
@@ -100,11 +134,14 @@ template <class T>
 void cpu_pool2d_plan<T>::backward(const T* x, const cpu_format& xf, const T* dy, T* dx, std::size_t batch) {
   const walk k = walk_of(xf, batch);
   const kernels::pool_planes p = planes(batch, k);
+  // Per plane (windows overlap within a plane, never across): parallel over the planes when the
+  // windows' values add up to enough work, however few the planes.
+  const std::size_t work = p.planes * p.oh * p.ow * g_.k * g_.k * k.block;
   dispatch(k.block, [&]<std::size_t B>() {
     if (kind_ == pool_kind::max)
-      detail::cpu_for_each(p.planes, kernels::max_pool_backward<T, B>{x, dy, dx, p});
+      detail::pool_loop(p.planes, work, kernels::max_pool_backward<T, B>{x, dy, dx, p});
     else
-      detail::cpu_for_each(p.planes, kernels::avg_pool_backward<T, B>{dy, dx, p});
+      detail::pool_loop(p.planes, work, kernels::avg_pool_backward<T, B>{dy, dx, p});
   });
 }
 

@@ -12,6 +12,14 @@
 
 #include "loom/core/config.hpp"
 
+// A loop over a block's channels, vectorised on the CPU (the kernels run there inside loops
+// compiled for the CPU's widest vector ISA: backend/cpu/pool2d.hpp).
+#if defined(__CUDA_ARCH__)
+#define LOOM_CHANNEL_SIMD
+#else
+#define LOOM_CHANNEL_SIMD _Pragma("omp simd")
+#endif
+
 namespace loom::kernels {
 
 /// The sizes of one pooling over planes of Block channels. Windows start at -pad: the padding is
@@ -60,7 +68,7 @@ struct max_pool_forward {
   const T* x;
   T* y;
   pool_planes g;
-  LOOM_HD void operator()(std::size_t i) const {
+  LOOM_HD_INLINE void operator()(std::size_t i) const {
     const std::size_t ow = i % g.ow, oh = (i / g.ow) % g.oh, plane = i / (g.ow * g.oh);
     const std::size_t pitch = g.template pitch<Block>();
     const T* in = x + g.template in_plane<Block>(plane);
@@ -89,7 +97,7 @@ struct max_pool_backward {
   const T* dy;
   T* dx;
   pool_planes g;
-  LOOM_HD void operator()(std::size_t plane) const {
+  LOOM_HD_INLINE void operator()(std::size_t plane) const {
     const std::size_t pitch = g.template pitch<Block>();
     const T* in = x + g.template in_plane<Block>(plane);
     T* din = dx + g.template in_plane<Block>(plane);
@@ -104,10 +112,12 @@ struct max_pool_backward {
         const std::size_t corner = ((top + rows.first) * g.w + left + cols.first) * pitch;
         T best[Block];
         std::size_t at[Block];
+        LOOM_CHANNEL_SIMD
         for (std::size_t c = 0; c < Block; ++c) best[c] = in[corner + c], at[c] = corner + c;
         for (std::size_t p = rows.first; p < rows.last; ++p)
           for (std::size_t q = cols.first; q < cols.last; ++q) {
             const std::size_t base = ((top + p) * g.w + left + q) * pitch;
+            LOOM_CHANNEL_SIMD
             for (std::size_t c = 0; c < Block; ++c) {
               const bool more = in[base + c] > best[c];
               best[c] = more ? in[base + c] : best[c];
@@ -125,7 +135,7 @@ struct avg_pool_forward {
   const T* x;
   T* y;
   pool_planes g;
-  LOOM_HD void operator()(std::size_t i) const {
+  LOOM_HD_INLINE void operator()(std::size_t i) const {
     const std::size_t ow = i % g.ow, oh = (i / g.ow) % g.oh, plane = i / (g.ow * g.oh);
     const std::size_t pitch = g.template pitch<Block>();
     const T* in = x + g.template in_plane<Block>(plane);
@@ -152,7 +162,7 @@ struct avg_pool_backward {
   const T* dy;
   T* dx;
   pool_planes g;
-  LOOM_HD void operator()(std::size_t plane) const {
+  LOOM_HD_INLINE void operator()(std::size_t plane) const {
     const std::size_t pitch = g.template pitch<Block>();
     T* din = dx + g.template in_plane<Block>(plane);
     for (std::size_t j = 0; j < g.h * g.w; ++j)
@@ -181,7 +191,7 @@ struct global_avg_pool_forward {
   const T* x;
   T* y;
   std::size_t channels, spatial;
-  LOOM_HD void operator()(std::size_t i) const {  // i = n * (channels / Block) + cb
+  LOOM_HD_INLINE void operator()(std::size_t i) const {  // i = n * (channels / Block) + cb
     const T* in = x + i * spatial * Block;
     T sum[Block];
     for (std::size_t c = 0; c < Block; ++c) sum[c] = T(0);
@@ -201,7 +211,7 @@ struct global_avg_pool_backward {
   const T* dy;
   T* dx;
   std::size_t channels, spatial;
-  LOOM_HD void operator()(std::size_t i) const {  // i = n * (channels / Block) + cb
+  LOOM_HD_INLINE void operator()(std::size_t i) const {  // i = n * (channels / Block) + cb
     const std::size_t blocks = channels / Block, n = i / blocks, cb = i % blocks;
     T g[Block];
     for (std::size_t c = 0; c < Block; ++c) g[c] = dy[n * channels + cb * Block + c] / static_cast<T>(spatial);

@@ -15,6 +15,7 @@
 #include <omp.h>
 
 #include "loom/backend/cpu/batch_norm_rows.hpp"
+#include "loom/backend/cpu/dnnl_support.hpp"
 #include "loom/backend/cpu/impl/onednn.hpp"
 #include "loom/backend/cpu/launch.hpp"
 
@@ -316,17 +317,8 @@ LOOM_BN_ROWS_RUN(run_baseline, )
 
 /// The widest of the three that oneDNN runs too (ONEDNN_MAX_CPU_ISA limits both) and the CPU has.
 LOOM_DECL void run(const args& a) {
-  static const int isa = [] {
-    const auto effective = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
-    const auto has = [&](dnnl::cpu_isa i) { return (effective & static_cast<unsigned>(i)) == static_cast<unsigned>(i); };
-    if (has(dnnl::cpu_isa::avx512_core) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
-      return 2;
-    if (has(dnnl::cpu_isa::avx2) && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 1;
-    return 0;
-  }();
   if (a.l.rows() == 0) return;
-  switch (isa) {
+  switch (cpu_vector_level()) {
     case 2: return run_avx512(a);
     case 1: return run_avx2(a);
     default: return run_baseline(a);

@@ -70,6 +70,19 @@ LOOM_DECL std::size_t channel_block(const cpu_format& f, std::size_t n, std::siz
   return 0;
 }
 
+LOOM_DECL int cpu_vector_level() {
+  static const int level = [] {
+    const auto effective = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+    const auto has = [&](dnnl::cpu_isa i) { return (effective & static_cast<unsigned>(i)) == static_cast<unsigned>(i); };
+    if (has(dnnl::cpu_isa::avx512_core) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+      return 2;
+    if (has(dnnl::cpu_isa::avx2) && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 1;
+    return 0;
+  }();
+  return level;
+}
+
 LOOM_DECL layout_reorders::layout_reorders() : cache_(std::make_unique<reorder_cache>()) {}
 LOOM_DECL layout_reorders::layout_reorders(layout_reorders&&) noexcept = default;
 LOOM_DECL layout_reorders& layout_reorders::operator=(layout_reorders&&) noexcept = default;
