@@ -8,6 +8,7 @@
 // options recorded in checkpoint.json, and a state stepped on its own without the table refused.
 
 #include <catch2/catch.hpp>
+#include <unistd.h>
 
 #include <cstddef>
 #include <filesystem>
@@ -51,21 +52,31 @@ loom::fit_options one_step() {
   return o;
 }
 
+/// A file of this process's that is removed when the process ends.
+struct temporary_file {
+  fs::path path;
+  ~temporary_file() {
+    std::error_code ec;
+    fs::remove(path, ec);
+  }
+};
+
 /// Weights to start from in which no bias is 0 and no norm weight 1 (as initialised: decay
-/// would not move a zero bias), after two plain steps; one file per network.
+/// would not move a zero bias), after two plain steps; one file per network and process (ctest
+/// runs test cases as processes side by side), removed at exit.
 template <class Net>
 fs::path trained_weights() {
-  static const fs::path path = [] {
+  static const temporary_file file = [] {
     const fs::path p = fs::temp_directory_path() / ("loom_decay_norm_and_bias_" + std::to_string(Net::parameter_count) +
-                                                    ".safetensors");
+                                                    "_" + std::to_string(::getpid()) + ".safetensors");
     loom::trainer<Net, loom::softmax_cross_entropy, loom::sgd> t{{.lr = 0.5f}, {.seed = 4, .threads = 1}};
     auto o = one_step();
     o.max_steps = 2;
     t.fit(data(), o);
     t.save_weights(p);
-    return p;
+    return temporary_file{p};
   }();
-  return path;
+  return file.path;
 }
 
 /// The whole model's parameters after one step of Optimizer with `opt` under Policy on `ranks`,

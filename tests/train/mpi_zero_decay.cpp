@@ -7,6 +7,8 @@
 // step with it (two reference runs), for SGD with momentum and AdamW, with the default buckets
 // and with 4 KiB buckets. Exit status is non-zero on any rank's failure.
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -40,10 +42,18 @@ loom::fit_options steps(std::size_t n) {
   return o;
 }
 
+/// The file trained_weights writes: named by rank 0's process id (sent to every rank), so that
+/// runs side by side do not share it; rank 0 removes it at the end.
+std::filesystem::path start_file(loom::mpi_comm& comm) {
+  unsigned long long id = comm.rank() == 0 ? static_cast<unsigned long long>(::getpid()) : 0;
+  comm.broadcast(&id, 1, 0);
+  return std::filesystem::temp_directory_path() / ("loom_mpi_zero_decay_start_" + std::to_string(id) + ".safetensors");
+}
+
 /// Weights in which no bias is 0 and no norm weight 1 (decay would not move a zero bias): two
 /// plain steps in one process on rank 0, which every rank then reads.
 std::filesystem::path trained_weights(loom::mpi_comm& comm) {
-  const auto p = std::filesystem::temp_directory_path() / "loom_mpi_zero_decay_start.safetensors";
+  const auto p = start_file(comm);
   if (comm.rank() == 0) {
     loom::trainer<cnn, loom::softmax_cross_entropy, loom::sgd, loom::single_process> t{{.lr = 0.5f},
                                                                                        {.seed = 4, .threads = 1}};
@@ -105,6 +115,9 @@ int main(int argc, char** argv) {
     check_one_step<loom::adamw, zero>("ZeRO, AdamW", adamw, comm);
     check_one_step<loom::sgd, zero_small>("ZeRO with 4 KiB buckets, SGD with momentum", sgd, comm);
     check_one_step<loom::adamw, zero_small>("ZeRO with 4 KiB buckets, AdamW", adamw, comm);
+    const auto file = start_file(comm);
+    comm.barrier();  // every rank has read it
+    if (comm.rank() == 0) std::filesystem::remove(file);
   } catch (const std::exception& e) {
     check(false, std::string("threw: ") + e.what());
   }
