@@ -5,6 +5,7 @@
 // bit for bit.
 
 #include <catch2/catch.hpp>
+#include <dnnl.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -210,6 +211,91 @@ TEST_CASE("float convolutions with few output pixels take each batch's own input
   const auto second = step(reused);
   CHECK(bitwise_equal(second, step(fresh)));
   CHECK(!bitwise_equal(first, second));
+}
+
+namespace {
+
+/// A convolution of at most 16 output pixels (its float weight gradient a matmul over x's
+/// columns) given x in layout `xf`: the weight and bias gradients against the reference loops in
+/// double, overwritten and accumulated.
+template <std::size_t C, std::size_t HW, std::size_t OC, std::size_t K, std::size_t S, std::size_t P>
+void check_weight_gradient_by_matmul(const cpu_format& xf, std::uint64_t seed) {
+  constexpr std::size_t n = 4, ohw = (HW + 2 * P - K) / S + 1;
+  static_assert(ohw * ohw <= 16, "the weight gradient runs as a matmul only for at most 16 output pixels");
+  using in_shape = shape<C, HW, HW>;
+  using out_shape = shape<OC, ohw, ohw>;
+  const conv2d_geometry g{C, HW, HW, OC, K, S, P};
+  const auto xd = loom::testing::random_values(n * in_shape::size, seed, 1.0, 0.0);
+  const auto wd = loom::testing::random_values(g.weight_count(), seed + 1, 0.5, 0.0);
+  const auto dyd = loom::testing::random_values(n * out_shape::size, seed + 2, 1.0, 0.0);
+  // The float values, and the reference taking exactly them.
+  const std::vector<float> x(xd.begin(), xd.end()), w(wd.begin(), wd.end()), dy_plain(dyd.begin(), dyd.end()),
+      b(OC, 0.0f);
+  const std::vector<double> xr(x.begin(), x.end()), wr(w.begin(), w.end()), dyr(dy_plain.begin(), dy_plain.end());
+  std::vector<double> dw_ref(g.weight_count()), db_ref(OC);
+  detail::conv2d_reference<double>::backward(g, n, xr.data(), wr.data(), dyr.data(), nullptr, dw_ref.data(),
+                                             db_ref.data(), false);
+
+  cpu::layout_converter conv;
+  std::vector<float> x_in(x.size()), y(n * out_shape::size), dy(y.size());
+  conv.from_plain<float, in_shape>(x.data(), xf, x_in.data(), n);
+  cpu_conv2d_plan<float> plan(g);
+  const cpu_format yf = plan.forward(x_in.data(), xf, w.data(), b.data(), y.data(), n);
+  conv.from_plain<float, out_shape>(dy_plain.data(), yf, dy.data(), n);
+  // Within float rounding of the reference's sums (64 products each), relative to the largest.
+  auto agree = [](const std::vector<float>& actual, const std::vector<double>& expected) {
+    const auto c = compare_relative(std::span<const float>(actual), std::span<const double>(expected),
+                                    max_abs(std::span<const double>(expected)));
+    INFO(c.str());
+    CHECK(c.max_error < 1e-5);
+  };
+  std::vector<float> dw(g.weight_count(), 7.0f), db(OC, 7.0f);
+  plan.backward(x_in.data(), xf, w.data(), dy.data(), nullptr, dw.data(), db.data(), n, false);
+  agree(dw, dw_ref);
+  agree(db, db_ref);
+  // Accumulated: the same gradient added to what dw and db hold.
+  plan.backward(x_in.data(), xf, w.data(), dy.data(), nullptr, dw.data(), db.data(), n, true);
+  for (double& v : dw_ref) v *= 2;
+  for (double& v : db_ref) v *= 2;
+  agree(dw, dw_ref);
+  agree(db, db_ref);
+}
+
+cpu_format layout_of(std::size_t n, std::size_t c, std::size_t hw, dnnl::memory::format_tag t) {
+  using dt = dnnl::memory::dim;
+  return {detail::interned_layout(dnnl::memory::desc({static_cast<dt>(n), static_cast<dt>(c), static_cast<dt>(hw),
+                                                      static_cast<dt>(hw)},
+                                                     dnnl::memory::data_type::f32, t))};
+}
+
+}  // namespace
+
+TEST_CASE("a float weight gradient of few output pixels is the reference's by either order of x's columns, "
+          "from x in any layout", "[layers][backend]") {
+  using tag = dnnl::memory::format_tag;
+  // Fewer rows (batch x output pixels) than output channels: columns channel first, read from x
+  // in its own layout (another one brought to channels-last first), the product loom's layout.
+  SECTION("channel first: 3x3, stride 1, 2x2 pixels (16 rows, 32 outputs); plain, nChw16c, nChw8c, channels-last, "
+          "nChw4c") {
+    check_weight_gradient_by_matmul<16, 2, 32, 3, 1, 1>(cpu_format{}, 51);
+    check_weight_gradient_by_matmul<16, 2, 32, 3, 1, 1>(detail::blocked_nchw(4, 16, 2, 2, 16), 52);
+    check_weight_gradient_by_matmul<16, 2, 32, 3, 1, 1>(detail::blocked_nchw(4, 16, 2, 2, 8), 53);
+    check_weight_gradient_by_matmul<16, 2, 32, 3, 1, 1>(detail::channels_last_nchw(4, 16, 2, 2), 54);
+    check_weight_gradient_by_matmul<16, 2, 32, 3, 1, 1>(layout_of(4, 16, 2, tag::nChw4c), 55);
+  }
+  SECTION("channel first: 3x3, stride 2, 5x5 in, 3x3 pixels, 3 channels, padding on every side") {
+    check_weight_gradient_by_matmul<3, 5, 64, 3, 2, 1>(cpu_format{}, 61);
+    check_weight_gradient_by_matmul<3, 5, 64, 3, 2, 1>(detail::channels_last_nchw(4, 3, 5, 5), 62);
+  }
+  SECTION("channel first: 1x1, stride 2, 32 channels, nChw16c") {
+    check_weight_gradient_by_matmul<32, 8, 128, 1, 2, 0>(detail::blocked_nchw(4, 32, 8, 8, 16), 71);
+  }
+  // As many rows as outputs or more: columns (ky, kx, ic), the product reordered after.
+  SECTION("(ky, kx, ic) columns: 3x3, stride 1, 4x4 pixels (64 rows, 32 outputs); plain, nChw16c, nChw4c") {
+    check_weight_gradient_by_matmul<16, 4, 32, 3, 1, 1>(cpu_format{}, 81);
+    check_weight_gradient_by_matmul<16, 4, 32, 3, 1, 1>(detail::blocked_nchw(4, 16, 4, 4, 16), 82);
+    check_weight_gradient_by_matmul<16, 4, 32, 3, 1, 1>(layout_of(4, 16, 4, tag::nChw4c), 83);
+  }
 }
 
 TEST_CASE("CPU formats: one object per oneDNN layout, pooling reads the blocked ones, reorders round-trip",
