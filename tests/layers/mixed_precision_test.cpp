@@ -460,3 +460,215 @@ TEST_CASE("A synchronized batch norm after a bf16 convolution corrects a channel
   SECTION("32 channels a pixel") { check_synchronized_channels_last<32>(); }
   SECTION("16 channels (the batch norm's primitive on oneDNN's blocked layout)") { check_synchronized_channels_last<16>(); }
 }
+
+TEST_CASE("A residual block under bf16 math writes its sum's bf16 copy, as oneDNN rounds, for the convolutions after it",
+          "[layers][bf16][residual]") {
+  // The block's output and, under bf16 math, its bf16 copy (activation::bf16): each value
+  // rounded to nearest even, in the output's own layout; none under fp32.
+  using block = residual_with<layers<conv2d<16, 3, 1, 1>, relu, conv2d<16, 3, 1, 1>>>;
+  const std::size_t batch = 3;
+  using in = shape<16, 6, 6>;
+  auto check = [&]<class Seq>(Seq& s, bool relu_after) {
+    std::vector<float> params(Seq::parameter_count);
+    s.initialize(params.data(), 5);
+    const auto xd = loom::testing::random_values(batch * in::size, 81, 1.0, 0.0);
+    const std::vector<float> x(xd.begin(), xd.end());
+    run_context ctx;
+    ctx.math = math_mode::fp32;
+    CHECK(s.forward(ctx, params.data(), {x.data(), {}}, batch).bf16 == nullptr);
+    ctx.math = math_mode::bf16;
+    const activation<float, cpu> y = s.forward(ctx, params.data(), {x.data(), {}}, batch);
+    REQUIRE(y.bf16 != nullptr);
+    std::size_t differ = 0, negative = 0;
+    for (std::size_t i = 0; i < batch * in::size; ++i) {
+      differ += y.bf16[i] != detail::bf16_bits(y.data[i]);
+      negative += y.data[i] < 0;
+    }
+    CHECK(differ == 0);
+    if (relu_after) CHECK(negative == 0);
+    else CHECK(negative > 0);
+  };
+  SECTION("with the ReLU after it fused into the sum") {
+    sequence<float, cpu, in, block, relu> s;
+    check(s, true);
+  }
+  SECTION("alone") {
+    sequence<float, cpu, in, block> s;
+    check(s, false);
+  }
+}
+
+TEST_CASE("A bf16 convolution given its input's bf16 copy computes what it computes converting the input itself",
+          "[layers][bf16][channels_last]") {
+  // x channels-last (the layout a bf16 convolution writes on AMX, and takes): with x's copy
+  // rounded as oneDNN rounds, output and gradients are bit for bit those of the convolution's
+  // own conversion. Where the convolution takes x channels-last the copy is what it reads
+  // (forward, and the weight gradient after it): a copy of other values changes them; where it
+  // takes another layout (no AMX) the copy is left alone.
+  const std::size_t batch = 4;
+  const conv2d_geometry g{16, 8, 8, 32, 3, 1, 1, true};
+  const bool amx = detect_cpu_features().onednn_isa.find("amx") != std::string::npos;
+  const cpu_format xf = detail::channels_last_nchw(batch, 16, 8, 8);
+  const auto xd = loom::testing::random_values(batch * 16 * 64, 91, 1.0, 0.0);
+  const auto wd = loom::testing::random_values(g.weight_count(), 92, 0.3, 0.0);
+  const auto dyd = loom::testing::random_values(batch * 32 * 64, 93, 1.0, 0.0);
+  const std::vector<float> x(xd.begin(), xd.end()), w(wd.begin(), wd.end()), dy_plain(dyd.begin(), dyd.end()),
+      b(32, 0.125f);
+  std::vector<std::uint16_t> same(x.size()), other(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    same[i] = detail::bf16_bits(x[i]);
+    other[i] = detail::bf16_bits(2 * x[i]);
+  }
+  struct result {
+    std::vector<float> y, dx, dw, db;
+  };
+  auto run = [&](cpu_conv2d_plan<float>& conv, const std::vector<float>& input, const std::uint16_t* copy) {
+    result r{std::vector<float>(batch * 32 * 64), std::vector<float>(x.size()), std::vector<float>(w.size()),
+             std::vector<float>(32)};
+    const cpu_format yf = conv.forward(input.data(), xf, w.data(), b.data(), r.y.data(), batch, math_mode::bf16, copy);
+    std::vector<float> dy(dy_plain.size());
+    cpu::layout_converter c;
+    c.from_plain<float, shape<32, 8, 8>>(dy_plain.data(), yf, dy.data(), batch);
+    conv.backward(input.data(), xf, w.data(), dy.data(), r.dx.data(), r.dw.data(), r.db.data(), batch, false,
+                  math_mode::bf16);
+    return r;
+  };
+  auto equal = [](const result& a, const result& c) {
+    return bitwise_equal(a.y, c.y) && bitwise_equal(a.dx, c.dx) && bitwise_equal(a.dw, c.dw) && bitwise_equal(a.db, c.db);
+  };
+  cpu_conv2d_plan<float> converting(g), given(g), wrong(g);
+  const result own = run(converting, x, nullptr);
+  CHECK(equal(run(given, x, same.data()), own));
+  const result with_other = run(wrong, x, other.data());
+  INFO("oneDNN on AMX (takes x channels-last): " << amx);
+  if (amx) {
+    CHECK_FALSE(bitwise_equal(with_other.y, own.y));
+    CHECK_FALSE(bitwise_equal(with_other.dw, own.dw));
+    CHECK(bitwise_equal(with_other.dx, own.dx));  // the input gradient reads no x
+  } else {
+    CHECK(equal(with_other, own));
+  }
+  // The next forward without a copy converts its own x (none of the last one's copy is kept).
+  std::vector<float> x2(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) x2[i] = 0.5f - x[i];
+  cpu_conv2d_plan<float> fresh(g);
+  CHECK(equal(run(given, x2, nullptr), run(fresh, x2, nullptr)));
+}
+
+TEST_CASE("Batch norm's own passes write the bf16 copies of y and dx that the convolutions next to it read",
+          "[layers][bf16][batch_norm][rows]") {
+  // The plan on channels-last of 32 channels (its own passes): asked for them, the copies are
+  // each value of y (after the fused ReLU) and of dx rounded as oneDNN rounds; y and dx are bit
+  // for bit what they are without copies; not asked, none.
+  const std::size_t batch = 4, c = 32, hw = 6, n = batch * c * hw * hw;
+  const batch_norm_geometry g{c, hw, hw, 3};
+  const cpu_format xf = detail::channels_last_nchw(batch, c, hw, hw);
+  const auto xd = loom::testing::random_values(n, 101, 1.0, 0.0), dyd = loom::testing::random_values(n, 102, 1.0, 0.0);
+  const std::vector<float> x(xd.begin(), xd.end()), dy(dyd.begin(), dyd.end()), w(c, 1.25f), b(c, 0.5f);
+  auto run = [&](cpu_batch_norm_plan<float>& p, bool copies, std::vector<float>& y, std::vector<float>& dx) {
+    std::vector<float> rm(c, 0.0f), rv(c, 1.0f), dw(c), db(c);
+    p.forward_training(x.data(), xf, w.data(), b.data(), y.data(), rm.data(), rv.data(), 0.1, batch, nullptr, copies);
+    p.backward(x.data(), xf, w.data(), b.data(), dy.data(), dx.data(), dw.data(), db.data(), batch, false, nullptr,
+               y.data(), copies);
+  };
+  std::vector<float> y1(n), dx1(n), y2(n), dx2(n);
+  cpu_batch_norm_plan<float> with(g), without(g);
+  with.fuse_relu();
+  without.fuse_relu();
+  run(with, true, y1, dx1);
+  run(without, false, y2, dx2);
+  CHECK(bitwise_equal(y1, y2));
+  CHECK(bitwise_equal(dx1, dx2));
+  CHECK(without.output_bf16() == nullptr);
+  CHECK(without.input_gradient_bf16() == nullptr);
+  REQUIRE(with.output_bf16() != nullptr);
+  REQUIRE(with.input_gradient_bf16() != nullptr);
+  std::size_t differ = 0, zeros = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    differ += with.output_bf16()[i] != detail::bf16_bits(y1[i]);
+    differ += with.input_gradient_bf16()[i] != detail::bf16_bits(dx1[i]);
+    zeros += y1[i] == 0.0f;
+  }
+  CHECK(differ == 0);
+  CHECK(zeros > 0);  // the fused ReLU clipped some (and their copies are +0)
+}
+
+TEST_CASE("A bf16 convolution given its output gradient's bf16 copy computes what it computes converting it itself",
+          "[layers][bf16][channels_last]") {
+  const std::size_t batch = 4;
+  const conv2d_geometry g{16, 8, 8, 32, 3, 1, 1, false};
+  const bool amx = detect_cpu_features().onednn_isa.find("amx") != std::string::npos;
+  const auto xd = loom::testing::random_values(batch * 16 * 64, 111, 1.0, 0.0);
+  const auto wd = loom::testing::random_values(g.weight_count(), 112, 0.3, 0.0);
+  const auto dyd = loom::testing::random_values(batch * 32 * 64, 113, 1.0, 0.0);
+  const std::vector<float> x(xd.begin(), xd.end()), w(wd.begin(), wd.end()), dy_plain(dyd.begin(), dyd.end());
+  struct result {
+    std::vector<float> dx, dw;
+  };
+  // copy: 0 none, 1 dy's, 2 another's (2 dy)
+  auto run = [&](int copy) {
+    cpu_conv2d_plan<float> conv(g);
+    std::vector<float> y(batch * 32 * 64), dy(dy_plain.size());
+    const cpu_format yf = conv.forward(x.data(), {}, w.data(), nullptr, y.data(), batch, math_mode::bf16);
+    cpu::layout_converter c;
+    c.from_plain<float, shape<32, 8, 8>>(dy_plain.data(), yf, dy.data(), batch);
+    std::vector<std::uint16_t> d16(dy.size());
+    for (std::size_t i = 0; i < dy.size(); ++i) d16[i] = detail::bf16_bits(copy == 2 ? 2 * dy[i] : dy[i]);
+    result r{std::vector<float>(x.size()), std::vector<float>(w.size())};
+    conv.backward(x.data(), {}, w.data(), dy.data(), r.dx.data(), r.dw.data(), nullptr, batch, false, math_mode::bf16,
+                  copy ? d16.data() : nullptr);
+    return r;
+  };
+  const result own = run(0), same = run(1), other = run(2);
+  CHECK(bitwise_equal(same.dx, own.dx));
+  CHECK(bitwise_equal(same.dw, own.dw));
+  INFO("oneDNN on AMX (takes dy channels-last, as the convolution writes y): " << amx);
+  if (amx) {
+    CHECK_FALSE(bitwise_equal(other.dx, own.dx));
+    CHECK_FALSE(bitwise_equal(other.dw, own.dw));
+  }
+}
+
+namespace {
+// The same layers twice, the second with identity poolings between each convolution and the
+// batch norm next to it: there no layer writes a bf16 copy for a convolution (the poolings write
+// none and sit where the copies would pass), so each convolution converts its own operands.
+using copies_passed = network<input<16, 8, 8>, conv2d<32, 3, 1, 1, no_bias>, batch_norm, relu, conv2d<32, 3, 1, 1, no_bias>,
+                              batch_norm, relu, residual_with<layers<conv2d<32, 3, 1, 1, no_bias>, batch_norm>>, relu,
+                              conv2d<32, 3, 1, 1, no_bias>, batch_norm, relu, global_avg_pool2d>;
+using copies_cut = network<input<16, 8, 8>, conv2d<32, 3, 1, 1, no_bias>, avg_pool2d<1>, batch_norm, relu, avg_pool2d<1>,
+                           conv2d<32, 3, 1, 1, no_bias>, avg_pool2d<1>, batch_norm, relu,
+                           residual_with<layers<conv2d<32, 3, 1, 1, no_bias>, batch_norm>>, relu, avg_pool2d<1>,
+                           conv2d<32, 3, 1, 1, no_bias>, avg_pool2d<1>, batch_norm, relu, global_avg_pool2d>;
+}  // namespace
+
+TEST_CASE("A bf16 network whose layers hand on bf16 copies trains bit for bit as one whose convolutions convert",
+          "[layers][bf16][channels_last][residual]") {
+  static_assert(copies_passed::parameter_count == copies_cut::parameter_count);
+  const std::size_t batch = 4;
+  model<copies_passed, float> passed(3);
+  model<copies_cut, float> cut(3);
+  std::copy(passed.parameters().begin(), passed.parameters().end(), cut.parameters().begin());
+  const auto xd = loom::testing::random_values(batch * copies_passed::input_shape::size, 121, 1.0, 0.0);
+  const auto dyd = loom::testing::random_values(batch * copies_passed::output_shape::size, 122, 1.0, 0.0);
+  const std::vector<float> x(xd.begin(), xd.end()), dy(dyd.begin(), dyd.end());
+  run_context ctx;
+  ctx.math = math_mode::bf16;
+  for (int step = 0; step < 2; ++step) {  // the second on primitives and copies made before
+    const float* ya = passed.forward(ctx, x.data(), batch);
+    const std::vector<float> a(ya, ya + batch * copies_passed::output_shape::size);
+    const float* yb = cut.forward(ctx, x.data(), batch);
+    const std::vector<float> b(yb, yb + a.size());
+    CHECK(bitwise_equal(a, b));
+    passed.backward(ctx, dy.data(), batch);
+    cut.backward(ctx, dy.data(), batch);
+    const auto ga = passed.copy_gradients_to_host(), gb = cut.copy_gradients_to_host();
+    CHECK(bitwise_equal(ga, gb));
+  }
+  // And they are bf16 runs: not fp32's.
+  run_context fp;
+  const float* yf = passed.forward(fp, x.data(), batch);
+  const std::vector<float> f(yf, yf + batch * copies_passed::output_shape::size);
+  const float* yb = passed.forward(ctx, x.data(), batch);
+  CHECK_FALSE(bitwise_equal(f, std::vector<float>(yb, yb + f.size())));
+}

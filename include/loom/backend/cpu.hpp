@@ -61,6 +61,9 @@ struct cpu {
   using pool2d_plan = cpu_pool2d_plan<T>;
   template <class T>
   using batch_norm_plan = cpu_batch_norm_plan<T>;
+  /// A bf16 convolution reads its input's bf16 copy when the layer before wrote one
+  /// (activation::bf16) rather than converting the float values itself.
+  static constexpr bool reads_bf16_copies = true;
 
   /// The channels per block of an (n, c, h, w) activation in format f: 1 when plain, 8 or 16 in
   /// oneDNN's nChw8c / nChw16c, c in channels-last (nhwc, one block of every channel: what bf16

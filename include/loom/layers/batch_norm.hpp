@@ -135,6 +135,8 @@ struct batch_norm {
     static constexpr batch_norm_geometry g_ = geometry<In>;
     static constexpr std::size_t c_ = g_.c;
     using plan_type = typename Backend::template batch_norm_plan<T>;
+    // Its plan writes bf16 copies (loom::cpu's float one).
+    static constexpr bool copies = std::is_same_v<T, float> && detail::reads_bf16_copies<Backend>;
 
    public:
     explicit impl(layer_site site) : index_(site.index), plan_(g_) {}
@@ -148,6 +150,18 @@ struct batch_norm {
     /// ReLU's gradient itself (oneDNN's backward does, from its mask; otherwise one pass here,
     /// from y): the network runs no backward of the ReLU (detail::backward_fused_into_previous).
     static constexpr bool applies_fused_relu_gradient = true;
+
+    /// The network calls these when a convolution that reads bf16 copies comes after it (past
+    /// a fused ReLU), and right before it: under bf16 math, where its own passes run (loom's
+    /// rows: channels-last of other than 8 or 16 channels), they then write y's bf16 copy
+    /// (activation::bf16), and dx's (input_gradient_bf16), as they go.
+    void write_bf16_output() { bf16_output_ = true; }
+    void write_bf16_input_gradient() { bf16_gradient_ = true; }
+    /// The last backward's dx in bf16, or null.
+    const std::uint16_t* input_gradient_bf16() const {
+      if constexpr (copies) return plan_.input_gradient_bf16();
+      else return nullptr;
+    }
 
     void initialize(T* params, std::uint64_t) const {
       std::fill_n(params, c_, T(1));
@@ -172,8 +186,14 @@ struct batch_norm {
       }
       if (batch * g_.spatial() <= 1 && !(ctx.replicas && ctx.replicas->size() > 1))
         detail::batch_norm_single_value(index_, batch, c_, g_.spatial());
-      y.format = plan_.forward_training(x.data, x.format, params, params + c_, y.data, running_, running_ + c_, momentum,
-                                        batch, ctx.replicas);
+      if constexpr (copies) {
+        y.format = plan_.forward_training(x.data, x.format, params, params + c_, y.data, running_, running_ + c_,
+                                          momentum, batch, ctx.replicas, bf16_output_ && ctx.math == math_mode::bf16);
+        y.bf16 = plan_.output_bf16();
+      } else {
+        y.format = plan_.forward_training(x.data, x.format, params, params + c_, y.data, running_, running_ + c_,
+                                          momentum, batch, ctx.replicas);
+      }
       Backend::for_each(1, kernels::batch_norm_count<T>{running_ + 2 * c_});
     }
 
@@ -186,7 +206,10 @@ struct batch_norm {
                                                                                              masked_.data()});
         g = masked_.data();
       }
-      if constexpr (detail::plan_applies_fused_relu<plan_type>)
+      if constexpr (copies)
+        plan_.backward(x.data, x.format, params, params + c_, g, dx, dparams, dparams + c_, batch, ctx.accumulate,
+                       ctx.replicas, y.data, bf16_gradient_ && ctx.math == math_mode::bf16);
+      else if constexpr (detail::plan_applies_fused_relu<plan_type>)
         plan_.backward(x.data, x.format, params, params + c_, g, dx, dparams, dparams + c_, batch, ctx.accumulate,
                        ctx.replicas, y.data);
       else
@@ -203,6 +226,7 @@ struct batch_norm {
     std::size_t index_;
     plan_type plan_;
     bool relu_ = false;
+    bool bf16_output_ = false, bf16_gradient_ = false;
     T* running_ = nullptr;  // (2C + 1): running_mean, running_var, num_batches_tracked
     // dy with the fused ReLU's gradient applied, where the plan's backward does not apply it
     // (its kernel bodies: double, a rank without samples, a backward after evaluation, the GPU).

@@ -166,6 +166,12 @@ struct conv2d {
     /// (one pass over the activation instead of two) and the relu layer passes it through.
     void fuse_relu() { plan_.fuse_relu(); }
 
+    /// On the CPU a bf16 convolution reads its input's bf16 copy (activation::bf16) and its
+    /// output gradient's (take_output_gradient_bf16, before backward) where the layers next to
+    /// it wrote them, instead of converting.
+    static constexpr bool reads_bf16_input = detail::reads_bf16_copies<Backend>;
+    void take_output_gradient_bf16(const std::uint16_t* dy_bf16) { dy_bf16_ = dy_bf16; }
+
     void initialize(T* params, std::uint64_t seed) const {
       const std::size_t fan_in = g_.c * Kernel * Kernel, fan_out = OutChannels * Kernel * Kernel;
       detail::fill_normal(params, g_.weight_count(), Init::stddev(fan_in, fan_out), seed, site_.stream);
@@ -174,17 +180,26 @@ struct conv2d {
 
     void forward(const run_context& ctx, const T* params, activation<const T, Backend> x, activation<T, Backend>& y,
                  std::size_t batch) {
-      y.format = plan_.forward(x.data, x.format, params, has_bias ? params + g_.weight_count() : nullptr, y.data, batch,
-                               ctx.math);
+      const T* b = has_bias ? params + g_.weight_count() : nullptr;
+      if constexpr (detail::reads_bf16_copies<Backend>)
+        y.format = plan_.forward(x.data, x.format, params, b, y.data, batch, ctx.math, x.bf16);
+      else
+        y.format = plan_.forward(x.data, x.format, params, b, y.data, batch, ctx.math);
     }
 
     void backward(const run_context& ctx, const T* params, activation<const T, Backend> x, activation<const T, Backend>,
                   const T* dy, T* dx, T* dparams, std::size_t batch) {
-      plan_.backward(x.data, x.format, params, dy, dx, dparams, has_bias ? dparams + g_.weight_count() : nullptr, batch,
-                     ctx.accumulate, ctx.math);
+      T* db = has_bias ? dparams + g_.weight_count() : nullptr;
+      const std::uint16_t* dy_bf16 = dy_bf16_;
+      dy_bf16_ = nullptr;  // this backward's only
+      if constexpr (detail::reads_bf16_copies<Backend>)
+        plan_.backward(x.data, x.format, params, dy, dx, dparams, db, batch, ctx.accumulate, ctx.math, dy_bf16);
+      else
+        plan_.backward(x.data, x.format, params, dy, dx, dparams, db, batch, ctx.accumulate, ctx.math);
     }
 
    private:
+    const std::uint16_t* dy_bf16_ = nullptr;
     layer_site site_;
     typename Backend::template conv2d_plan<T> plan_;
   };

@@ -24,14 +24,39 @@ template <class T, class Backend>
 struct activation {
   T* data = nullptr;
   typename Backend::format format{};
+  /// The same values rounded to bf16 (their 16 bits, to nearest even, in the same layout), when
+  /// the layer that wrote them wrote this copy as it went (a residual block's sum, under
+  /// math_mode::bf16 on a backend whose convolutions read it: detail::reads_bf16_copies): a bf16
+  /// convolution reads it instead of converting the data again. Null otherwise; valid as long
+  /// as data is (until its writer's next forward).
+  const std::uint16_t* bf16 = nullptr;
 
   activation() = default;
-  activation(T* d, typename Backend::format f = {}) : data(d), format(std::move(f)) {}
+  activation(T* d, typename Backend::format f = {}, const std::uint16_t* b = nullptr)
+      : data(d), format(std::move(f)), bf16(b) {}
   /// A mutable activation is readable as a const one.
   template <class U>
     requires(std::is_same_v<const U, T> && !std::is_same_v<U, T>)
-  activation(const activation<U, Backend>& o) : data(o.data), format(o.format) {}
+  activation(const activation<U, Backend>& o) : data(o.data), format(o.format), bf16(o.bf16) {}
 };
+
+namespace detail {
+/// Whether Backend's convolutions read an activation's bf16 copy (Backend::reads_bf16_copies), so
+/// that a layer writing float activations for them writes that copy too under math_mode::bf16.
+template <class Backend>
+inline constexpr bool reads_bf16_copies = [] {
+  if constexpr (requires { Backend::reads_bf16_copies; }) return static_cast<bool>(Backend::reads_bf16_copies);
+  else return false;
+}();
+/// Whether a layer implementation reads bf16 copies of its input and of its output gradient
+/// (Impl::reads_bf16_input: a convolution on such a backend). A sequence tells the layers next
+/// to it to write them (write_bf16_output, write_bf16_input_gradient, where they have them).
+template <class Impl>
+inline constexpr bool reads_bf16_input = [] {
+  if constexpr (requires { Impl::reads_bf16_input; }) return static_cast<bool>(Impl::reads_bf16_input);
+  else return false;
+}();
+}  // namespace detail
 
 /// The ranks that share a tensor-parallel layer's weights (loom::column_parallel,
 /// loom::row_parallel): they see the same samples and each holds a slice of the weights. The

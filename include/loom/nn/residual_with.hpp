@@ -8,6 +8,7 @@
 // fused into its sum (the ReLU of a ResNet block after the addition).
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -246,9 +247,22 @@ struct residual_with_layer<Option, type_list<M...>, type_list<S...>> {
         conv_.template convert<T, out_shape>(s.data, s.format, aligned_.data(), f.format, batch);
         sv = aligned_.data();
       }
-      if (relu_) Backend::for_each(batch * out_shape::size, kernels::add_relu<T>{f.data, sv, y.data});
-      else Backend::for_each(batch * out_shape::size, kernels::add<T>{f.data, sv, y.data});
+      const std::size_t n = batch * out_shape::size;
       y.format = f.format;
+      if constexpr (std::is_same_v<T, float> && detail::reads_bf16_copies<Backend>) {
+        // Under bf16 math the sum's bf16 copy too, for the convolutions that read the block's
+        // output (the next block's first and shortcut): written in this pass, it spares each of
+        // them a pass converting the sum.
+        if (ctx.math == math_mode::bf16) {
+          bf16_.reserve_discard(n);
+          if (relu_) Backend::for_each(n, kernels::add_with_bf16<true>{f.data, sv, y.data, bf16_.data()});
+          else Backend::for_each(n, kernels::add_with_bf16<false>{f.data, sv, y.data, bf16_.data()});
+          y.bf16 = bf16_.data();
+          return;
+        }
+      }
+      if (relu_) Backend::for_each(n, kernels::add_relu<T>{f.data, sv, y.data});
+      else Backend::for_each(n, kernels::add<T>{f.data, sv, y.data});
     }
 
     void backward(const run_context& ctx, const T* params, activation<const T, Backend> x, activation<const T, Backend>,
@@ -283,6 +297,7 @@ struct residual_with_layer<Option, type_list<M...>, type_list<S...>> {
     mutable shortcut_sequence shortcut_;
     bool relu_ = false;
     buffer<T, space> aligned_, dx_shortcut_;  // (batch, Out): a branch's output or gradient in the other's layout; (batch, In)
+    buffer<std::uint16_t, space> bf16_;       // (batch, Out): the output's bf16 copy (bf16 math)
     typename Backend::layout_converter conv_;
   };
 };

@@ -119,6 +119,20 @@ class sequence {
       constexpr std::size_t k = i;
       if constexpr (sequence::template relu_fused<(k + 1 < layer_count ? k + 1 : 0)>()) detail::impl_of<k>(impls_).fuse_relu();
     });
+    // A layer whose output (past a fused ReLU) a convolution reads that takes bf16 copies writes
+    // one as it goes under bf16 math; so does a layer whose input gradient such a convolution
+    // right before it reads (activation::bf16; backward below hands it on).
+    if constexpr (chain::ok) each([&](auto i) {
+      constexpr std::size_t k = i;
+      auto& impl = detail::impl_of<k>(impls_);
+      constexpr std::size_t after = k + 1 < layer_count && sequence::template relu_fused<(k + 1 < layer_count ? k + 1 : 0)>()
+                                        ? k + 2
+                                        : k + 1;
+      if constexpr (after < layer_count && requires { impl.write_bf16_output(); })
+        if constexpr (detail::reads_bf16_input<impl_at<(after < layer_count ? after : 0)>>) impl.write_bf16_output();
+      if constexpr (k > 0 && requires { impl.write_bf16_input_gradient(); })
+        if constexpr (detail::reads_bf16_input<impl_at<(k > 0 ? k - 1 : 0)>>) impl.write_bf16_input_gradient();
+    });
   }
 
   /// Initialises the parameters params[0, parameter_count) from seed.
@@ -157,19 +171,23 @@ class sequence {
       if constexpr (sequence::template relu_fused<k>()) {
         out_[k] = out_[k - 1];  // the layer before already wrote relu(.)
         formats_[k] = formats_[k - 1];
+        bf16_[k] = bf16_[k - 1];
       } else {
         outputs_[k].reserve_discard(batch * chain::template output_of<k>::size);
         activation<T, Backend> y{outputs_[k].data(), {}};
         detail::impl_of<k>(impls_).forward(ctx, params + chain::parameter_offsets[k], input(k, x), y, batch);
         out_[k] = outputs_[k].data();
         formats_[k] = y.format;
+        bf16_[k] = y.bf16;
       }
     });
-    return {out_[layer_count - 1], formats_[layer_count - 1]};
+    return output();
   }
 
   /// The output of the last forward.
-  activation<T, Backend> output() { return {out_[layer_count - 1], formats_[layer_count - 1]}; }
+  activation<T, Backend> output() {
+    return {out_[layer_count - 1], formats_[layer_count - 1], bf16_[layer_count - 1]};
+  }
 
   /// Backward through every layer, last first. dy is the gradient of the output (in the
   /// output's layout); writes the parameter gradients into dparams (overwritten, or added to
@@ -180,10 +198,13 @@ class sequence {
                 Hook&& hook = {}) {
     const std::size_t batch = batch_;
     const T* grad = dy;
+    const std::uint16_t* grad16 = nullptr;  // grad's bf16 copy, when the layer after wrote one
     if constexpr (chain::ok) each_reverse([&](auto i) {
       constexpr std::size_t k = i;
+      auto& impl = detail::impl_of<k>(impls_);
       if constexpr (sequence::template backward_skipped<k>()) {
         hook(k);  // the layer before applies this ReLU's gradient: dy goes to it as it is
+        grad16 = nullptr;
         return;
       }
       T* out = nullptr;
@@ -197,11 +218,14 @@ class sequence {
       }
       // A fused relu's input is the fused output itself; relu'(x) = relu'(relu(x)), so its
       // backward is unchanged.
-      activation<const T, Backend> y{out_[k], formats_[k]};
-      detail::impl_of<k>(impls_).backward(ctx, params + chain::parameter_offsets[k], input(k, x), y, grad, out,
-                                   dparams + chain::parameter_offsets[k], batch);
+      activation<const T, Backend> y{out_[k], formats_[k], bf16_[k]};
+      if constexpr (requires { impl.take_output_gradient_bf16(grad16); }) impl.take_output_gradient_bf16(grad16);
+      impl.backward(ctx, params + chain::parameter_offsets[k], input(k, x), y, grad, out,
+                    dparams + chain::parameter_offsets[k], batch);
       hook(k);
       grad = out;
+      if constexpr (requires { impl.input_gradient_bf16(); }) grad16 = impl.input_gradient_bf16();
+      else grad16 = nullptr;
     });
   }
 
@@ -220,13 +244,14 @@ class sequence {
   }
   activation<const T, Backend> input(std::size_t k, activation<const T, Backend> x) const {
     if (k == 0) return x;
-    return {out_[k - 1], formats_[k - 1]};
+    return {out_[k - 1], formats_[k - 1], bf16_[k - 1]};
   }
 
   mutable impls impls_;
   std::array<buffer<T, space>, layer_count> outputs_;
   std::array<T*, layer_count> out_{};  // where each layer's output is: its buffer, or the one before for a fused relu
   std::array<typename Backend::format, layer_count> formats_{};
+  std::array<const std::uint16_t*, layer_count> bf16_{};  // each output's bf16 copy, where its layer wrote one
   std::array<buffer<T, space>, 2> grads_;
   std::size_t batch_ = 0;
 };

@@ -19,6 +19,7 @@
 // products; a batch norm has none).
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -122,9 +123,12 @@ class cpu_batch_norm_plan {
   bool backward_applies_fused_relu() const { return relu_ && mode_ != path::kernels && !inference_; }
 
   /// Training: y = batch_norm(x) with the batch's statistics (summed over `replicas` when given),
-  /// in x's layout (returned); the running statistics move toward the batch's by momentum.
+  /// in x's layout (returned); the running statistics move toward the batch's by momentum. With
+  /// bf16_copy, where loom's own passes run (channels-last of other than 8 or 16 channels, or
+  /// synchronized), y's bf16 copy too: output_bf16() after it (null where none was written).
   cpu_format forward_training(const T* x, const cpu_format& xf, const T* w, const T* b, T* y, T* running_mean,
-                              T* running_var, double momentum, std::size_t batch, process_group* replicas) {
+                              T* running_var, double momentum, std::size_t batch, process_group* replicas,
+                              bool bf16_copy = false) {
     // A rank without samples (a short last batch) takes part in the sums by the kernel bodies.
     // A group of one (one rank, or one survivor of a recovery) has the statistics oneDNN gives.
     const bool group = replicas && replicas->size() > 1;
@@ -134,10 +138,12 @@ class cpu_batch_norm_plan {
                                              : path::vendor;
     synchronized_ = group;
     inference_ = false;
+    output_bf16_ = nullptr;
+    input_gradient_bf16_ = nullptr;
     if (mode_ == path::kernels) {
       kernels_.forward_training(x, block(xf, batch), w, b, y, running_mean, running_var, momentum, batch, replicas);
     } else if (mode_ == path::rows) {
-      if constexpr (vendor) rows_forward(x, xf, w, b, y, running_mean, running_var, momentum, batch, replicas);
+      if constexpr (vendor) rows_forward(x, xf, w, b, y, running_mean, running_var, momentum, batch, replicas, bf16_copy);
     } else if constexpr (vendor) {
       mean_.reserve_discard(g_.c);
       var_.reserve_discard(g_.c);
@@ -157,9 +163,15 @@ class cpu_batch_norm_plan {
     return xf;
   }
 
+  /// The bf16 copy of the last forward's y (forward_training's bf16_copy), or null.
+  const std::uint16_t* output_bf16() const { return output_bf16_; }
+  /// The bf16 copy of the last backward's dx (backward's bf16_copy), or null.
+  const std::uint16_t* input_gradient_bf16() const { return input_gradient_bf16_; }
+
   /// Evaluation: y = batch_norm(x) with the running statistics, in x's layout (returned).
   cpu_format forward_inference(const T* x, const cpu_format& xf, const T* w, const T* b, const T* running_mean,
                                const T* running_var, T* y, std::size_t batch) {
+    output_bf16_ = nullptr;
     if constexpr (vendor) {
       dnnl_.forward_inference(x, xf, w, b, running_mean, running_var, y, batch);
       running_mean_ = running_mean;  // a backward after evaluation (rare) runs the kernel bodies on them
@@ -175,11 +187,13 @@ class cpu_batch_norm_plan {
   /// After forward_training: the weight and bias gradients (overwritten, or added to when
   /// accumulate) and, when dx is not null, the input gradient, all from dy (x's layout). y is
   /// forward's output: with a fused ReLU, backward_applies_fused_relu() tells whether dy is the
-  /// ReLU output's gradient (then the ReLU's gradient is where y > 0).
+  /// ReLU output's gradient (then the ReLU's gradient is where y > 0). With bf16_copy, where
+  /// loom's own passes run, dx's bf16 copy too: input_gradient_bf16() after it.
   void backward(const T* x, const cpu_format& xf, const T* w, const T* b, const T* dy, T* dx, T* dw, T* db,
-                std::size_t batch, bool accumulate, process_group* replicas, const T* y) {
+                std::size_t batch, bool accumulate, process_group* replicas, const T* y, bool bf16_copy = false) {
+    input_gradient_bf16_ = nullptr;
     if (mode_ == path::rows) {
-      if constexpr (vendor) rows_backward(x, xf, w, dy, y, dx, dw, db, batch, accumulate, replicas);
+      if constexpr (vendor) rows_backward(x, xf, w, dy, y, dx, dw, db, batch, accumulate, replicas, bf16_copy);
       return;
     }
     if (mode_ == path::kernels)
@@ -246,7 +260,7 @@ class cpu_batch_norm_plan {
   /// The rows path's forward: this rank's sums, over the group when synchronized, the
   /// statistics (and the running ones) from them, then y in one pass.
   void rows_forward(const T* x, const cpu_format& xf, const T* w, const T* b, T* y, T* running_mean, T* running_var,
-                    double momentum, std::size_t batch, process_group* replicas) {
+                    double momentum, std::size_t batch, process_group* replicas, bool bf16_copy) {
     const std::size_t c = g_.c;
     const detail::batch_norm_rows_layout l = rows_layout(xf, batch);
     sums_.reserve_discard(2 * c + 1);
@@ -263,13 +277,19 @@ class cpu_batch_norm_plan {
     coefficients_.reserve_discard(3 * c);
     T* scale = coefficients_.data();
     for (std::size_t k = 0; k < c; ++k) scale[k] = w[k] * invstd_.data()[k];
-    detail::batch_norm_rows_normalize(x, l, mean_.data(), scale, b, y, relu_);
+    std::uint16_t* y16 = nullptr;
+    if (bf16_copy) {
+      output_copy_.reserve_discard(batch * c * g_.spatial());
+      y16 = output_copy_.data();
+    }
+    detail::batch_norm_rows_normalize(x, l, mean_.data(), scale, b, y, relu_, y16);
+    output_bf16_ = y16;
   }
 
   /// The rows path's backward: this rank's gradient sums (its weight and bias gradients), over
   /// the group when synchronized, then dx in one pass: w invstd (g - S(g) / N - xhat S(g xhat) / N).
   void rows_backward(const T* x, const cpu_format& xf, const T* w, const T* dy, const T* y, T* dx, T* dw, T* db,
-                     std::size_t batch, bool accumulate, process_group* replicas) {
+                     std::size_t batch, bool accumulate, process_group* replicas, bool bf16_copy) {
     const std::size_t c = g_.c;
     if (relu_ && !y)
       throw error("loom::batch_norm (" + std::to_string(c) + " channels): a backward with a fused ReLU needs "
@@ -299,7 +319,13 @@ class cpu_batch_norm_plan {
       bx[k] = static_cast<T>(-scale * is * is * s[c + k] / n);
       d[k] = static_cast<T>(-scale * s[k] / n);
     }
-    detail::batch_norm_rows_input_gradient(x, dy, relu_ ? y : nullptr, l, mean_.data(), a, bx, d, dx);
+    std::uint16_t* dx16 = nullptr;
+    if (bf16_copy) {
+      gradient_copy_.reserve_discard(batch * c * g_.spatial());
+      dx16 = gradient_copy_.data();
+    }
+    detail::batch_norm_rows_input_gradient(x, dy, relu_ ? y : nullptr, l, mean_.data(), a, bx, d, dx, dx16);
+    input_gradient_bf16_ = dx16;
   }
 
   std::size_t block(const cpu_format& f, std::size_t batch) const {
@@ -436,6 +462,11 @@ class cpu_batch_norm_plan {
   // (batch_norm_rows_partials), 1 / std, and per channel scale (forward) or a, b, d (backward).
   buffer<double> sums_, grad_sums_, partials_;
   buffer<T> invstd_, coefficients_;
+  // The rows path's bf16 copies of y and dx (asked for under bf16 math: the copies a bf16
+  // convolution next to it reads, activation::bf16), and where the last ones are (null: none).
+  buffer<std::uint16_t> output_copy_, gradient_copy_;
+  const std::uint16_t* output_bf16_ = nullptr;
+  const std::uint16_t* input_gradient_bf16_ = nullptr;
 };
 
 }  // namespace loom

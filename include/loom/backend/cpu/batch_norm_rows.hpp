@@ -23,6 +23,7 @@
 // The same input gives the same bits on 1 thread or 64.
 
 #include <cstddef>
+#include <cstdint>
 
 #include "loom/core/config.hpp"
 
@@ -48,9 +49,12 @@ constexpr std::size_t batch_norm_rows_partials(std::size_t channels) { return ba
 /// kernels::batch_norm_moments. `partials` holds batch_norm_rows_partials(C) doubles.
 LOOM_DECL void batch_norm_rows_sums(const float* x, const batch_norm_rows_layout& l, double* partials, double* sums);
 
-/// y = (x - mean[c]) * scale[c] + shift[c], then max(y, 0) when relu (the ReLU after it, fused).
+/// y = (x - mean[c]) * scale[c] + shift[c], then max(y, 0) when relu (the ReLU after it, fused);
+/// when y16 is not null, also y16 = y rounded to bf16 (detail::bf16_bits: the copy a bf16
+/// convolution after it reads, activation::bf16).
 LOOM_DECL void batch_norm_rows_normalize(const float* x, const batch_norm_rows_layout& l, const float* mean,
-                                         const float* scale, const float* shift, float* y, bool relu);
+                                         const float* scale, const float* shift, float* y, bool relu,
+                                         std::uint16_t* y16 = nullptr);
 
 /// With g = dy, or (y not null: forward's output with a fused ReLU) dy where y > 0 and 0
 /// elsewhere: sums[c] = the sum of g over channel c, sums[C + c] = of g (x - mean[c]).
@@ -58,10 +62,12 @@ LOOM_DECL void batch_norm_rows_gradient_sums(const float* x, const float* dy, co
                                              const batch_norm_rows_layout& l, const float* mean, double* partials,
                                              double* sums);
 
-/// dx = a[c] g + b[c] (x - mean[c]) + d[c], g as above.
+/// dx = a[c] g + b[c] (x - mean[c]) + d[c], g as above; dx16 (when not null) = dx rounded to
+/// bf16, as y16 above.
 LOOM_DECL void batch_norm_rows_input_gradient(const float* x, const float* dy, const float* y,
                                               const batch_norm_rows_layout& l, const float* mean, const float* a,
-                                              const float* b, const float* d, float* dx);
+                                              const float* b, const float* d, float* dx,
+                                              std::uint16_t* dx16 = nullptr);
 
 }  // namespace loom::detail
 

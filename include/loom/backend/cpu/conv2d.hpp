@@ -87,9 +87,10 @@ class dnnl_conv2d {
 
   LOOM_DECL void fuse_relu();
   LOOM_DECL cpu_format forward(const float* x, const cpu_format& xf, const float* w, const float* b, float* y,
-                               std::size_t batch, math_mode math);
+                               std::size_t batch, math_mode math, const std::uint16_t* x_bf16 = nullptr);
   LOOM_DECL void backward(const float* x, const cpu_format& xf, const float* w, const float* dy, float* dx, float* dw,
-                          float* db, std::size_t batch, bool accumulate, math_mode math);
+                          float* db, std::size_t batch, bool accumulate, math_mode math,
+                          const std::uint16_t* dy_bf16 = nullptr);
 
  private:
   struct entry;  // the primitives of one (batch, layout, math mode), and their scratch
@@ -146,19 +147,26 @@ class cpu_conv2d_plan {
   void fuse_relu() { run_.fuse_relu(); }
 
   /// y = conv(x, w) + b. x is in layout xf; returns the layout y was written in. In
-  /// math_mode::bf16 (float only) x and w enter the convolution rounded to bf16.
+  /// math_mode::bf16 (float only) x and w enter the convolution rounded to bf16; x_bf16, when
+  /// given, is x so rounded already (detail::bf16_bits of each value, in layout xf: what
+  /// activation::bf16 holds), read instead of converting x where the convolution takes x in xf's
+  /// layout, and kept to backward (so it must stay unchanged until then, as x must).
   /// Throws loom::invalid_argument for bf16 on a CPU without oneDNN bf16 convolutions.
   cpu_format forward(const T* x, const cpu_format& xf, const T* w, const T* b, T* y, std::size_t batch,
-                     math_mode math = math_mode::fp32) {
-    return run_.forward(x, xf, w, b, y, batch, math);
+                     math_mode math = math_mode::fp32, const std::uint16_t* x_bf16 = nullptr) {
+    if constexpr (std::is_same_v<T, float>) return run_.forward(x, xf, w, b, y, batch, math, x_bf16);
+    else return run_.forward(x, xf, w, b, y, batch, math);
   }
 
   /// Given dy (in the layout forward returned), writes dx (in layout xf) when dx is non-null,
   /// and dw, db — overwritten, or added to when accumulate is true. x is forward's input. In
-  /// math_mode::bf16 x, w and dy enter the products rounded to bf16; dx, dw, db are float.
+  /// math_mode::bf16 x, w and dy enter the products rounded to bf16 (dy_bf16, when given: dy so
+  /// rounded already, in dy's layout, read where the products take that layout); dx, dw, db
+  /// are float.
   void backward(const T* x, const cpu_format& xf, const T* w, const T* dy, T* dx, T* dw, T* db, std::size_t batch,
-                bool accumulate, math_mode math = math_mode::fp32) {
-    run_.backward(x, xf, w, dy, dx, dw, db, batch, accumulate, math);
+                bool accumulate, math_mode math = math_mode::fp32, const std::uint16_t* dy_bf16 = nullptr) {
+    if constexpr (std::is_same_v<T, float>) run_.backward(x, xf, w, dy, dx, dw, db, batch, accumulate, math, dy_bf16);
+    else run_.backward(x, xf, w, dy, dx, dw, db, batch, accumulate, math);
   }
 
   const conv2d_geometry& geometry() const { return g_; }

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "loom/core/config.hpp"
+#include "loom/core/math_mode.hpp"
 #include "loom/core/random.hpp"
 
 namespace loom::kernels {
@@ -68,6 +69,22 @@ struct add_relu {
   LOOM_HD void operator()(std::size_t i) const {
     const T v = x[i] + y[i];
     z[i] = v > T(0) ? v : T(0);
+  }
+};
+
+/// z = x + y, or max(x + y, 0) when Relu, and z16 = z rounded to bf16 (detail::bf16_bits, as
+/// oneDNN's reorder rounds): a residual's sum with the copy the bf16 convolutions after it read.
+template <bool Relu>
+struct add_with_bf16 {
+  const float* x;
+  const float* y;
+  float* z;
+  std::uint16_t* z16;
+  LOOM_HD void operator()(std::size_t i) const {
+    float v = x[i] + y[i];
+    if constexpr (Relu) v = v > 0.0f ? v : 0.0f;
+    z[i] = v;
+    z16[i] = detail::bf16_bits(v);
   }
 };
 

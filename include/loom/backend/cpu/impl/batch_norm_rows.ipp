@@ -18,6 +18,7 @@
 #include "loom/backend/cpu/dnnl_support.hpp"
 #include "loom/backend/cpu/impl/onednn.hpp"
 #include "loom/backend/cpu/launch.hpp"
+#include "loom/core/math_mode.hpp"
 
 namespace loom::detail::bn_rows {
 
@@ -37,6 +38,7 @@ struct args {
   const float* p2;  // -; d
   float* out;
   double* partials;
+  std::uint16_t* out16 = nullptr;  // normalize, input_gradient: out rounded to bf16, when not null
 };
 
 /// Rows summed in float before they are added to a share's double sums.
@@ -54,6 +56,30 @@ struct lanes<1> {
 };
 template <std::size_t W>
 using vf = typename lanes<W>::type;
+
+/// W 32-bit and W 16-bit unsigned lanes (W > 1), for the bf16 copies' rounding.
+template <std::size_t W>
+struct bits_lanes {
+  using wide [[gnu::vector_size(W * sizeof(std::uint32_t))]] = std::uint32_t;
+  using half [[gnu::vector_size(W * sizeof(std::uint16_t))]] = std::uint16_t;
+};
+
+/// W values rounded to bf16 (detail::bf16_bits, lane by lane) at out.
+template <std::size_t W>
+[[gnu::always_inline]] inline void store_bf16(std::uint16_t* out, const vf<W>& v) {
+  if constexpr (W == 1) {
+    *out = bf16_bits(v);
+  } else {
+    using vu = typename bits_lanes<W>::wide;
+    using vh = typename bits_lanes<W>::half;
+    vu u;
+    std::memcpy(&u, &v, sizeof u);
+    const vu rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const vu r = (u & 0x7fffffffu) > 0x7f800000u ? ((u >> 16) | 0x40u) : rounded;  // NaN stays NaN (quiet)
+    const vh h = __builtin_convertvector(r, vh);
+    std::memcpy(out, &h, sizeof h);
+  }
+}
 
 /// The rows of share u of `units` (a contiguous share of all rows), run by run: `next()` moves to
 /// the next piece of one run, rows [first, last) of run `run`. (Loops, not callbacks: a lambda
@@ -179,8 +205,9 @@ struct gradient_columns {
 
 /// One run's rows of a pass over the elements, from element `at` (its first row), of the
 /// channels from `ch`. normalize: y = (x - mean) k0 + k1, then max(y, 0) when Relu.
-/// input_gradient: dx = k0 g + k1 (x - mean) + k2, g = dy, or where y > 0 when Relu.
-template <pass Kind, bool Relu>
+/// input_gradient: dx = k0 g + k1 (x - mean) + k2, g = dy, or where y > 0 when Relu. With
+/// Copy, what is written is written rounded to bf16 at out16 too.
+template <pass Kind, bool Relu, bool Copy>
 struct element_columns {
   const args& a;
   std::size_t at, ch, pitch, r0, r1;
@@ -204,6 +231,7 @@ struct element_columns {
           vf<V> v = (x - mu[p]) * k0[p] + k1[p];
           if constexpr (Relu) v = v > 0 ? v : vf<V>{};
           std::memcpy(a.out + i + p * V, &v, sizeof v);
+          if constexpr (Copy) store_bf16<V>(a.out16 + i + p * V, v);
         } else {
           vf<V> g;
           std::memcpy(&g, a.dy + i + p * V, sizeof g);
@@ -214,6 +242,7 @@ struct element_columns {
           }
           const vf<V> v = k0[p] * g + k1[p] * (x - mu[p]) + k2[p];
           std::memcpy(a.out + i + p * V, &v, sizeof v);
+          if constexpr (Copy) store_bf16<V>(a.out16 + i + p * V, v);
         }
       }
     }
@@ -253,14 +282,20 @@ template <std::size_t B, bool Masked>
 }
 
 /// Share u's rows of a pass over the elements (normalize, input_gradient).
-template <std::size_t B, pass Kind, bool Relu>
+template <std::size_t B, pass Kind, bool Relu, bool Copy>
 [[gnu::always_inline]] inline void elementwise_unit(const args& a, std::size_t u, std::size_t units) {
   const batch_norm_rows_layout& l = a.l;
   const std::size_t bk = B ? B : l.block, groups = l.groups();
   for (unit_rows it(l, u, units); it.next();) {
-    const element_columns<Kind, Relu> op{a, it.run * l.spatial * bk, it.run % groups * bk, bk, it.first, it.last};
+    const element_columns<Kind, Relu, Copy> op{a, it.run * l.spatial * bk, it.run % groups * bk, bk, it.first, it.last};
     for_column_groups<B>(bk, op);
   }
+}
+
+template <std::size_t B, pass Kind, bool Relu>
+[[gnu::always_inline]] inline void elementwise_unit_copy(const args& a, std::size_t u, std::size_t units) {
+  if (a.out16) elementwise_unit<B, Kind, Relu, true>(a, u, units);
+  else elementwise_unit<B, Kind, Relu, false>(a, u, units);
 }
 
 /// Share u of pass a, for rows of B values (0: any).
@@ -272,11 +307,11 @@ template <std::size_t B>
     case pass::gradient_sums:
       return masked ? gradient_sums_unit<B, true>(a, u, units) : gradient_sums_unit<B, false>(a, u, units);
     case pass::normalize:
-      return a.relu ? elementwise_unit<B, pass::normalize, true>(a, u, units)
-                    : elementwise_unit<B, pass::normalize, false>(a, u, units);
+      return a.relu ? elementwise_unit_copy<B, pass::normalize, true>(a, u, units)
+                    : elementwise_unit_copy<B, pass::normalize, false>(a, u, units);
     case pass::input_gradient:
-      return masked ? elementwise_unit<B, pass::input_gradient, true>(a, u, units)
-                    : elementwise_unit<B, pass::input_gradient, false>(a, u, units);
+      return masked ? elementwise_unit_copy<B, pass::input_gradient, true>(a, u, units)
+                    : elementwise_unit_copy<B, pass::input_gradient, false>(a, u, units);
   }
 }
 
@@ -345,7 +380,8 @@ LOOM_DECL void batch_norm_rows_sums(const float* x, const batch_norm_rows_layout
     std::fill_n(sums, 2 * c, 0.0);
     return;
   }
-  bn_rows::run({bn_rows::pass::sums, l, x, nullptr, nullptr, false, nullptr, nullptr, nullptr, nullptr, nullptr, partials});
+  bn_rows::run({bn_rows::pass::sums, l, x, nullptr, nullptr, false, nullptr, nullptr, nullptr, nullptr, nullptr, partials,
+                nullptr});
   bn_rows::add_shares(partials, l, sums);
   // From sums about x0 (each channel's first value) to sums about 0.
   for (std::size_t k = 0; k < c; ++k) {
@@ -356,8 +392,9 @@ LOOM_DECL void batch_norm_rows_sums(const float* x, const batch_norm_rows_layout
 }
 
 LOOM_DECL void batch_norm_rows_normalize(const float* x, const batch_norm_rows_layout& l, const float* mean,
-                                         const float* scale, const float* shift, float* y, bool relu) {
-  bn_rows::run({bn_rows::pass::normalize, l, x, nullptr, nullptr, relu, mean, scale, shift, nullptr, y, nullptr});
+                                         const float* scale, const float* shift, float* y, bool relu,
+                                         std::uint16_t* y16) {
+  bn_rows::run({bn_rows::pass::normalize, l, x, nullptr, nullptr, relu, mean, scale, shift, nullptr, y, nullptr, y16});
 }
 
 LOOM_DECL void batch_norm_rows_gradient_sums(const float* x, const float* dy, const float* y,
@@ -367,14 +404,15 @@ LOOM_DECL void batch_norm_rows_gradient_sums(const float* x, const float* dy, co
     std::fill_n(sums, 2 * l.channels, 0.0);
     return;
   }
-  bn_rows::run({bn_rows::pass::gradient_sums, l, x, dy, y, false, mean, nullptr, nullptr, nullptr, nullptr, partials});
+  bn_rows::run({bn_rows::pass::gradient_sums, l, x, dy, y, false, mean, nullptr, nullptr, nullptr, nullptr, partials,
+                nullptr});
   bn_rows::add_shares(partials, l, sums);
 }
 
 LOOM_DECL void batch_norm_rows_input_gradient(const float* x, const float* dy, const float* y,
                                               const batch_norm_rows_layout& l, const float* mean, const float* a,
-                                              const float* b, const float* d, float* dx) {
-  bn_rows::run({bn_rows::pass::input_gradient, l, x, dy, y, false, mean, a, b, d, dx, nullptr});
+                                              const float* b, const float* d, float* dx, std::uint16_t* dx16) {
+  bn_rows::run({bn_rows::pass::input_gradient, l, x, dy, y, false, mean, a, b, d, dx, nullptr, dx16});
 }
 
 }  // namespace loom::detail

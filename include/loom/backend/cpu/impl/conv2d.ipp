@@ -33,11 +33,26 @@ struct dnnl_conv2d::entry {
   reorder_cache reorders;
   scratch src_scratch, w_fwd_scratch, w_bwd_scratch, dst_scratch, ddst_scratch, ddst_w_scratch, dsrc_scratch,
       dw_scratch, dw_plain_scratch, db_scratch;
-  // The x whose reordered copy (bf16: its conversion) src_scratch holds, in src_desc: backward
-  // of the same x uses it rather than converting x again (x is forward's input, unchanged
-  // until its backward); a forward of another x replaces it.
+  // The x of which a reordered copy (bf16: its conversion) is at src_ready, in src_of_desc:
+  // src_scratch, or the bf16 copy the layer that wrote x made (activation::bf16). Backward of
+  // the same x uses it rather than converting x again (x, and its copy, are unchanged until its
+  // backward); a forward of another x replaces it.
   const float* src_of = nullptr;
   dnnl::memory::desc src_of_desc;
+  const void* src_ready = nullptr;
+  /// x in layout `want` (reordered; in bf16, converted): forward's copy when reuse and it is of
+  /// this x in this layout, else a reorder of x into src_scratch.
+  const void* x_as(const float* x, const dnnl::memory::desc& want, bool reuse) {
+    if (reuse && src_of == x && src_of_desc == want) return src_ready;
+    void* p = room_for(src_scratch, want);
+    src_of = nullptr;  // until the reorder has succeeded
+    reorders.run(src_given, x, want, p);
+    src_of = x;
+    src_of_desc = want;
+    src_ready = p;
+    return p;
+  }
+
   // Few output pixels (conv2d_weights_by_matmul): the weight gradient as one matmul, dy^T
   // (OC x N*OH*OW) by the columns of x (N*OH*OW x K*K*C), in the products' type (bf16 or f32),
   // instead of the primitive; with fewer still in bf16 (conv2d_by_matmul), forward (columns by
@@ -217,7 +232,7 @@ LOOM_DECL void dnnl_conv2d::fuse_relu() {
 }
 
 LOOM_DECL cpu_format dnnl_conv2d::forward(const float* x, const cpu_format& xf, const float* w, const float* b, float* y,
-                                          std::size_t batch, math_mode math) {
+                                          std::size_t batch, math_mode math, const std::uint16_t* x_bf16) {
   entry& e = get(batch, xf, math);
   // What backward may reuse is of this x from here on: none yet (the same buffer may hold a new
   // batch at the same address).
@@ -226,12 +241,18 @@ LOOM_DECL cpu_format dnnl_conv2d::forward(const float* x, const cpu_format& xf, 
   if (e.fwd_mm) return forward_by_matmul(e, x, w, b, y, batch);
   const void* src = x;
   if (!(e.src_given == e.fwd_pd.src_desc())) {
-    void* p = room_for(e.src_scratch, e.fwd_pd.src_desc());
-    e.src_of = nullptr;  // until the reorder has succeeded
-    e.reorders.run(e.src_given, x, e.fwd_pd.src_desc(), p);
-    e.src_of = x;
-    e.src_of_desc = e.fwd_pd.src_desc();
-    src = p;
+    // x's bf16 copy, made by the layer that wrote x, when the primitive takes x in x's own
+    // layout (a bf16 convolution after another: channels-last) — else a conversion of x here.
+    dnnl::memory::desc same_in_bf16 = e.src_given;
+    same_in_bf16.data.data_type = dnnl_bf16;
+    if (x_bf16 && math == math_mode::bf16 && same_in_bf16 == e.fwd_pd.src_desc()) {
+      e.src_of = x;
+      e.src_of_desc = e.fwd_pd.src_desc();
+      e.src_ready = x_bf16;
+      src = x_bf16;
+    } else {
+      src = e.x_as(x, e.fwd_pd.src_desc(), false);
+    }
   }
   const void* wts = conv2d_weights_in(g_, e.reorders, w, e.fwd_pd.weights_desc(), e.w_fwd_scratch);
   auto& eng = dnnl_engine();
@@ -255,15 +276,21 @@ LOOM_DECL cpu_format dnnl_conv2d::forward(const float* x, const cpu_format& xf, 
 }
 
 LOOM_DECL void dnnl_conv2d::backward(const float* x, const cpu_format& xf, const float* w, const float* dy, float* dx,
-                                     float* dw, float* db, std::size_t batch, bool accumulate, math_mode math) {
+                                     float* dw, float* db, std::size_t batch, bool accumulate, math_mode math,
+                                     const std::uint16_t* dy_bf16) {
   entry& e = get(batch, xf, math);
   auto& eng = dnnl_engine();
   // diff_dst arrives in the forward dst layout (float); the backward primitives may want
   // another layout, or bf16. Backward-data and backward-weights usually want the same.
   const void* ddst_converted = nullptr;
   dnnl::memory::desc ddst_converted_desc;
+  // dy's bf16 copy, made by the layer after (activation::bf16), is dy converted in dy's layout.
+  dnnl::memory::desc dy_in_bf16 = e.y_desc;
+  dy_in_bf16.data.data_type = dnnl_bf16;
+  const bool dy_copy = dy_bf16 && math == math_mode::bf16;
   auto diff_dst_for = [&](const dnnl::memory::desc& want, scratch& s) -> const void* {
     if (want == e.y_desc) return dy;
+    if (dy_copy && want == dy_in_bf16) return dy_bf16;
     if (ddst_converted && want == ddst_converted_desc) return ddst_converted;
     void* p = room_for(s, want);
     e.reorders.run(e.y_desc, dy, want, p);
@@ -291,16 +318,7 @@ LOOM_DECL void dnnl_conv2d::backward(const float* x, const cpu_format& xf, const
                                                  batch, accumulate);
   // backward-weights
   const void* src = x;
-  if (!(e.bwd_w_pd.src_desc() == e.src_given)) {
-    void* p = room_for(e.src_scratch, e.bwd_w_pd.src_desc());
-    if (!(e.src_of == x && e.src_of_desc == e.bwd_w_pd.src_desc())) {  // not already there from forward
-      e.src_of = nullptr;
-      e.reorders.run(e.src_given, x, e.bwd_w_pd.src_desc(), p);
-      e.src_of = x;
-      e.src_of_desc = e.bwd_w_pd.src_desc();
-    }
-    src = p;
-  }
+  if (!(e.bwd_w_pd.src_desc() == e.src_given)) src = e.x_as(x, e.bwd_w_pd.src_desc(), true);  // forward's, if it made it
   // A second scratch when backward-weights wants dy differently from backward-data.
   const void* ddst = diff_dst_for(e.bwd_w_pd.diff_dst_desc(),
                                   ddst_converted && !(e.bwd_w_pd.diff_dst_desc() == ddst_converted_desc)
@@ -355,14 +373,7 @@ LOOM_DECL void dnnl_conv2d::backward_weights_by_matmul(entry& e, const float* x,
     std::size_t block = conv2d_channel_block(e.src_given, batch, g_.c, g_.h, g_.w);
     const float* xs = x;
     if (block == 0) {
-      void* xb = room_for(e.src_scratch, e.x_rows);
-      if (!(e.src_of == x && e.src_of_desc == e.x_rows)) {
-        e.src_of = nullptr;
-        e.reorders.run(e.src_given, x, e.x_rows, xb);
-        e.src_of = x;
-        e.src_of_desc = e.x_rows;
-      }
-      xs = static_cast<const float*>(xb);
+      xs = static_cast<const float*>(e.x_as(x, e.x_rows, true));
       block = g_.c;
     }
     e.cols_of = nullptr;  // cols_scratch holds these columns, not a forward's
@@ -426,13 +437,7 @@ LOOM_DECL const void* dnnl_conv2d::columns_of(entry& e, const float* x, std::siz
   if (backward && e.cols_of == x) return cols;
   // x channels-last in the products' type: forward's conversion when it made that one, else
   // made here.
-  void* xb = room_for(e.src_scratch, e.x_rows);
-  if (!(backward && e.src_of == x && e.src_of_desc == e.x_rows)) {
-    e.src_of = nullptr;
-    e.reorders.run(e.src_given, x, e.x_rows, xb);
-    e.src_of = x;
-    e.src_of_desc = e.x_rows;
-  }
+  const void* xb = e.x_as(x, e.x_rows, backward);
   e.cols_of = nullptr;
   if (e.math == math_mode::bf16)
     conv2d_columns(g_, batch, static_cast<const std::uint16_t*>(xb), static_cast<std::uint16_t*>(cols));
@@ -583,7 +588,7 @@ LOOM_DECL dnnl_conv2d::entry& dnnl_conv2d::get(std::size_t batch, const cpu_form
                                                      dnnl::convolution_backward_data(bwd_data_pd), bwd_w_pd,
                                                      dnnl::convolution_backward_weights(bwd_w_pd), {}, {}, {}, {}, {},
                                                      {}, {}, {}, {}, {}, {}, nullptr, {}, nullptr, nullptr, nullptr,
-                                                     {}, {}, {}, {}, {}, {}, {}, {}, {}, nullptr}));
+                                                     nullptr, {}, {}, {}, {}, {}, {}, {}, {}, {}, nullptr}));
     entry& e = *entries_.back();
     if (conv2d_weights_by_matmul(g_, math, y_desc, batch)) {
       const dt rows = n * oh * ow, width = static_cast<dt>(g_.k * g_.k * g_.c), ocs = static_cast<dt>(g_.oc);
