@@ -390,9 +390,10 @@ LOOM_DECL void dnnl_conv2d::backward_weights_by_matmul(entry& e, const float* x,
     e.wgrad->execute(dnnl_stream(), {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
     dnnl_stream().wait();
   });
-  // fp32: c is dw, or (accumulating) added to it. bf16: c is (oc, ky, kx, ic), ohwi; loom's
-  // weights are (oc, ic, ky, kx), oihw: oneDNN's reorder moves it (a scalar loop with the reads ic
-  // apart took 2.4% of a ResNet-18 fp32 step), into dw or, accumulating, into a copy added to dw.
+  // Channel first: c is dw, or (accumulating) added to it. Otherwise c is (oc, ky, kx, ic), ohwi;
+  // loom's weights are (oc, ic, ky, kx), oihw: oneDNN's reorder moves it (a scalar loop with the
+  // reads ic apart took 2.4% of a ResNet-18 fp32 step), into dw or, accumulating, into a copy
+  // added to dw.
   const std::size_t oc = g_.oc;
   using dt = dnnl::memory::dim;
   const dnnl::memory::desc ohwi({static_cast<dt>(oc), static_cast<dt>(g_.c), static_cast<dt>(g_.k), static_cast<dt>(g_.k)},
