@@ -341,3 +341,98 @@ TEST_CASE("CPU formats: one object per oneDNN layout, pooling reads the blocked 
   std::memcpy(again.data(), moved.to_plain<float, shape<16, 8, 8>>(back.data(), b8, 4), again.size() * sizeof(float));
   CHECK(again == plain);
 }
+
+TEST_CASE("max pooling on plain, channel-blocked and channels-last layouts: each window's first maximum, "
+          "ties included, gets its gradient, bit for bit as a scalar reference",
+          "[layers][backend]") {
+  // Overlapping padded windows (k 3, stride 2, pad 1) over values with many ties (0, 1, 2), so
+  // which maximum wins matters, and gradients of several windows add up in one place.
+  constexpr std::size_t n = 2, c = 32, h = 9, w = 9;
+  const pool2d_geometry g{c, h, w, 3, 2, 1};
+  const std::size_t oh = g.oh(), ow = g.ow();
+  std::vector<float> x(n * c * h * w), dy(n * c * oh * ow);
+  std::uint32_t state = 12345;
+  const auto next = [&] { return state = state * 1664525u + 1013904223u; };
+  for (auto& v : x) v = static_cast<float>((next() >> 16) % 3u);
+  for (auto& v : dy) v = static_cast<float>(static_cast<int>(next() >> 16 & 1023u) - 512) / 64.0f;
+
+  // The reference, plain NCHW: windows in row-major order, the first strictly greater value wins.
+  std::vector<float> y_ref(dy.size()), dx_ref(x.size(), 0.0f);
+  for (std::size_t s = 0; s < n * c; ++s)
+    for (std::size_t i = 0; i < oh; ++i)
+      for (std::size_t j = 0; j < ow; ++j) {
+        std::size_t at = x.size();
+        for (std::size_t p = 0; p < g.k; ++p)
+          for (std::size_t q = 0; q < g.k; ++q) {
+            const std::ptrdiff_t r = static_cast<std::ptrdiff_t>(i * g.stride + p) - static_cast<std::ptrdiff_t>(g.pad);
+            const std::ptrdiff_t t = static_cast<std::ptrdiff_t>(j * g.stride + q) - static_cast<std::ptrdiff_t>(g.pad);
+            if (r < 0 || t < 0 || r >= static_cast<std::ptrdiff_t>(h) || t >= static_cast<std::ptrdiff_t>(w)) continue;
+            const std::size_t e = (s * h + static_cast<std::size_t>(r)) * w + static_cast<std::size_t>(t);
+            if (at == x.size() || x[e] > x[at]) at = e;
+          }
+        y_ref[(s * oh + i) * ow + j] = x[at];
+        dx_ref[at] += dy[(s * oh + i) * ow + j];
+      }
+
+  // Where (sample, channel, row, column) sits in each layout.
+  struct layout {
+    const char* name;
+    cpu_format format;
+    std::size_t (*at)(std::size_t, std::size_t, std::size_t, std::size_t, std::size_t, std::size_t, std::size_t);
+  };
+  const layout layouts[] = {
+      {"plain", cpu_format{},
+       [](std::size_t s, std::size_t ch, std::size_t r, std::size_t t, std::size_t C, std::size_t H, std::size_t W) {
+         return ((s * C + ch) * H + r) * W + t;
+       }},
+      {"nChw16c", detail::blocked_nchw(n, c, h, w, 16),
+       [](std::size_t s, std::size_t ch, std::size_t r, std::size_t t, std::size_t C, std::size_t H, std::size_t W) {
+         return (((s * (C / 16) + ch / 16) * H + r) * W + t) * 16 + ch % 16;
+       }},
+      {"nhwc", detail::channels_last_nchw(n, c, h, w),
+       [](std::size_t s, std::size_t ch, std::size_t r, std::size_t t, std::size_t C, std::size_t H, std::size_t W) {
+         return ((s * H + r) * W + t) * C + ch;
+       }},
+  };
+  for (const layout& l : layouts) {
+    INFO("layout " << l.name);
+    std::vector<float> xl(x.size()), dyl(dy.size()), yl(dy.size()), dxl(x.size(), -1.0f);
+    for (std::size_t s = 0; s < n; ++s)
+      for (std::size_t ch = 0; ch < c; ++ch) {
+        for (std::size_t r = 0; r < h; ++r)
+          for (std::size_t t = 0; t < w; ++t) xl[l.at(s, ch, r, t, c, h, w)] = x[((s * c + ch) * h + r) * w + t];
+        for (std::size_t r = 0; r < oh; ++r)
+          for (std::size_t t = 0; t < ow; ++t) dyl[l.at(s, ch, r, t, c, oh, ow)] = dy[((s * c + ch) * oh + r) * ow + t];
+      }
+    cpu_pool2d_plan<float> plan(g, pool_kind::max);
+    plan.forward(xl.data(), l.format, yl.data(), n);
+    plan.backward(xl.data(), l.format, dyl.data(), dxl.data(), n);
+    std::size_t wrong_y = 0, wrong_dx = 0;
+    for (std::size_t s = 0; s < n; ++s)
+      for (std::size_t ch = 0; ch < c; ++ch) {
+        for (std::size_t r = 0; r < oh; ++r)
+          for (std::size_t t = 0; t < ow; ++t)
+            wrong_y += yl[l.at(s, ch, r, t, c, oh, ow)] != y_ref[((s * c + ch) * oh + r) * ow + t];
+        for (std::size_t r = 0; r < h; ++r)
+          for (std::size_t t = 0; t < w; ++t)
+            wrong_dx += std::memcmp(&dxl[l.at(s, ch, r, t, c, h, w)], &dx_ref[((s * c + ch) * h + r) * w + t],
+                                    sizeof(float)) != 0;
+      }
+    CHECK(wrong_y == 0);
+    CHECK(wrong_dx == 0);
+  }
+  // The data has the ties the test is about: some window holds its maximum more than once.
+  std::size_t tied = 0;
+  for (std::size_t i = 0; i < oh; ++i)
+    for (std::size_t j = 0; j < ow; ++j) {
+      int count = 0;
+      for (std::size_t p = 0; p < g.k; ++p)
+        for (std::size_t q = 0; q < g.k; ++q) {
+          const std::size_t r = i * g.stride + p, t = j * g.stride + q;
+          if (r < g.pad || t < g.pad || r - g.pad >= h || t - g.pad >= w) continue;
+          count += x[(r - g.pad) * w + t - g.pad] == y_ref[i * ow + j];
+        }
+      tied += count > 1;
+    }
+  CHECK(tied > 0);
+}

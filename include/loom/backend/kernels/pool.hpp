@@ -62,7 +62,9 @@ struct pool_window {
   }
 };
 
-/// Max pooling, one output pixel (all Block channels) per call.
+/// Max pooling, one output pixel (all Block channels) per call. Its loops over the channels are
+/// marked to vectorise: without it g++ 12 took the maximum a channel at a time (ResNet-18 fp32,
+/// one thread: 1.24% of a step -> 0.55%).
 template <class T, std::size_t Block>
 struct max_pool_forward {
   const T* x;
@@ -77,13 +79,16 @@ struct max_pool_forward {
     const std::size_t top = oh * g.stride - g.pad, left = ow * g.stride - g.pad;  // wrap around, undone below
     T best[Block];
     const T* first = in + ((top + rows.first) * g.w + left + cols.first) * pitch;
+    LOOM_CHANNEL_SIMD
     for (std::size_t c = 0; c < Block; ++c) best[c] = first[c];
     for (std::size_t p = rows.first; p < rows.last; ++p)
       for (std::size_t q = cols.first; q < cols.last; ++q) {
         const T* src = in + ((top + p) * g.w + left + q) * pitch;
+        LOOM_CHANNEL_SIMD
         for (std::size_t c = 0; c < Block; ++c) best[c] = src[c] > best[c] ? src[c] : best[c];
       }
     T* out = y + g.template out_plane<Block>(plane) + (oh * g.ow + ow) * pitch;
+    LOOM_CHANNEL_SIMD
     for (std::size_t c = 0; c < Block; ++c) out[c] = best[c];
   }
 };
@@ -147,6 +152,7 @@ struct avg_pool_forward {
     for (std::size_t p = rows.first; p < rows.last; ++p)
       for (std::size_t q = cols.first; q < cols.last; ++q) {
         const T* src = in + ((top + p) * g.w + left + q) * pitch;
+        LOOM_CHANNEL_SIMD
         for (std::size_t c = 0; c < Block; ++c) sum[c] += src[c];
       }
     const T inv = T(1) / static_cast<T>(g.k * g.k);
@@ -177,6 +183,7 @@ struct avg_pool_backward {
         for (std::size_t p = rows.first; p < rows.last; ++p)
           for (std::size_t q = cols.first; q < cols.last; ++q) {
             T* dst = din + ((top + p) * g.w + left + q) * pitch;
+            LOOM_CHANNEL_SIMD
             for (std::size_t c = 0; c < Block; ++c) dst[c] += dy[o + c] * inv;
           }
       }
