@@ -436,3 +436,69 @@ TEST_CASE("max pooling on plain, channel-blocked and channels-last layouts: each
     }
   CHECK(tied > 0);
 }
+
+TEST_CASE("x's columns in oneDNN's BA16a64b are the plain columns' values block by block, zeros in the padding",
+          "[layers][backend]") {
+  // 3 samples at 3x3 output pixels: 27 rows (padded to 32); 5 channels by 3x3: 45 columns
+  // (padded to 64). And 24 channels, 3x3: 216 columns, four bands, the last part padding.
+  for (std::size_t c : {std::size_t{5}, std::size_t{24}}) {
+    INFO("channels " << c);
+    const conv2d_geometry g{c, 5, 5, 8, 3, 2, 1};
+    const std::size_t batch = 3, rows = batch * g.oh() * g.ow(), width = 9 * c;
+    using dt = dnnl::memory::dim;
+    const dnnl::memory::desc packed_desc({static_cast<dt>(rows), static_cast<dt>(width)}, dnnl::memory::data_type::f32,
+                                         dnnl::memory::format_tag::BA16a64b);
+    const detail::conv2d_column_layout packed = detail::conv2d_column_layout_of(packed_desc);
+    REQUIRE(packed.packed_rows == 32);
+    CHECK(detail::conv2d_column_layout_of(dnnl::memory::desc({static_cast<dt>(rows), static_cast<dt>(width)},
+                                                             dnnl::memory::data_type::f32,
+                                                             dnnl::memory::format_tag::ab))
+              .packed_rows == 0);
+    const std::size_t room = packed_desc.get_size() / sizeof(float);
+    REQUIRE(room == 32 * ((width + 63) / 64 * 64));
+    // x plain (for the channel-first columns) and channels-last (for the (ky, kx, c) ones).
+    std::vector<float> x(batch * c * 25), x_nhwc(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i) + 1.0f;  // no zeros: padding tells
+    for (std::size_t s = 0; s < batch; ++s)
+      for (std::size_t ch = 0; ch < c; ++ch)
+        for (std::size_t p = 0; p < 25; ++p) x_nhwc[(s * 25 + p) * c + ch] = x[(s * c + ch) * 25 + p];
+    for (int channel_first = 0; channel_first < 2; ++channel_first) {
+      INFO((channel_first ? "channel-first columns" : "(ky, kx, c) columns"));
+      std::vector<float> plain(rows * width, -1.0f), blocked(room, -1.0f);  // -1: never written
+      if (channel_first) {
+        detail::conv2d_channel_major_columns(g, batch, x.data(), 1, plain.data());
+        detail::conv2d_channel_major_columns(g, batch, x.data(), 1, blocked.data(), packed);
+      } else {
+        detail::conv2d_columns(g, batch, x_nhwc.data(), plain.data());
+        detail::conv2d_columns(g, batch, x_nhwc.data(), blocked.data(), packed);
+      }
+      std::vector<bool> seen(room, false);
+      std::size_t wrong = 0, zeros = 0;
+      for (std::size_t r = 0; r < rows; ++r)
+        for (std::size_t n = 0; n < width; ++n) {
+          // BA16a64b by its definition: band n / 64, block r / 16, then r % 16 rows of 64.
+          const std::size_t at = (n / 64) * 32 * 64 + (r / 16) * 16 * 64 + (r % 16) * 64 + n % 64;
+          wrong += blocked[at] != plain[r * width + n];
+          zeros += plain[r * width + n] == 0.0f;  // x's padding
+          seen[at] = true;
+        }
+      CHECK(wrong == 0);
+      CHECK(zeros > 0);
+      CHECK(std::count(plain.begin(), plain.end(), -1.0f) == 0);
+      std::size_t padding = 0, padding_not_zero = 0;
+      for (std::size_t i = 0; i < room; ++i)
+        if (!seen[i]) ++padding, padding_not_zero += blocked[i] != 0.0f;
+      CHECK(padding == room - rows * width);
+      CHECK(padding_not_zero == 0);
+    }
+  }
+  // The layout oneDNN's f32 matmul picks for B given the choice, where its AVX-512 kernels run
+  // (oneDNN 2.6): the one loom writes, so the weight gradient's matmul reads its columns blocked.
+  if (detail::cpu_vector_level() == 2) {
+    const dnnl::memory::desc a({32, 27}, dnnl::memory::data_type::f32, dnnl::memory::format_tag::ba),
+        b({27, 216}, dnnl::memory::data_type::f32, dnnl::memory::format_tag::any),
+        c({32, 216}, dnnl::memory::data_type::f32, dnnl::memory::format_tag::ab);
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), detail::dnnl_engine());
+    CHECK(detail::conv2d_column_layout_of(pd.weights_desc()).packed_rows == 32);
+  }
+}

@@ -4,11 +4,13 @@
 // of the header (header-only), or compiled once in src/loom.cpp (LOOM_SEPARATE_COMPILATION; see
 // loom/core/config.hpp).
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "loom/backend/cpu/conv2d.hpp"
 #include "loom/backend/cpu/gemm.hpp"
@@ -116,29 +118,84 @@ inline bool conv2d_weights_by_matmul(const conv2d_geometry& g, math_mode math, c
   return batch > 0 && g.oh() * g.ow() <= 16 && (math == math_mode::fp32 || y_desc == nhwc);
 }
 
+/// Where the weight gradient's matmul reads x's columns (rows x width, the matmul's B): row
+/// after row (plain), or oneDNN's BA16a64b — blocks of 16 rows by 64 columns, each block's
+/// rows side by side, the blocks of a column band one after another — which oneDNN's f32 matmul
+/// picks for B when asked (its brgemm kernel then reads B as it runs, without strides of a row:
+/// ResNet-18's (512 x 256) by (256 x 4,608) product took 6.98 ms against 8.17 ms with plain B,
+/// (256 x 1,024) by (1,024 x 2,304) 7.08 against 7.83, one thread). Padding (rows up to a
+/// multiple of 16, columns of 64) holds zeros.
+struct conv2d_column_layout {
+  std::size_t width;
+  std::size_t packed_rows = 0;  // rows rounded up to 16 when BA16a64b, 0 when plain
+
+  /// Where row r's column 0 would be, and how far column n is from it.
+  std::size_t row(std::size_t r) const { return packed_rows ? (r / 16) * 1024 + (r % 16) * 64 : r * width; }
+  std::size_t col(std::size_t n) const { return packed_rows ? (n / 64) * packed_rows * 64 + n % 64 : n; }
+
+  /// Copies `count` values to row r's columns [n, n + count) (zeros when from is null): one
+  /// copy in the plain layout, one per 64-column band it crosses in BA16a64b.
+  template <class Element>
+  void put(Element* cols, std::size_t r, std::size_t n, const Element* from, std::size_t count) const {
+    Element* at = cols + row(r);
+    while (count > 0) {
+      const std::size_t run = packed_rows ? std::min(count, 64 - n % 64) : count;
+      if (from) {
+        std::memcpy(at + col(n), from, run * sizeof(Element));
+        from += run;
+      } else {
+        std::memset(at + col(n), 0, run * sizeof(Element));
+      }
+      n += run;
+      count -= run;
+    }
+  }
+
+  /// Zeros in BA16a64b's padding: the rows past `rows`, the columns past width.
+  template <class Element>
+  void zero_padding(Element* cols, std::size_t rows) const {
+    if (!packed_rows) return;
+    const std::size_t padded_width = (width + 63) / 64 * 64;
+    for (std::size_t r = 0; r < packed_rows; ++r)
+      if (r >= rows) put<Element>(cols, r, 0, nullptr, padded_width);
+      else if (padded_width > width) put<Element>(cols, r, width, nullptr, padded_width - width);
+  }
+};
+
+/// The layout of columns desc d (rows x width): BA16a64b or plain row-major.
+inline conv2d_column_layout conv2d_column_layout_of(const dnnl::memory::desc& d) {
+  const auto dims = d.dims();
+  const auto rows = static_cast<std::size_t>(dims[0]), width = static_cast<std::size_t>(dims[1]);
+  const dnnl::memory::desc packed(dims, d.data_type(), dnnl::memory::format_tag::BA16a64b);
+  return {width, d == packed ? (rows + 15) / 16 * 16 : 0};
+}
+
 /// x's columns: row (n, oy, ox) holds, for each (ky, kx), the C values of x at
 /// (n, oy * stride - pad + ky, ox * stride - pad + kx), zeros outside x. x is channels-last, of
-/// Element (bf16's bits, or float).
+/// Element (bf16's bits, or float); the columns in layout l (plain row-major unless given).
 template <class Element>
-void conv2d_columns(const conv2d_geometry& g, std::size_t batch, const Element* x, Element* cols) {
+void conv2d_columns(const conv2d_geometry& g, std::size_t batch, const Element* x, Element* cols,
+                    conv2d_column_layout l = {}) {
   const std::size_t oh = g.oh(), ow = g.ow(), k = g.k, c = g.c, rows = batch * oh * ow, width = k * k * c;
+  l.width = width;
   const auto n = static_cast<std::ptrdiff_t>(rows);
 #pragma omp parallel for schedule(static) if (rows * width >= parallel_threshold)
   for (std::ptrdiff_t r = 0; r < n; ++r) {
     const std::size_t i = static_cast<std::size_t>(r) / (oh * ow), oy = static_cast<std::size_t>(r) / ow % oh,
                       ox = static_cast<std::size_t>(r) % ow;
-    Element* out = cols + static_cast<std::size_t>(r) * width;
     for (std::size_t ky = 0; ky < k; ++ky)
-      for (std::size_t kx = 0; kx < k; ++kx, out += c) {
+      for (std::size_t kx = 0; kx < k; ++kx) {
         const std::ptrdiff_t iy = static_cast<std::ptrdiff_t>(oy * g.stride + ky) - static_cast<std::ptrdiff_t>(g.pad);
         const std::ptrdiff_t ix = static_cast<std::ptrdiff_t>(ox * g.stride + kx) - static_cast<std::ptrdiff_t>(g.pad);
-        if (iy < 0 || ix < 0 || iy >= static_cast<std::ptrdiff_t>(g.h) || ix >= static_cast<std::ptrdiff_t>(g.w))
-          std::memset(out, 0, c * sizeof(Element));
-        else
-          std::memcpy(out, x + ((i * g.h + static_cast<std::size_t>(iy)) * g.w + static_cast<std::size_t>(ix)) * c,
-                      c * sizeof(Element));
+        const bool outside =
+            iy < 0 || ix < 0 || iy >= static_cast<std::ptrdiff_t>(g.h) || ix >= static_cast<std::ptrdiff_t>(g.w);
+        l.put(cols, static_cast<std::size_t>(r), (ky * k + kx) * c,
+              outside ? nullptr
+                      : x + ((i * g.h + static_cast<std::size_t>(iy)) * g.w + static_cast<std::size_t>(ix)) * c,
+              c);
       }
   }
+  l.zero_padding(cols, rows);
 }
 
 /// The channel block of a float (n, c, h, w) activation in layout d: 1 plain NCHW, 8 or 16
@@ -155,34 +212,45 @@ inline std::size_t conv2d_channel_block(const dnnl::memory::desc& d, std::size_t
 /// x at (n, c, oy * stride - pad + ky, ox * stride - pad + kx), zeros outside x — the order of
 /// loom's (oc, ic, ky, kx) weights, so that dy^T by these columns is the weight gradient in
 /// loom's layout with no reorder after it. x float, its channels in blocks of `block` (1: plain
-/// NCHW; 8, 16: nChw8c, nChw16c; C: channels-last), read in place.
+/// NCHW; 8, 16: nChw8c, nChw16c; C: channels-last), read in place. The columns in layout l
+/// (plain row-major unless given).
 inline void conv2d_channel_major_columns(const conv2d_geometry& g, std::size_t batch, const float* x, std::size_t block,
-                                         float* cols) {
+                                         float* cols, conv2d_column_layout l = {}) {
   const std::size_t oh = g.oh(), ow = g.ow(), k = g.k, kk = k * k, c = g.c, rows = batch * oh * ow, width = kk * c;
   const std::size_t plane = g.h * g.w, blocks = c / block;
+  l.width = width;
   const auto n = static_cast<std::ptrdiff_t>(rows);
-#pragma omp parallel for schedule(static) if (rows * width >= parallel_threshold)
-  for (std::ptrdiff_t r = 0; r < n; ++r) {
-    const std::size_t i = static_cast<std::size_t>(r) / (oh * ow), oy = static_cast<std::size_t>(r) / ow % oh,
-                      ox = static_cast<std::size_t>(r) % ow;
-    float* out = cols + static_cast<std::size_t>(r) * width;
-    for (std::size_t ky = 0; ky < k; ++ky)
-      for (std::size_t kx = 0; kx < k; ++kx) {
-        const std::ptrdiff_t iy = static_cast<std::ptrdiff_t>(oy * g.stride + ky) - static_cast<std::ptrdiff_t>(g.pad);
-        const std::ptrdiff_t ix = static_cast<std::ptrdiff_t>(ox * g.stride + kx) - static_cast<std::ptrdiff_t>(g.pad);
-        float* o = out + ky * k + kx;
-        if (iy < 0 || ix < 0 || iy >= static_cast<std::ptrdiff_t>(g.h) || ix >= static_cast<std::ptrdiff_t>(g.w)) {
-          for (std::size_t ch = 0; ch < c; ++ch) o[ch * kk] = 0;
-          continue;
+  // A row's values go kk apart: written in place when the layout is plain; for BA16a64b into a
+  // row of the thread's own, then copied a 64-column band at a time (writing them in place
+  // there, 64 KB apart in ResNet-18, thrashed the cache: 1.6x slower).
+#pragma omp parallel if (rows * width >= parallel_threshold)
+  {
+    std::vector<float> own(l.packed_rows ? width : 0);
+#pragma omp for schedule(static)
+    for (std::ptrdiff_t r = 0; r < n; ++r) {
+      const std::size_t i = static_cast<std::size_t>(r) / (oh * ow), oy = static_cast<std::size_t>(r) / ow % oh,
+                        ox = static_cast<std::size_t>(r) % ow;
+      float* out = l.packed_rows ? own.data() : cols + l.row(static_cast<std::size_t>(r));
+      for (std::size_t ky = 0; ky < k; ++ky)
+        for (std::size_t kx = 0; kx < k; ++kx) {
+          const std::ptrdiff_t iy = static_cast<std::ptrdiff_t>(oy * g.stride + ky) - static_cast<std::ptrdiff_t>(g.pad);
+          const std::ptrdiff_t ix = static_cast<std::ptrdiff_t>(ox * g.stride + kx) - static_cast<std::ptrdiff_t>(g.pad);
+          float* o = out + ky * k + kx;
+          if (iy < 0 || ix < 0 || iy >= static_cast<std::ptrdiff_t>(g.h) || ix >= static_cast<std::ptrdiff_t>(g.w)) {
+            for (std::size_t ch = 0; ch < c; ++ch) o[ch * kk] = 0;
+            continue;
+          }
+          const std::size_t pixel = static_cast<std::size_t>(iy) * g.w + static_cast<std::size_t>(ix);
+          for (std::size_t b = 0; b < blocks; ++b) {
+            const float* px = x + (i * blocks + b) * plane * block + pixel * block;
+            float* ob = o + b * block * kk;
+            for (std::size_t j = 0; j < block; ++j) ob[j * kk] = px[j];
+          }
         }
-        const std::size_t pixel = static_cast<std::size_t>(iy) * g.w + static_cast<std::size_t>(ix);
-        for (std::size_t b = 0; b < blocks; ++b) {
-          const float* px = x + (i * blocks + b) * plane * block + pixel * block;
-          float* ob = o + b * block * kk;
-          for (std::size_t j = 0; j < block; ++j) ob[j * kk] = px[j];
-        }
-      }
+      if (l.packed_rows) l.put(cols, static_cast<std::size_t>(r), 0, own.data(), width);
+    }
   }
+  l.zero_padding(cols, rows);
 }
 
 /// The plain (oihw) layout of a convolution's weights, as loom stores them.
@@ -377,7 +445,7 @@ LOOM_DECL void dnnl_conv2d::backward_weights_by_matmul(entry& e, const float* x,
       block = g_.c;
     }
     e.cols_of = nullptr;  // cols_scratch holds these columns, not a forward's
-    conv2d_channel_major_columns(g_, batch, xs, block, xc);
+    conv2d_channel_major_columns(g_, batch, xs, block, xc, conv2d_column_layout_of(e.wgrad_b));
     cols = xc;
   } else {
     cols = columns_of(e, x, batch, true);
@@ -443,7 +511,7 @@ LOOM_DECL const void* dnnl_conv2d::columns_of(entry& e, const float* x, std::siz
   if (e.math == math_mode::bf16)
     conv2d_columns(g_, batch, static_cast<const std::uint16_t*>(xb), static_cast<std::uint16_t*>(cols));
   else
-    conv2d_columns(g_, batch, static_cast<const float*>(xb), static_cast<float*>(cols));
+    conv2d_columns(g_, batch, static_cast<const float*>(xb), static_cast<float*>(cols), conv2d_column_layout_of(e.wgrad_b));
   e.cols_of = x;
   return cols;
 }
@@ -600,6 +668,16 @@ LOOM_DECL dnnl_conv2d::entry& dnnl_conv2d::get(std::size_t batch, const cpu_form
       e.wgrad_b = dnnl::memory::desc({rows, width}, in_type, tag::ab);
       e.wgrad_c = dnnl::memory::desc({ocs, width}, f32::f32, tag::ab);
       auto pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(e.wgrad_a, e.wgrad_b, e.wgrad_c), eng);
+      if (math == math_mode::fp32) {
+        // The columns in the layout the matmul picks, when it is one loom writes (BA16a64b,
+        // conv2d_column_layout); else row after row.
+        auto packed = dnnl::matmul::primitive_desc(
+            dnnl::matmul::desc(e.wgrad_a, dnnl::memory::desc({rows, width}, f32::f32, tag::any), e.wgrad_c), eng);
+        if (conv2d_column_layout_of(packed.weights_desc()).packed_rows) {
+          e.wgrad_b = packed.weights_desc();
+          pd = packed;
+        }
+      }
       e.wgrad = std::make_unique<dnnl::matmul>(pd);
       if (math == math_mode::bf16 && conv2d_by_matmul(g_)) {
         e.w_ohwi = dnnl::memory::desc({ocs, static_cast<dt>(g_.c), static_cast<dt>(g_.k), static_cast<dt>(g_.k)},
