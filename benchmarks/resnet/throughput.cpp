@@ -54,6 +54,7 @@ struct flags {
   std::size_t repeats = 1;
   std::uint64_t seed = 1;
   bool ceiling = true;
+  loom::conv_algorithm conv = loom::conv_algorithm::direct;
 };
 
 constexpr const char* usage = R"(usage: bench_resnet_throughput [flags]
@@ -66,9 +67,10 @@ constexpr const char* usage = R"(usage: bench_resnet_throughput [flags]
   --warmup X         seconds of warm-up steps before the repeats (default 1)
   --repeats N        timed repeats per row; the median is reported (default 1)
   --seed N           data, initialisation and shuffling seed (default 1)
-  --no-ceiling       do not measure oneDNN's rate on the network's convolutions
+  --conv ALG         direct (default) or winograd: loom's fp32 convolution algorithm (loom::conv_algorithm)
+  --no-ceiling       do not measure oneDNN's rate on the network's convolutions (direct ones, whatever --conv)
 Prints `cpu: impl=loom ...` first, then per row on stdout:
-  row: impl=loom model=M batch=B threads=T math=fp32|bf16 samples_per_s=S (median) runs=S1,..
+  row: impl=loom model=M batch=B threads=T math=fp32|bf16 conv=direct|winograd samples_per_s=S (median) runs=S1,..
        steps=N train_loss=L others_cores=O (CPU cores other processes used during the timed runs)
        conv_mflop_per_sample=F ceiling_gflops=C (oneDNN's rate on them) ceiling_fraction=S*F/C
 or, for bf16 on a CPU without avx512_bf16 or AMX,
@@ -98,6 +100,11 @@ flags parse(int argc, char** argv) {
     else if (name == "repeats") f.repeats = r.number<std::size_t>(name, value);
     else if (name == "seed") f.seed = r.number<std::uint64_t>(name, value);
     else if (name == "no-ceiling") f.ceiling = false;
+    else if (name == "conv") {
+      if (value == "direct") f.conv = loom::conv_algorithm::direct;
+      else if (value == "winograd") f.conv = loom::conv_algorithm::winograd;
+      else r.bad("--conv takes direct or winograd, got '" + std::string(value) + "'");
+    }
     else return false;
     return true;
   });
@@ -270,6 +277,7 @@ int main(int argc, char** argv) {
   try {
     bench::print_cpu_line();
     std::fflush(stdout);
+    loom::set_conv_algorithm(f.conv);
     const bool bf16_ok = loom::detect_cpu_features().bf16;
     for (const auto& model : f.models)
       for (const int threads : f.threads)
@@ -298,9 +306,10 @@ int main(int argc, char** argv) {
                           per_sample / 1e6, c, r.median * per_sample / 1e9 / c);
             ceiling = text;
           }
-          std::printf("row: impl=loom model=%s batch=%zu threads=%d math=%s samples_per_s=%.1f runs=%s steps=%zu "
-                      "train_loss=%.4f others_cores=%.2f%s\n",
-                      model.c_str(), f.batch, threads, loom::to_string(math), r.median, runs.c_str(), r.steps,
+          std::printf("row: impl=loom model=%s batch=%zu threads=%d math=%s conv=%s samples_per_s=%.1f runs=%s "
+                      "steps=%zu train_loss=%.4f others_cores=%.2f%s\n",
+                      model.c_str(), f.batch, threads, loom::to_string(math),
+                      f.conv == loom::conv_algorithm::winograd ? "winograd" : "direct", r.median, runs.c_str(), r.steps,
                       r.train_loss, r.others_cores, ceiling.c_str());
           std::fflush(stdout);
           if (!std::isfinite(r.train_loss)) {

@@ -8,10 +8,12 @@
 # prints the medians of samples/s, loom/eager and loom/compile, the share of oneDNN's own rate on the
 # network's convolutions that loom reaches (%ceiling), the CPU and the versions. bf16
 # rows (loom's math_mode::bf16, PyTorch's CPU autocast) only where the CPU has avx512_bf16 or AMX.
+# --conv winograd runs loom's fp32 convolutions by Winograd where that suits them
+# (loom::conv_algorithm; PyTorch's stay direct); %ceiling is still against oneDNN's direct ones.
 # Not a timed test: run it by hand (see benchmarks/README.md).
 #
 #   throughput.sh [--model resnet20,resnet18] [--threads 1,2] [--math fp32,bf16] [--rounds 3]
-#                 [--seconds 3] [--warmup 1]
+#                 [--seconds 3] [--warmup 1] [--conv direct|winograd]
 #
 # Environment: LOOM_BUILD_DIR (default build/), LOOM_JOBS (build parallelism, default 1),
 # LOOM_DATA_VENV (the PyTorch venv, default ~/.cache/loom/data-bench-venv; made if missing),
@@ -24,7 +26,7 @@ jobs=${LOOM_JOBS:-1}
 # strip_env, die, quiet_wait, build, field, cpu_line, has_cpu_flag, median
 source "$repo/benchmarks/common/lib.sh"
 
-models=resnet20,resnet18 threads=1,2 maths=fp32,bf16 rounds=3 seconds=3 warmup=1
+models=resnet20,resnet18 threads=1,2 maths=fp32,bf16 rounds=3 seconds=3 warmup=1 conv=direct
 while [ $# -gt 0 ]; do
   case $1 in
     --model) models=${2:?}; shift 2 ;;
@@ -33,6 +35,7 @@ while [ $# -gt 0 ]; do
     --rounds) rounds=${2:?}; shift 2 ;;
     --seconds) seconds=${2:?}; shift 2 ;;
     --warmup) warmup=${2:?}; shift 2 ;;
+    --conv) conv=${2:?}; shift 2 ;;
     -h|--help) sed -n '3,18p' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
@@ -57,7 +60,7 @@ run() {
   local common=(--model "$model" --threads "$t" --math "$math" --seconds "$seconds" --warmup "$warmup")
   quiet_wait
   if [ "$impl" = loom ]; then
-    out=$("${strip_env[@]}" "$program" "${common[@]}" 2>>"$log") || { tail -n 20 "$log" >&2; die "$program failed"; }
+    out=$("${strip_env[@]}" "$program" "${common[@]}" --conv "$conv" 2>>"$log") || { tail -n 20 "$log" >&2; die "$program failed"; }
   else
     out=$("${strip_env[@]}" "$venv/bin/python" "$here/throughput.py" --impl "$impl" "${common[@]}" 2>>"$log") ||
       { tail -n 20 "$log" >&2; die "throughput.py --impl $impl failed"; }
@@ -69,6 +72,7 @@ run() {
 
 echo "ResNet training throughput, loom against PyTorch: batch 64, SGD (lr 0.02, momentum 0.9), random images,"
 echo "  one process; $rounds round(s) of loom, eager, torch.compile in turn per row, ${seconds} s timed each after ${warmup} s warm-up"
+echo "  loom's fp32 convolutions: $conv (loom::conv_algorithm; PyTorch's are direct)"
 echo "  CPU: $(cpu_line)"
 echo "  $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores"
 table=()

@@ -17,6 +17,7 @@
 
 #include "gradient_check.hpp"
 #include "loom/backend/cpu.hpp"
+#include "loom/backend/cpu/features.hpp"
 #include "loom/layers/activation.hpp"
 #include "loom/layers/batch_norm.hpp"
 #include "loom/layers/conv2d.hpp"
@@ -501,4 +502,82 @@ TEST_CASE("x's columns in oneDNN's BA16a64b are the plain columns' values block 
     const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), detail::dnnl_engine());
     CHECK(detail::conv2d_column_layout_of(pd.weights_desc()).packed_rows == 32);
   }
+}
+
+TEST_CASE("conv_algorithm::winograd: the 3x3 stride-1 convolutions it suits run oneDNN's Winograd kernels where the "
+          "CPU has them and agree with the reference; others stay direct",
+          "[layers][backend]") {
+  struct restore {  // the setting is the process's: put the default back whatever happens
+    ~restore() { set_conv_algorithm(conv_algorithm::direct); }
+  } guard;
+  const bool avx512 = detail::cpu_vector_level() == 2;  // where oneDNN 2.6 has them (jit_wino_4x3:avx512_core)
+  constexpr std::size_t n = 4;
+  const conv2d_geometry suits{32, 8, 8, 48, 3, 1, 1}, too_few_channels{16, 8, 8, 48, 3, 1, 1},
+      strided{32, 8, 8, 48, 3, 2, 1};
+  CHECK(detail::conv2d_winograd_suits(suits));
+  CHECK_FALSE(detail::conv2d_winograd_suits(too_few_channels));
+  CHECK_FALSE(detail::conv2d_winograd_suits(strided));
+  CHECK_FALSE(detail::conv2d_winograd_suits({32, 3, 3, 48, 3, 1, 1}));  // 3x3 output pixels
+
+  {  // the default: direct everywhere
+    cpu_conv2d_plan<float> plan(suits);
+    const std::string impl = plan.implementations(n, {});
+    INFO(impl);
+    CHECK(impl.find("wino") == std::string::npos);
+  }
+  set_conv_algorithm(conv_algorithm::winograd);
+  CHECK(get_conv_algorithm() == conv_algorithm::winograd);
+  for (const conv2d_geometry& g : {too_few_channels, strided}) {
+    cpu_conv2d_plan<float> plan(g);
+    const std::string impl = plan.implementations(n, {});
+    INFO(impl);
+    CHECK(impl.find("wino") == std::string::npos);
+  }
+  // In bf16 math nothing changes (oneDNN has no bf16 Winograd).
+  if (detect_cpu_features().bf16) {
+    cpu_conv2d_plan<float> plan(suits);
+    const std::string impl = plan.implementations(n, {}, math_mode::bf16);
+    INFO(impl);
+    CHECK(impl.find("wino") == std::string::npos);
+  }
+
+  // Forward and both gradients against the double reference, within a few times float
+  // rounding of sums of 288 products (Winograd's transforms round more than a direct sum does).
+  const conv2d_geometry& g = suits;
+  cpu_conv2d_plan<float> plan(g);
+  const std::string impl = plan.implementations(n, {});
+  INFO(impl);
+  CHECK((impl.find("fwd jit_wino") != std::string::npos) == avx512);
+  CHECK((impl.find("bwd_d jit_wino") != std::string::npos) == avx512);
+  CHECK((impl.find("bwd_w jit_wino") != std::string::npos) == avx512);
+  const std::size_t xs = n * g.c * g.h * g.w, ys = n * g.oc * g.oh() * g.ow();
+  const auto xd = loom::testing::random_values(xs, 91, 1.0, 0.0);
+  const auto wd = loom::testing::random_values(g.weight_count(), 92, 0.1, 0.0);
+  const auto bd = loom::testing::random_values(g.oc, 93, 0.1, 0.0);
+  const auto dyd = loom::testing::random_values(ys, 94, 1.0, 0.0);
+  const std::vector<float> x(xd.begin(), xd.end()), w(wd.begin(), wd.end()), b(bd.begin(), bd.end()),
+      dy(dyd.begin(), dyd.end());
+  const std::vector<double> xr(x.begin(), x.end()), wr(w.begin(), w.end()), br(b.begin(), b.end()),
+      dyr(dy.begin(), dy.end());
+  std::vector<double> y_ref(ys), dx_ref(xs), dw_ref(g.weight_count()), db_ref(g.oc);
+  detail::conv2d_reference<double>::forward(g, n, xr.data(), wr.data(), br.data(), y_ref.data());
+  detail::conv2d_reference<double>::backward(g, n, xr.data(), wr.data(), dyr.data(), dx_ref.data(), dw_ref.data(),
+                                             db_ref.data(), false);
+  auto agree = [](const char* what, const std::vector<float>& actual, const std::vector<double>& expected) {
+    const auto c = compare_relative(std::span<const float>(actual), std::span<const double>(expected),
+                                    max_abs(std::span<const double>(expected)));
+    INFO(what << ": " << c.str());
+    CHECK(c.max_error < 1e-5);
+  };
+  cpu::layout_converter conv;
+  std::vector<float> y(ys), dx(xs), dw(g.weight_count()), db(g.oc);
+  const cpu_format yf = plan.forward(x.data(), {}, w.data(), b.data(), y.data(), n);
+  std::vector<float> y_plain(ys), dy_in(ys);
+  std::memcpy(y_plain.data(), conv.to_plain<float, shape<48, 8, 8>>(y.data(), yf, n), ys * sizeof(float));
+  agree("y", y_plain, y_ref);
+  conv.from_plain<float, shape<48, 8, 8>>(dy.data(), yf, dy_in.data(), n);
+  plan.backward(x.data(), {}, w.data(), dy_in.data(), dx.data(), dw.data(), db.data(), n, false);
+  agree("dx", dx, dx_ref);
+  agree("dw", dw, dw_ref);
+  agree("db", db, db_ref);
 }

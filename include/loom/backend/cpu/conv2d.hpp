@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -20,6 +21,31 @@
 #include "loom/core/memory.hpp"
 
 namespace loom {
+
+/// How the CPU backend computes its float convolutions in fp32 math.
+/// - direct (the default): oneDNN's direct convolutions (and, for a weight gradient of few
+///   output pixels, a matmul over x's columns), what PyTorch runs on the CPU.
+/// - winograd: oneDNN's Winograd F(4x4, 3x3) kernels (AVX-512) for the 3x3, stride-1,
+///   padding-1 convolutions of at least 32 input and output channels and 4x4 output pixels, in
+///   forward and both gradients; the others stay direct, as everything does on a CPU without
+///   those kernels (AVX2). About half the time of the direct kernels at ResNet-18's 64 channels
+///   by 16x16 and 128 by 8x8 (benchmarks/README.md), with rounding errors about 4x the direct
+///   ones' (1e-6 of the largest output against 3e-7, 64 channels, normal inputs): results are
+///   not the direct convolutions' bits. bf16 math is not affected.
+enum class conv_algorithm { direct, winograd };
+
+namespace detail {
+inline conv_algorithm& conv_algorithm_setting() {
+  static conv_algorithm a = conv_algorithm::direct;
+  return a;
+}
+}  // namespace detail
+
+/// Sets the algorithm for the convolutions' oneDNN primitives created after the call: a
+/// convolution creates them at its first batch of each size, so call it before training (as
+/// set_threads). Programs with several threads calling it while others train get either.
+inline void set_conv_algorithm(conv_algorithm a) { detail::conv_algorithm_setting() = a; }
+inline conv_algorithm get_conv_algorithm() { return detail::conv_algorithm_setting(); }
 
 namespace detail {
 
@@ -91,6 +117,9 @@ class dnnl_conv2d {
   LOOM_DECL void backward(const float* x, const cpu_format& xf, const float* w, const float* dy, float* dx, float* dw,
                           float* db, std::size_t batch, bool accumulate, math_mode math,
                           const std::uint16_t* dy_bf16 = nullptr);
+  /// The oneDNN implementations (or loom's matmul) that run forward, the input gradient and the
+  /// weight gradient for this batch, layout and math mode: "fwd ... bwd_d ... bwd_w ...".
+  LOOM_DECL std::string implementations(std::size_t batch, const cpu_format& xf, math_mode math);
 
  private:
   struct entry;  // the primitives of one (batch, layout, math mode), and their scratch
@@ -170,6 +199,14 @@ class cpu_conv2d_plan {
   }
 
   const conv2d_geometry& geometry() const { return g_; }
+
+  /// float: which kernels run this convolution for a batch of that size in layout xf and math
+  /// mode (detail::dnnl_conv2d::implementations), creating them if need be.
+  std::string implementations(std::size_t batch, const cpu_format& xf, math_mode math = math_mode::fp32)
+    requires std::is_same_v<T, float>
+  {
+    return run_.implementations(batch, xf, math);
+  }
 
  private:
   conv2d_geometry g_;

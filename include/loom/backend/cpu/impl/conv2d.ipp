@@ -103,6 +103,17 @@ struct dnnl_conv2d::entry {
 /// at 4x4 they run 600-760 GFLOP/s and stay).
 inline bool conv2d_by_matmul(const conv2d_geometry& g) { return g.oh() * g.ow() <= 4; }
 
+/// Whether conv_algorithm::winograd runs convolution g by Winograd: 3x3, stride 1, padding 1,
+/// at least 32 input and output channels and 4x4 output pixels. Measured against the direct
+/// kernels (oneDNN 2.6, batch 64, one thread, forward / input gradient / weight gradient, ms):
+/// 64 channels at 16x16 6.8/6.7/6.5 -> 3.6/3.5/4.0; 128 at 8x8 6.2/6.1/6.5 -> 3.3/3.3/3.3; 256
+/// at 4x4 6.0/4.7/8.4 -> 4.5/4.5/3.1; 64 at 7x7 1.1/1.1/1.3 -> 0.9/0.9/1.0; 32 at 14x14
+/// 1.2/2.2/1.2 -> 1.2/1.2/1.2. Slower below: 512 at 2x2 6.6/4.0 -> 17.7/16.8, and 16 at 28x28
+/// 1.3/5.0 -> 1.8/56.9.
+inline bool conv2d_winograd_suits(const conv2d_geometry& g) {
+  return g.k == 3 && g.stride == 1 && g.pad == 1 && g.c >= 32 && g.oc >= 32 && g.oh() >= 4 && g.ow() >= 4;
+}
+
 /// Whether a convolution's weight gradient runs as a matmul over x's columns: where its output
 /// has at most 16 pixels (in bf16: when its output is channels-last, as AMX writes it). oneDNN
 /// 2.6's backward-weights kernels are slow there: ResNet-18's 512-channel 3x3 convolution at 2x2,
@@ -609,11 +620,25 @@ LOOM_DECL dnnl_conv2d::entry& dnnl_conv2d::get(std::size_t batch, const cpu_form
       ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
       attr.set_post_ops(ops);
     }
+    // Winograd where it is asked for and suits (conv_algorithm): each pass falls back to the
+    // direct algorithm where oneDNN has no Winograd kernel for it (no AVX-512).
+    const bool winograd = math == math_mode::fp32 && get_conv_algorithm() == conv_algorithm::winograd &&
+                          conv2d_winograd_suits(g_);
+    auto algorithm_for = [&](auto&& make) {
+      if (winograd) try {
+          return make(dnnl::algorithm::convolution_winograd);
+        } catch (const dnnl::error& err) {
+          if (err.status != dnnl_unimplemented) throw;
+        }
+      return make(dnnl::algorithm::convolution_direct);
+    };
     auto make_fwd = [&](const dnnl::memory::desc& dst) {
-      return dnnl::convolution_forward::primitive_desc(
-          dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, src_any,
-                                          w_any, b_md, dst, strides, pad, pad),
-          attr, eng);
+      return algorithm_for([&](dnnl::algorithm a) {
+        return dnnl::convolution_forward::primitive_desc(
+            dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, a, src_any, w_any, b_md, dst, strides,
+                                            pad, pad),
+            attr, eng);
+      });
     };
     auto fwd_pd = make_fwd(dst_any);
     const std::size_t out_elems = batch * g_.oc * g_.oh() * g_.ow();
@@ -644,14 +669,16 @@ LOOM_DECL dnnl_conv2d::entry& dnnl_conv2d::get(std::size_t batch, const cpu_form
     const dnnl::memory::desc diff_dst =
         math == math_mode::bf16 ? dnnl::memory::desc({n, static_cast<dt>(g_.oc), oh, ow}, f32::bf16, tag::any)
                                 : fwd_pd.dst_desc();
-    auto bwd_data_pd = dnnl::convolution_backward_data::primitive_desc(
-        dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, diff_src_any, w_any, diff_dst,
-                                              strides, pad, pad),
-        eng, fwd_pd);
-    auto bwd_w_pd = dnnl::convolution_backward_weights::primitive_desc(
-        dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src_any, diff_w_any, b_md,
-                                                 diff_dst, strides, pad, pad),
-        eng, fwd_pd);
+    auto bwd_data_pd = algorithm_for([&](dnnl::algorithm a) {
+      return dnnl::convolution_backward_data::primitive_desc(
+          dnnl::convolution_backward_data::desc(a, diff_src_any, w_any, diff_dst, strides, pad, pad), eng, fwd_pd);
+    });
+    auto bwd_w_pd = algorithm_for([&](dnnl::algorithm a) {
+      return dnnl::convolution_backward_weights::primitive_desc(
+          dnnl::convolution_backward_weights::desc(a, src_any, diff_w_any, b_md, diff_dst, strides, pad, pad), eng,
+          fwd_pd);
+    });
+    const bool winograd_weights = std::string(bwd_w_pd.impl_info_str()).find("wino") != std::string::npos;
     entries_.push_back(std::make_unique<entry>(entry{batch, math, given, dst_format, y_desc, fwd_pd,
                                                      dnnl::convolution_forward(fwd_pd), bwd_data_pd,
                                                      dnnl::convolution_backward_data(bwd_data_pd), bwd_w_pd,
@@ -659,7 +686,7 @@ LOOM_DECL dnnl_conv2d::entry& dnnl_conv2d::get(std::size_t batch, const cpu_form
                                                      {}, {}, {}, {}, {}, {}, nullptr, {}, nullptr, nullptr, nullptr,
                                                      nullptr, {}, {}, {}, {}, {}, {}, {}, {}, {}, nullptr}));
     entry& e = *entries_.back();
-    if (conv2d_weights_by_matmul(g_, math, y_desc, batch)) {
+    if (!winograd_weights && conv2d_weights_by_matmul(g_, math, y_desc, batch)) {
       const dt rows = n * oh * ow, width = static_cast<dt>(g_.k * g_.k * g_.c), ocs = static_cast<dt>(g_.oc);
       e.x_rows = dnnl::memory::desc({n, static_cast<dt>(g_.c), static_cast<dt>(g_.h), static_cast<dt>(g_.w)},
                                          in_type, tag::nhwc);
@@ -704,6 +731,13 @@ LOOM_DECL dnnl_conv2d::entry& dnnl_conv2d::get(std::size_t batch, const cpu_form
     throw backend_error(std::string("loom: oneDNN failed while creating convolution primitives: ") + err.what() +
                         " (status " + std::to_string(static_cast<int>(err.status)) + ")");
   }
+}
+
+LOOM_DECL std::string dnnl_conv2d::implementations(std::size_t batch, const cpu_format& xf, math_mode math) {
+  entry& e = get(batch, xf, math);
+  return std::string("fwd ") + (e.fwd_mm ? "loom matmul" : e.fwd_pd.impl_info_str()) + " bwd_d " +
+         (e.dgrad ? "loom matmul" : e.bwd_data_pd.impl_info_str()) + " bwd_w " +
+         (e.wgrad ? "loom matmul" : e.bwd_w_pd.impl_info_str());
 }
 
 }  // namespace loom::detail
