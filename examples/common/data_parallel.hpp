@@ -54,6 +54,9 @@ inline constexpr const char* recipe_usage = R"(  --grad-compression none|bf16|fp
                          operands rounded to bf16 and summed in float, weights, gradients,
                          batch norms and the optimizer staying float (loom::math_mode::bf16,
                          as PyTorch's CPU autocast; needs avx512_bf16 or AMX, refused otherwise)
+  --conv direct|winograd how fp32 convolutions compute: direct (default, PyTorch's), or by
+                         Winograd where it suits them: 3x3, stride 1, 32+ channels, 4x4+ pixels,
+                         AVX-512 (loom::conv_algorithm; faster, results not direct's bits)
 )";
 
 /// The recipe's flags (parser's `extra`; --sync-bn is a switch: parser::with_switches).
@@ -70,6 +73,7 @@ struct recipe_flags {
   double ema_decay = 0.99998;
   std::size_t ema_every = 32;
   loom::math_mode math = loom::math_mode::fp32;
+  loom::conv_algorithm conv = loom::conv_algorithm::direct;
 #if LOOM_HAS_IMAGES
   /// --shard-streams, --shuffle-window, --on-bad-sample, --decode-threads (shards in --data).
   shard_flags shards;
@@ -105,6 +109,10 @@ struct recipe_flags {
     } else if (name == "math") {
       if (value != "fp32" && value != "bf16") p.fail("--math must be fp32 or bf16, got '" + std::string(value) + "'");
       math = value == "bf16" ? loom::math_mode::bf16 : loom::math_mode::fp32;
+    } else if (name == "conv") {
+      if (value != "direct" && value != "winograd")
+        p.fail("--conv must be direct or winograd, got '" + std::string(value) + "'");
+      conv = value == "winograd" ? loom::conv_algorithm::winograd : loom::conv_algorithm::direct;
     } else if (name == "grad-compression") {
       grad_compression = value;
       if (grad_compression != "none" && grad_compression != "bf16" && grad_compression != "fp16")
@@ -157,6 +165,7 @@ int train_on(const char* program, const flags& f, const recipe_flags& r, const T
                 .lr = f.lr, .weight_decay = r.weight_decay, .decay_norm_and_bias = r.norm_bias_decay})
           : loom::any_optimizer::options(loom::sgd::options{.lr = f.lr, .momentum = f.momentum, .weight_decay = r.weight_decay,
                                                             .decay_norm_and_bias = r.norm_bias_decay});
+  loom::set_conv_algorithm(r.conv);  // before the network's first batch creates its convolutions
   loom::trainer_options options{.seed = f.seed, .threads = f.threads, .math = r.math, .label_smoothing = r.label_smoothing};
   if (r.ema) options.ema = loom::ema_options::torchvision(r.ema_decay, f.batch, r.ema_every, std::max<std::size_t>(f.epochs, 1));
   using trainer_type = loom::trainer<Net, loom::softmax_cross_entropy, loom::any_optimizer, data_parallel_policy>;
