@@ -54,9 +54,13 @@ inline constexpr const char* recipe_usage = R"(  --grad-compression none|bf16|fp
                          operands rounded to bf16 and summed in float, weights, gradients,
                          batch norms and the optimizer staying float (loom::math_mode::bf16,
                          as PyTorch's CPU autocast; needs avx512_bf16 or AMX, refused otherwise)
-  --conv direct|winograd how fp32 convolutions compute: direct (default, PyTorch's), or by
-                         Winograd where it suits them: 3x3, stride 1, 32+ channels, 4x4+ pixels,
-                         AVX-512 (loom::conv_algorithm; faster, results not direct's bits)
+  --conv auto|direct|winograd
+                         how fp32 convolutions compute: auto (default) by Winograd where that
+                         was measured faster (3x3, stride 1, 48+ channels or 32+ at 20x20+
+                         pixels, enough 4x4 tiles in the batch; AVX-512), direct elsewhere;
+                         direct everywhere (PyTorch's); or Winograd for every 3x3 stride-1
+                         one of 32+ channels and 4x4+ pixels (loom::conv_algorithm; Winograd's
+                         results are not direct's bits)
 )";
 
 /// The recipe's flags (parser's `extra`; --sync-bn is a switch: parser::with_switches).
@@ -73,7 +77,7 @@ struct recipe_flags {
   double ema_decay = 0.99998;
   std::size_t ema_every = 32;
   loom::math_mode math = loom::math_mode::fp32;
-  loom::conv_algorithm conv = loom::conv_algorithm::direct;
+  loom::conv_algorithm conv = loom::conv_algorithm::automatic;
 #if LOOM_HAS_IMAGES
   /// --shard-streams, --shuffle-window, --on-bad-sample, --decode-threads (shards in --data).
   shard_flags shards;
@@ -110,9 +114,11 @@ struct recipe_flags {
       if (value != "fp32" && value != "bf16") p.fail("--math must be fp32 or bf16, got '" + std::string(value) + "'");
       math = value == "bf16" ? loom::math_mode::bf16 : loom::math_mode::fp32;
     } else if (name == "conv") {
-      if (value != "direct" && value != "winograd")
-        p.fail("--conv must be direct or winograd, got '" + std::string(value) + "'");
-      conv = value == "winograd" ? loom::conv_algorithm::winograd : loom::conv_algorithm::direct;
+      if (value != "auto" && value != "direct" && value != "winograd")
+        p.fail("--conv must be auto, direct or winograd, got '" + std::string(value) + "'");
+      conv = value == "winograd" ? loom::conv_algorithm::winograd
+             : value == "direct" ? loom::conv_algorithm::direct
+                                 : loom::conv_algorithm::automatic;
     } else if (name == "grad-compression") {
       grad_compression = value;
       if (grad_compression != "none" && grad_compression != "bf16" && grad_compression != "fp16")

@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 #include <dnnl.hpp>
+#include <omp.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -504,12 +505,13 @@ TEST_CASE("x's columns in oneDNN's BA16a64b are the plain columns' values block 
   }
 }
 
-TEST_CASE("conv_algorithm::winograd: the 3x3 stride-1 convolutions it suits run oneDNN's Winograd kernels where the "
-          "CPU has them and agree with the reference; others stay direct",
+TEST_CASE("conv_algorithm: automatic runs oneDNN's Winograd kernels where they pay, winograd where they suit, direct "
+          "nowhere; Winograd agrees with the reference",
           "[layers][backend]") {
   struct restore {  // the setting is the process's: put the default back whatever happens
-    ~restore() { set_conv_algorithm(conv_algorithm::direct); }
+    ~restore() { set_conv_algorithm(conv_algorithm::automatic); }
   } guard;
+  CHECK(get_conv_algorithm() == conv_algorithm::automatic);  // the default
   const bool avx512 = detail::cpu_vector_level() == 2;  // where oneDNN 2.6 has them (jit_wino_4x3:avx512_core)
   constexpr std::size_t n = 4;
   const conv2d_geometry suits{32, 8, 8, 48, 3, 1, 1}, too_few_channels{16, 8, 8, 48, 3, 1, 1},
@@ -519,17 +521,47 @@ TEST_CASE("conv_algorithm::winograd: the 3x3 stride-1 convolutions it suits run 
   CHECK_FALSE(detail::conv2d_winograd_suits(strided));
   CHECK_FALSE(detail::conv2d_winograd_suits({32, 3, 3, 48, 3, 1, 1}));  // 3x3 output pixels
 
-  {  // the default: direct everywhere
-    cpu_conv2d_plan<float> plan(suits);
-    const std::string impl = plan.implementations(n, {});
+  // Where it pays (automatic): enough channels, and enough 4x4 tiles per thread (64 at 1 or 2).
+  const conv2d_geometry c64_16{64, 16, 16, 64, 3, 1, 1}, c512_7{512, 7, 7, 512, 3, 1, 1},
+      c32_14{32, 14, 14, 32, 3, 1, 1}, c32_28{32, 28, 28, 32, 3, 1, 1}, c48_14{48, 14, 14, 48, 3, 1, 1};
+  CHECK(detail::conv2d_winograd_pays(c64_16, 4, 1));        // 64 tiles
+  CHECK(detail::conv2d_winograd_pays(c64_16, 4, 2));
+  CHECK_FALSE(detail::conv2d_winograd_pays(c64_16, 3, 1));  // 48
+  CHECK_FALSE(detail::conv2d_winograd_pays(c64_16, 4, 4));  // 16 a thread
+  CHECK(detail::conv2d_winograd_pays(c64_16, 8, 4));
+  CHECK(detail::conv2d_winograd_pays(c512_7, 16, 1));       // 4 tiles a sample
+  CHECK_FALSE(detail::conv2d_winograd_pays(c512_7, 8, 1));
+  CHECK_FALSE(detail::conv2d_winograd_pays(c32_14, 64, 1));  // 32 channels at 14x14: no gain
+  CHECK(detail::conv2d_winograd_pays(c32_28, 4, 1));         // at 28x28: a gain
+  CHECK(detail::conv2d_winograd_pays(c48_14, 32, 1));
+  CHECK_FALSE(detail::conv2d_winograd_pays(too_few_channels, 64, 1));
+  CHECK_FALSE(detail::conv2d_winograd_pays(strided, 64, 1));
+  CHECK_FALSE(detail::conv2d_winograd_pays({512, 2, 2, 512, 3, 1, 1}, 256, 1));  // 2x2 output pixels
+
+  auto implementations = [](const conv2d_geometry& g, std::size_t batch) {
+    cpu_conv2d_plan<float> plan(g);
+    return plan.implementations(batch, {});
+  };
+  {  // automatic: by the batch (16 samples of 8x8: 64 tiles; 4: 16)
+    const std::string pays = implementations({64, 8, 8, 64, 3, 1, 1}, 16),
+                      not_yet = implementations({64, 8, 8, 64, 3, 1, 1}, 4);
+    INFO(pays << " / " << not_yet);
+    const bool few_threads = omp_get_max_threads() <= 2;  // 64 tiles are enough for 1 or 2
+    CHECK((pays.find("fwd jit_wino") != std::string::npos) == (avx512 && few_threads));
+    CHECK((pays.find("bwd_w jit_wino") != std::string::npos) == (avx512 && few_threads));
+    CHECK(not_yet.find("wino") == std::string::npos);
+  }
+  set_conv_algorithm(conv_algorithm::direct);
+  CHECK(get_conv_algorithm() == conv_algorithm::direct);
+  {  // direct: nowhere
+    const std::string impl = implementations({64, 8, 8, 64, 3, 1, 1}, 16);
     INFO(impl);
     CHECK(impl.find("wino") == std::string::npos);
   }
   set_conv_algorithm(conv_algorithm::winograd);
   CHECK(get_conv_algorithm() == conv_algorithm::winograd);
   for (const conv2d_geometry& g : {too_few_channels, strided}) {
-    cpu_conv2d_plan<float> plan(g);
-    const std::string impl = plan.implementations(n, {});
+    const std::string impl = implementations(g, n);
     INFO(impl);
     CHECK(impl.find("wino") == std::string::npos);
   }

@@ -6,6 +6,7 @@
 // (x, w, dy, converted by reorders) and write float outputs and gradients. double, for
 // gradient checks, runs a direct reference loop.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -23,20 +24,30 @@
 namespace loom {
 
 /// How the CPU backend computes its float convolutions in fp32 math.
-/// - direct (the default): oneDNN's direct convolutions (and, for a weight gradient of few
-///   output pixels, a matmul over x's columns), what PyTorch runs on the CPU.
-/// - winograd: oneDNN's Winograd F(4x4, 3x3) kernels (AVX-512) for the 3x3, stride-1,
-///   padding-1 convolutions of at least 32 input and output channels and 4x4 output pixels, in
-///   forward and both gradients; the others stay direct, as everything does on a CPU without
-///   those kernels (AVX2). About half the time of the direct kernels at ResNet-18's 64 channels
-///   by 16x16 and 128 by 8x8 (benchmarks/README.md), with rounding errors about 4x the direct
-///   ones' (1e-6 of the largest output against 3e-7, 64 channels, normal inputs): results are
-///   not the direct convolutions' bits. bf16 math is not affected.
-enum class conv_algorithm { direct, winograd };
+/// - automatic (the default): oneDNN's Winograd F(4x4, 3x3) kernels (AVX-512) for the 3x3,
+///   stride-1, padding-1 convolutions where they were measured faster than the direct ones in
+///   forward and both gradients together (detail::conv2d_winograd_pays: 48+ channels, or 32+ at
+///   20x20+ output pixels; 4x4+ output pixels; 32+ tiles of 4x4 output pixels in the batch per
+///   thread, at least 64), direct elsewhere. About half the time of the direct kernels at
+///   ResNet-18's 64 channels by 16x16 or 56x56 and 128 by 8x8 or 28x28, batch 32-64, 1 or 2
+///   threads (benchmarks/README.md). Rounding errors about 4x the direct ones' (1e-6 of the
+///   largest output against 3e-7, 64 channels, normal inputs): those convolutions' results are
+///   not the direct ones' bits, and which algorithm runs depends on the batch (a short last
+///   batch, or a rank's share of one, may run direct where the full batch runs Winograd).
+/// - direct: oneDNN's direct convolutions everywhere (and, for a weight gradient of few output
+///   pixels, a matmul over x's columns), what PyTorch runs on the CPU: the same algorithm
+///   whatever the batch.
+/// - winograd: Winograd for every 3x3, stride-1, padding-1 convolution of at least 32 input and
+///   output channels and 4x4 output pixels, whatever the batch and threads (slower than direct
+///   at small batches: 512 channels at 7x7, batch 4, takes 2.3x the direct time); the others
+///   stay direct.
+/// On a CPU without oneDNN's Winograd kernels (AVX2) all three run direct. bf16 math is not
+/// affected (oneDNN has no bf16 Winograd).
+enum class conv_algorithm { automatic, direct, winograd };
 
 namespace detail {
 inline conv_algorithm& conv_algorithm_setting() {
-  static conv_algorithm a = conv_algorithm::direct;
+  static conv_algorithm a = conv_algorithm::automatic;
   return a;
 }
 }  // namespace detail
@@ -48,6 +59,49 @@ inline void set_conv_algorithm(conv_algorithm a) { detail::conv_algorithm_settin
 inline conv_algorithm get_conv_algorithm() { return detail::conv_algorithm_setting(); }
 
 namespace detail {
+
+/// Whether conv_algorithm::winograd runs convolution g by Winograd: 3x3, stride 1, padding 1,
+/// at least 32 input and output channels and 4x4 output pixels. Measured against the direct
+/// kernels (oneDNN 2.6, batch 64, one thread, forward / input gradient / weight gradient, ms):
+/// 64 channels at 16x16 6.8/6.7/6.5 -> 3.6/3.5/4.0; 128 at 8x8 6.2/6.1/6.5 -> 3.3/3.3/3.3; 256
+/// at 4x4 6.0/4.7/8.4 -> 4.5/4.5/3.1; 64 at 7x7 1.1/1.1/1.3 -> 0.9/0.9/1.0; 32 at 14x14
+/// 1.2/2.2/1.2 -> 1.2/1.2/1.2. Slower below: 512 at 2x2 6.6/4.0 -> 17.7/16.8, and 16 at 28x28
+/// 1.3/5.0 -> 1.8/56.9.
+inline bool conv2d_winograd_suits(const conv2d_geometry& g) {
+  return g.k == 3 && g.stride == 1 && g.pad == 1 && g.c >= 32 && g.oc >= 32 && g.oh() >= 4 && g.ow() >= 4;
+}
+
+/// Whether conv_algorithm::automatic runs convolution g by Winograd for `batch` samples on
+/// `threads` threads: where it suits (above) and the three passes together were measured faster
+/// than direct — at least 48 channels (in and out), or 32 with at least 400 output pixels; and
+/// at least 32 tiles (4x4 output pixels each, over the batch) per thread, 64 at the least.
+/// Measured (oneDNN 2.6, AVX-512, the three passes' time over the direct ones'; 1 thread, and 2
+/// where named): tiles decide — 512 channels at 7x7 (4 tiles a sample) 6.5 at batch 1, 2.3 at
+/// 4, 1.3 at 8, 0.92 at 16 (2 threads 0.90), 0.70 at 32; 256 at 14x14 (16) 1.6, 1.1, 0.78 at
+/// 1, 2, 4 (2 threads 0.62 at 4); 128 at 8x8 (4) 4.2 at 1, 0.94 at 8, 0.75 at 16 (2 threads
+/// 1.12 at 4, 0.71 at 16); 512 at 4x4 (1) 0.98 at 32, 0.69 at 64; 64 at 16x16 0.98 at 2, 0.77
+/// at 4; 64 at 56x56 0.53 at 1, 0.46-0.49 at 8-32. Few channels gain less: 32 at 14x14 1.19 at
+/// 16 and 0.97-1.02 at 32-64 (1 and 2 threads); 32 at 28x28 0.79 at 4, 0.62 at 16; 48 at 14x14
+/// 0.79 at 32. Beyond 2 threads (not measured) each thread keeps as many tiles as at 2.
+inline bool conv2d_winograd_pays(const conv2d_geometry& g, std::size_t batch, std::size_t threads) {
+  if (!conv2d_winograd_suits(g)) return false;
+  const std::size_t channels = std::min(g.c, g.oc), pixels = g.oh() * g.ow();
+  const std::size_t tiles = batch * ((g.oh() + 3) / 4) * ((g.ow() + 3) / 4);
+  if (tiles < 32 * std::max<std::size_t>(threads, 2)) return false;
+  return channels >= 48 || pixels >= 400;
+}
+
+/// Whether a float convolution g of `batch` samples on `threads` threads, in fp32 math, asks
+/// oneDNN for Winograd under algorithm a (each pass runs direct where oneDNN has no Winograd
+/// kernel for it).
+inline bool conv2d_winograd_wanted(conv_algorithm a, const conv2d_geometry& g, std::size_t batch, std::size_t threads) {
+  switch (a) {
+    case conv_algorithm::automatic: return conv2d_winograd_pays(g, batch, threads);
+    case conv_algorithm::winograd: return conv2d_winograd_suits(g);
+    case conv_algorithm::direct: return false;
+  }
+  return false;
+}
 
 /// Reference convolution over plain NCHW data, in any scalar type.
 template <class T>

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <omp.h>
+
 #include "loom/backend/cpu/conv2d.hpp"
 #include "loom/backend/cpu/gemm.hpp"
 #include "loom/backend/cpu/impl/dnnl_support.ipp"
@@ -102,17 +104,6 @@ struct dnnl_conv2d::entry {
 /// a call for ResNet-18's 512-channel 3x3 convolution, batch 64, one thread, about 120 GFLOP/s;
 /// at 4x4 they run 600-760 GFLOP/s and stay).
 inline bool conv2d_by_matmul(const conv2d_geometry& g) { return g.oh() * g.ow() <= 4; }
-
-/// Whether conv_algorithm::winograd runs convolution g by Winograd: 3x3, stride 1, padding 1,
-/// at least 32 input and output channels and 4x4 output pixels. Measured against the direct
-/// kernels (oneDNN 2.6, batch 64, one thread, forward / input gradient / weight gradient, ms):
-/// 64 channels at 16x16 6.8/6.7/6.5 -> 3.6/3.5/4.0; 128 at 8x8 6.2/6.1/6.5 -> 3.3/3.3/3.3; 256
-/// at 4x4 6.0/4.7/8.4 -> 4.5/4.5/3.1; 64 at 7x7 1.1/1.1/1.3 -> 0.9/0.9/1.0; 32 at 14x14
-/// 1.2/2.2/1.2 -> 1.2/1.2/1.2. Slower below: 512 at 2x2 6.6/4.0 -> 17.7/16.8, and 16 at 28x28
-/// 1.3/5.0 -> 1.8/56.9.
-inline bool conv2d_winograd_suits(const conv2d_geometry& g) {
-  return g.k == 3 && g.stride == 1 && g.pad == 1 && g.c >= 32 && g.oc >= 32 && g.oh() >= 4 && g.ow() >= 4;
-}
 
 /// Whether a convolution's weight gradient runs as a matmul over x's columns: where its output
 /// has at most 16 pixels (in bf16: when its output is channels-last, as AMX writes it). oneDNN
@@ -620,10 +611,11 @@ LOOM_DECL dnnl_conv2d::entry& dnnl_conv2d::get(std::size_t batch, const cpu_form
       ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
       attr.set_post_ops(ops);
     }
-    // Winograd where it is asked for and suits (conv_algorithm): each pass falls back to the
-    // direct algorithm where oneDNN has no Winograd kernel for it (no AVX-512).
-    const bool winograd = math == math_mode::fp32 && get_conv_algorithm() == conv_algorithm::winograd &&
-                          conv2d_winograd_suits(g_);
+    // Winograd where it is asked for and suits, or pays (conv_algorithm): each pass falls back
+    // to the direct algorithm where oneDNN has no Winograd kernel for it (no AVX-512).
+    const bool winograd = math == math_mode::fp32 &&
+                          conv2d_winograd_wanted(get_conv_algorithm(), g_, batch,
+                                                 static_cast<std::size_t>(std::max(1, omp_get_max_threads())));
     auto algorithm_for = [&](auto&& make) {
       if (winograd) try {
           return make(dnnl::algorithm::convolution_winograd);
