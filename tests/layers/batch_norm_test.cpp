@@ -387,12 +387,13 @@ TEST_CASE("batch_norm's own sums give the same bits on one thread and on two", "
   std::vector<float> x(batch * c * spatial), dy(x.size());
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = 1.0f + std::sin(0.11f * static_cast<float>(i)), dy[i] = std::cos(0.7f * static_cast<float>(i));
   const detail::batch_norm_rows_layout l{batch, c, spatial, c};
-  std::vector<float> mean(c, 1.0f);
+  std::vector<float> mean(c, 1.0f), scale(c, 1.5f), shift(c, 0.25f);  // a fused ReLU's gradient: where x > 1 - 1/6
   auto sums = [&](int threads) {
     omp_set_num_threads(threads);
     std::vector<double> partials(detail::batch_norm_rows_partials(c)), s(4 * c + 1);
     detail::batch_norm_rows_sums(x.data(), l, partials.data(), s.data());
-    detail::batch_norm_rows_gradient_sums(x.data(), dy.data(), x.data(), l, mean.data(), partials.data(), s.data() + 2 * c + 1);
+    detail::batch_norm_rows_gradient_sums(x.data(), dy.data(), l, mean.data(), scale.data(), shift.data(), partials.data(),
+                                          s.data() + 2 * c + 1);
     return s;
   };
   const int before = omp_get_max_threads();
@@ -402,5 +403,5 @@ TEST_CASE("batch_norm's own sums give the same bits on one thread and on two", "
   CHECK(std::memcmp(one.data(), three.data(), one.size() * sizeof(double)) == 0);
   CHECK(one[2 * c] == static_cast<double>(batch * spatial));
   // The layer's memory plan counts the passes' scratch: the shares' partial sums among it.
-  STATIC_REQUIRE(batch_norm::rows_scratch_per_channel >= 2 * detail::batch_norm_rows_partials(1) + 8 + 4);
+  STATIC_REQUIRE(batch_norm::rows_scratch_per_channel >= 2 * detail::batch_norm_rows_partials(1) + 8 + 6);
 }

@@ -124,9 +124,9 @@ struct batch_norm {
   }
   /// The CPU's own passes' scratch per channel, in floats: each of at most 32 shares' two
   /// partial sums (double: 128), the forward's and backward's sums (double: 4 + 4; 2 more floats
-  /// for the count), 1 / std and three coefficients (4). detail::batch_norm_rows_partials agrees
-  /// (a test checks).
-  static constexpr std::size_t rows_scratch_per_channel = 128 + 8 + 4;
+  /// for the count), 1 / std, backward's three coefficients and forward's scale and shift (6).
+  /// detail::batch_norm_rows_partials agrees (a test checks).
+  static constexpr std::size_t rows_scratch_per_channel = 128 + 8 + 6;
   template <class In, class Backend>
   static constexpr layout_effect layout = layout_effect::keeps;
 
@@ -147,14 +147,15 @@ struct batch_norm {
       relu_ = true;
     }
     /// With a fused ReLU, backward takes the gradient of the ReLU's output and applies the
-    /// ReLU's gradient itself (oneDNN's backward does, from its mask; otherwise one pass here,
-    /// from y): the network runs no backward of the ReLU (detail::backward_fused_into_previous).
+    /// ReLU's gradient itself (oneDNN's backward does, from its mask, and loom's own passes, from
+    /// x and forward's scale and shift; otherwise one pass here, from y): the network runs no
+    /// backward of the ReLU (detail::backward_fused_into_previous).
     static constexpr bool applies_fused_relu_gradient = true;
 
     /// The network calls these when a convolution that reads bf16 copies comes after it (past
-    /// a fused ReLU), and right before it: under bf16 math, where its own passes run (loom's
-    /// rows: channels-last of other than 8 or 16 channels), they then write y's bf16 copy
-    /// (activation::bf16), and dx's (input_gradient_bf16), as they go.
+    /// a fused ReLU), and right before it: under bf16 math its own passes run on channels-last
+    /// (loom's rows, cpu_batch_norm_plan::own_rows) and write y's bf16 copy (activation::bf16),
+    /// and dx's (input_gradient_bf16), as they go.
     void write_bf16_output() { bf16_output_ = true; }
     void write_bf16_input_gradient() { bf16_gradient_ = true; }
     /// The last backward's dx in bf16, or null.
@@ -188,7 +189,8 @@ struct batch_norm {
         detail::batch_norm_single_value(index_, batch, c_, g_.spatial());
       if constexpr (copies) {
         y.format = plan_.forward_training(x.data, x.format, params, params + c_, y.data, running_, running_ + c_,
-                                          momentum, batch, ctx.replicas, bf16_output_ && ctx.math == math_mode::bf16);
+                                          momentum, batch, ctx.replicas, bf16_output_ && ctx.math == math_mode::bf16,
+                                          bf16_gradient_ && ctx.math == math_mode::bf16);
         y.bf16 = plan_.output_bf16();
       } else {
         y.format = plan_.forward_training(x.data, x.format, params, params + c_, y.data, running_, running_ + c_,

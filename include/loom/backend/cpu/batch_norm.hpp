@@ -124,16 +124,17 @@ class cpu_batch_norm_plan {
 
   /// Training: y = batch_norm(x) with the batch's statistics (summed over `replicas` when given),
   /// in x's layout (returned); the running statistics move toward the batch's by momentum. With
-  /// bf16_copy, where loom's own passes run (channels-last of other than 8 or 16 channels, or
-  /// synchronized), y's bf16 copy too: output_bf16() after it (null where none was written).
+  /// bf16_copy, where loom's own passes run (channels-last, or synchronized: own_rows), y's bf16
+  /// copy too: output_bf16() after it (null where none was written). bf16_gradient_copy: the
+  /// backward after it will ask for dx's (both steer own_rows).
   cpu_format forward_training(const T* x, const cpu_format& xf, const T* w, const T* b, T* y, T* running_mean,
                               T* running_var, double momentum, std::size_t batch, process_group* replicas,
-                              bool bf16_copy = false) {
+                              bool bf16_copy = false, bool bf16_gradient_copy = false) {
     // A rank without samples (a short last batch) takes part in the sums by the kernel bodies.
     // A group of one (one rank, or one survivor of a recovery) has the statistics oneDNN gives.
     const bool group = replicas && replicas->size() > 1;
     mode_ = !vendor || (group && batch == 0) ? path::kernels
-            : own_rows(xf, batch, group)     ? path::rows
+            : own_rows(xf, batch, group, bf16_copy || bf16_gradient_copy) ? path::rows
             : group                          ? path::vendor_synchronized
                                              : path::vendor;
     synchronized_ = group;
@@ -185,15 +186,17 @@ class cpu_batch_norm_plan {
   }
 
   /// After forward_training: the weight and bias gradients (overwritten, or added to when
-  /// accumulate) and, when dx is not null, the input gradient, all from dy (x's layout). y is
-  /// forward's output: with a fused ReLU, backward_applies_fused_relu() tells whether dy is the
-  /// ReLU output's gradient (then the ReLU's gradient is where y > 0). With bf16_copy, where
-  /// loom's own passes run, dx's bf16 copy too: input_gradient_bf16() after it.
+  /// accumulate) and, when dx is not null, the input gradient, all from dy (x's layout). With a
+  /// fused ReLU, backward_applies_fused_relu() tells whether dy is the ReLU output's gradient
+  /// (then the ReLU's gradient is taken where forward's output was positive: from oneDNN's mask,
+  /// or recomputed from x by loom's passes). y, forward's output, is not read. With bf16_copy,
+  /// where loom's own passes run, dx's bf16 copy too: input_gradient_bf16() after it.
   void backward(const T* x, const cpu_format& xf, const T* w, const T* b, const T* dy, T* dx, T* dw, T* db,
-                std::size_t batch, bool accumulate, process_group* replicas, const T* y, bool bf16_copy = false) {
+                std::size_t batch, bool accumulate, process_group* replicas, [[maybe_unused]] const T* y,
+                bool bf16_copy = false) {
     input_gradient_bf16_ = nullptr;
     if (mode_ == path::rows) {
-      if constexpr (vendor) rows_backward(x, xf, w, dy, y, dx, dw, db, batch, accumulate, replicas, bf16_copy);
+      if constexpr (vendor) rows_backward(x, xf, w, dy, dx, dw, db, batch, accumulate, replicas, bf16_copy);
       return;
     }
     if (mode_ == path::kernels)
@@ -245,12 +248,15 @@ class cpu_batch_norm_plan {
   /// Whether float training takes loom's own passes: on an image whose channels are innermost
   /// (nChw16c, nChw8c, channels-last) when synchronized, and on channels-last of other than 8 or
   /// 16 channels alone (8 and 16 are blocked layouts byte for byte, where oneDNN's kernels are
-  /// the faster: 0.75-0.87x for loom's at 64 x 16..512 channels, batch 64, one thread).
-  bool own_rows(const cpu_format& xf, std::size_t batch, bool group) const {
+  /// the faster: 0.75-0.87x for loom's at 64 x 16..512 channels, batch 64, one thread) — of 8
+  /// or 16 too when bf16 copies of y or dx are asked for (bf16 math), which loom's passes write
+  /// as they go and oneDNN's would need converted after them: ResNet-20 bf16 at one thread,
+  /// 870 -> 885 samples/s (medians of 5), its 16-channel stage's 11 conversions a step gone.
+  bool own_rows(const cpu_format& xf, std::size_t batch, bool group, bool bf16_copies) const {
     if (!vendor || g_.rank == 1 || batch == 0 || xf.plain()) return false;
     const std::size_t blk = block(xf, batch);
     if (group) return blk == 8 || blk == 16 || blk == g_.c;
-    return blk == g_.c && g_.c != 8 && g_.c != 16;
+    return blk == g_.c && ((g_.c != 8 && g_.c != 16) || bf16_copies);
   }
 
   detail::batch_norm_rows_layout rows_layout(const cpu_format& xf, std::size_t batch) const {
@@ -274,33 +280,36 @@ class cpu_batch_norm_plan {
     invstd_.reserve_discard(c);
     detail::cpu_for_each(c, kernels::batch_norm_moments<T>{sums_.data(), c, g_.eps, momentum, mean_.data(),
                                                            invstd_.data(), running_mean, running_var});
-    coefficients_.reserve_discard(3 * c);
-    T* scale = coefficients_.data();
+    // a, b, d (backward's), then forward's scale and shift: backward recomputes a fused ReLU's
+    // gradient from them (the shift copied: the bits forward used, whatever happens to b).
+    coefficients_.reserve_discard(5 * c);
+    T* scale = coefficients_.data() + 3 * c;
     for (std::size_t k = 0; k < c; ++k) scale[k] = w[k] * invstd_.data()[k];
+    std::copy_n(b, c, scale + c);
     std::uint16_t* y16 = nullptr;
     if (bf16_copy) {
       output_copy_.reserve_discard(batch * c * g_.spatial());
       y16 = output_copy_.data();
     }
-    detail::batch_norm_rows_normalize(x, l, mean_.data(), scale, b, y, relu_, y16);
+    detail::batch_norm_rows_normalize(x, l, mean_.data(), scale, scale + c, y, relu_, y16);
     output_bf16_ = y16;
   }
 
   /// The rows path's backward: this rank's gradient sums (its weight and bias gradients), over
   /// the group when synchronized, then dx in one pass: w invstd (g - S(g) / N - xhat S(g xhat) / N).
-  void rows_backward(const T* x, const cpu_format& xf, const T* w, const T* dy, const T* y, T* dx, T* dw, T* db,
-                     std::size_t batch, bool accumulate, process_group* replicas, bool bf16_copy) {
+  /// A fused ReLU's gradient comes from x and forward's scale and shift, not from y.
+  void rows_backward(const T* x, const cpu_format& xf, const T* w, const T* dy, T* dx, T* dw, T* db, std::size_t batch,
+                     bool accumulate, process_group* replicas, bool bf16_copy) {
     const std::size_t c = g_.c;
-    if (relu_ && !y)
-      throw error("loom::batch_norm (" + std::to_string(c) + " channels): a backward with a fused ReLU needs "
-                  "forward's output");
     if (synchronized_ && !replicas)
       throw error("loom::batch_norm (" + std::to_string(c) + " channels): a backward without the replicas its "
                   "synchronized forward took the statistics of");
     const detail::batch_norm_rows_layout l = rows_layout(xf, batch);
     grad_sums_.reserve_discard(2 * c);
     double* s = grad_sums_.data();
-    detail::batch_norm_rows_gradient_sums(x, dy, relu_ ? y : nullptr, l, mean_.data(), partials_.data(), s);
+    const T* relu_scale = relu_ ? coefficients_.data() + 3 * c : nullptr;  // forward's (rows_forward)
+    const T* relu_shift = relu_ ? coefficients_.data() + 4 * c : nullptr;
+    detail::batch_norm_rows_gradient_sums(x, dy, l, mean_.data(), relu_scale, relu_shift, partials_.data(), s);
     const T* invstd = invstd_.data();
     for (std::size_t k = 0; k < c; ++k) {  // this rank's own, as every parameter's gradient
       const T gw = static_cast<T>(invstd[k] * s[c + k]), gb = static_cast<T>(s[k]);
@@ -324,7 +333,7 @@ class cpu_batch_norm_plan {
       gradient_copy_.reserve_discard(batch * c * g_.spatial());
       dx16 = gradient_copy_.data();
     }
-    detail::batch_norm_rows_input_gradient(x, dy, relu_ ? y : nullptr, l, mean_.data(), a, bx, d, dx, dx16);
+    detail::batch_norm_rows_input_gradient(x, dy, l, mean_.data(), relu_scale, relu_shift, a, bx, d, dx, dx16);
     input_gradient_bf16_ = dx16;
   }
 
@@ -459,7 +468,8 @@ class cpu_batch_norm_plan {
   // Synchronized: this rank's statistics as sums, then the group's (2C + 1, double); the
   // group's gradient sums (2C, double); 1 / std (C); the input gradient's correction (2C).
   // The rows path: its sums (sums_, grad_sums_ as above), each share's partial sums
-  // (batch_norm_rows_partials), 1 / std, and per channel scale (forward) or a, b, d (backward).
+  // (batch_norm_rows_partials), 1 / std, and per channel a, b, d (backward) and forward's scale
+  // and shift.
   buffer<double> sums_, grad_sums_, partials_;
   buffer<T> invstd_, coefficients_;
   // The rows path's bf16 copies of y and dx (asked for under bf16 math: the copies a bf16

@@ -5,8 +5,8 @@
 // blocked nChw16c / nChw8c (each pixel's 16 or 8 values of one block of channels in a row).
 // Four passes, each one walk over the activation: the per-channel sums of x and x^2 (forward),
 // the normalisation (with the ReLU after it when fused), the per-channel sums of dy and
-// dy (x - mean) (backward; with a fused ReLU, dy where forward's output is positive: no mask is
-// kept), and the input gradient. The sums come out as double totals
+// dy (x - mean) (backward; with a fused ReLU, dy where forward's normalised value was positive,
+// recomputed from x: neither a mask nor forward's output is read), and the input gradient. The sums come out as double totals
 // between the passes, where a synchronized batch norm adds them up over its replicas: one
 // forward, one backward, whatever the group (oneDNN's primitives take the statistics as given
 // or as their own, never both, so synchronized they ran forward twice and corrected the input
@@ -56,17 +56,20 @@ LOOM_DECL void batch_norm_rows_normalize(const float* x, const batch_norm_rows_l
                                          const float* scale, const float* shift, float* y, bool relu,
                                          std::uint16_t* y16 = nullptr);
 
-/// With g = dy, or (y not null: forward's output with a fused ReLU) dy where y > 0 and 0
-/// elsewhere: sums[c] = the sum of g over channel c, sums[C + c] = of g (x - mean[c]).
-LOOM_DECL void batch_norm_rows_gradient_sums(const float* x, const float* dy, const float* y,
-                                             const batch_norm_rows_layout& l, const float* mean, double* partials,
-                                             double* sums);
+/// With g = dy, or (relu_scale and relu_shift not null: the scale and shift of a forward with a
+/// fused ReLU) dy where that forward's (x - mean[c]) * scale[c] + shift[c] was positive — the
+/// ReLU's gradient, recomputed from x as batch_norm_rows_normalize computed it (the same bits),
+/// so that forward's output is not read — and 0 elsewhere: sums[c] = the sum of g over channel
+/// c, sums[C + c] = of g (x - mean[c]).
+LOOM_DECL void batch_norm_rows_gradient_sums(const float* x, const float* dy, const batch_norm_rows_layout& l,
+                                             const float* mean, const float* relu_scale, const float* relu_shift,
+                                             double* partials, double* sums);
 
 /// dx = a[c] g + b[c] (x - mean[c]) + d[c], g as above; dx16 (when not null) = dx rounded to
 /// bf16, as y16 above.
-LOOM_DECL void batch_norm_rows_input_gradient(const float* x, const float* dy, const float* y,
-                                              const batch_norm_rows_layout& l, const float* mean, const float* a,
-                                              const float* b, const float* d, float* dx,
+LOOM_DECL void batch_norm_rows_input_gradient(const float* x, const float* dy, const batch_norm_rows_layout& l,
+                                              const float* mean, const float* relu_scale, const float* relu_shift,
+                                              const float* a, const float* b, const float* d, float* dx,
                                               std::uint16_t* dx16 = nullptr);
 
 }  // namespace loom::detail

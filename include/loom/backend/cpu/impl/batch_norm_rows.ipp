@@ -30,8 +30,11 @@ struct args {
   batch_norm_rows_layout l;
   const float* x;
   const float* dy;
-  const float* y;  // backward: forward's output when a ReLU was fused (its gradient: where y > 0)
-  bool relu;       // normalize: with the ReLU after it
+  // backward with a fused ReLU: forward's scale and shift (its gradient: where forward's
+  // normalized(x) > 0, recomputed); null without one
+  const float* relu_scale;
+  const float* relu_shift;
+  bool relu;  // normalize: with the ReLU after it
   const float* mean;
   const float* p0;  // normalize: scale; input_gradient: a
   const float* p1;  // shift; b
@@ -122,6 +125,16 @@ template <std::size_t B, class Op>
   }
 }
 
+/// v = forward's normalisation before its ReLU, (x - mean) scale + shift: one function, so that
+/// backward's recomputation of where it was positive (a fused ReLU's gradient) gives forward's
+/// bits, without reading forward's output. (Written through v: a vector returned by value
+/// would change the ABI between the three targets.)
+template <std::size_t V>
+[[gnu::always_inline]] inline void normalized(vf<V>& v, const vf<V>& x, const vf<V>& mean, const vf<V>& scale,
+                                              const vf<V>& shift) {
+  v = (x - mean) * scale + shift;
+}
+
 template <std::size_t V, std::size_t P>
 [[gnu::always_inline]] inline void add_to_double(const vf<V> (&v)[P], double* s) {
   for (std::size_t p = 0; p < P; ++p) {
@@ -163,21 +176,28 @@ struct sums_columns {
   }
 };
 
-/// Gradient sums of one run's rows: g = dy, or where y > 0 when Masked (a fused ReLU's
-/// gradient); s += the sums of g, q += of g (x - mean).
+/// Gradient sums of one run's rows: g = dy, or when Masked (a fused ReLU's gradient) dy where
+/// forward's normalized(x) > 0; s += the sums of g, q += of g (x - mean).
 template <bool Masked>
 struct gradient_columns {
   const float* x;
   const float* dy;
-  const float* y;
   const float* mean;
+  const float* scale;  // Masked: forward's
+  const float* shift;
   std::size_t pitch, r0, r1;
   double* s;
   double* q;
   template <std::size_t V, std::size_t P>
   [[gnu::always_inline]] void operator()(std::size_t j0) const {
-    vf<V> mu[P];
-    for (std::size_t p = 0; p < P; ++p) std::memcpy(&mu[p], mean + j0 + p * V, sizeof mu[p]);
+    vf<V> mu[P], sc[P], sh[P];
+    for (std::size_t p = 0; p < P; ++p) {
+      std::memcpy(&mu[p], mean + j0 + p * V, sizeof mu[p]);
+      if constexpr (Masked) {
+        std::memcpy(&sc[p], scale + j0 + p * V, sizeof sc[p]);
+        std::memcpy(&sh[p], shift + j0 + p * V, sizeof sh[p]);
+      }
+    }
     for (std::size_t c0 = r0; c0 < r1; c0 += chunk) {
       const std::size_t c1 = std::min(r1, c0 + chunk);
       vf<V> s1[P] = {}, s2[P] = {};
@@ -189,9 +209,9 @@ struct gradient_columns {
           std::memcpy(&xv, x + at + p * V, sizeof xv);
           std::memcpy(&g, dy + at + p * V, sizeof g);
           if constexpr (Masked) {
-            vf<V> yv;
-            std::memcpy(&yv, y + at + p * V, sizeof yv);
-            g = yv > 0 ? g : vf<V>{};
+            vf<V> v;
+            normalized<V>(v, xv, mu[p], sc[p], sh[p]);
+            g = v > 0 ? g : vf<V>{};
           }
           s1[p] += g;
           s2[p] += g * (xv - mu[p]);
@@ -204,22 +224,27 @@ struct gradient_columns {
 };
 
 /// One run's rows of a pass over the elements, from element `at` (its first row), of the
-/// channels from `ch`. normalize: y = (x - mean) k0 + k1, then max(y, 0) when Relu.
-/// input_gradient: dx = k0 g + k1 (x - mean) + k2, g = dy, or where y > 0 when Relu. With
-/// Copy, what is written is written rounded to bf16 at out16 too.
+/// channels from `ch`. normalize: y = normalized(x) with k0, k1 as scale and shift, then
+/// max(y, 0) when Relu. input_gradient: dx = k0 g + k1 (x - mean) + k2, g = dy, or when Relu dy
+/// where forward's normalized(x) > 0 (relu_scale, relu_shift). With Copy, what is written is
+/// written rounded to bf16 at out16 too.
 template <pass Kind, bool Relu, bool Copy>
 struct element_columns {
   const args& a;
   std::size_t at, ch, pitch, r0, r1;
   template <std::size_t V, std::size_t P>
   [[gnu::always_inline]] void operator()(std::size_t j0) const {
-    vf<V> mu[P], k0[P], k1[P], k2[P];
+    vf<V> mu[P], k0[P], k1[P], k2[P], sc[P], sh[P];
     const std::size_t c = ch + j0;
     for (std::size_t p = 0; p < P; ++p) {
       std::memcpy(&mu[p], a.mean + c + p * V, sizeof mu[p]);
       std::memcpy(&k0[p], a.p0 + c + p * V, sizeof k0[p]);
       std::memcpy(&k1[p], a.p1 + c + p * V, sizeof k1[p]);
       if constexpr (Kind == pass::input_gradient) std::memcpy(&k2[p], a.p2 + c + p * V, sizeof k2[p]);
+      if constexpr (Kind == pass::input_gradient && Relu) {
+        std::memcpy(&sc[p], a.relu_scale + c + p * V, sizeof sc[p]);
+        std::memcpy(&sh[p], a.relu_shift + c + p * V, sizeof sh[p]);
+      }
     }
     for (std::size_t r = r0; r < r1; ++r) {
       const std::size_t i = at + r * pitch + j0;
@@ -228,7 +253,8 @@ struct element_columns {
         vf<V> x;
         std::memcpy(&x, a.x + i + p * V, sizeof x);
         if constexpr (Kind == pass::normalize) {
-          vf<V> v = (x - mu[p]) * k0[p] + k1[p];
+          vf<V> v;
+          normalized<V>(v, x, mu[p], k0[p], k1[p]);
           if constexpr (Relu) v = v > 0 ? v : vf<V>{};
           std::memcpy(a.out + i + p * V, &v, sizeof v);
           if constexpr (Copy) store_bf16<V>(a.out16 + i + p * V, v);
@@ -236,9 +262,9 @@ struct element_columns {
           vf<V> g;
           std::memcpy(&g, a.dy + i + p * V, sizeof g);
           if constexpr (Relu) {
-            vf<V> yv;
-            std::memcpy(&yv, a.y + i + p * V, sizeof yv);
-            g = yv > 0 ? g : vf<V>{};
+            vf<V> v;
+            normalized<V>(v, x, mu[p], sc[p], sh[p]);
+            g = v > 0 ? g : vf<V>{};
           }
           const vf<V> v = k0[p] * g + k1[p] * (x - mu[p]) + k2[p];
           std::memcpy(a.out + i + p * V, &v, sizeof v);
@@ -275,8 +301,16 @@ template <std::size_t B, bool Masked>
   std::fill_n(p, 2 * c, 0.0);
   for (unit_rows it(l, u, units); it.next();) {
     const std::size_t g = it.run % groups, at = it.run * l.spatial * bk;
-    const gradient_columns<Masked> op{a.x + at,  a.dy + at, Masked ? a.y + at : nullptr, a.mean + g * bk, bk,
-                                      it.first, it.last,   p + g * bk,                  p + c + g * bk};
+    const gradient_columns<Masked> op{a.x + at,
+                                      a.dy + at,
+                                      a.mean + g * bk,
+                                      Masked ? a.relu_scale + g * bk : nullptr,
+                                      Masked ? a.relu_shift + g * bk : nullptr,
+                                      bk,
+                                      it.first,
+                                      it.last,
+                                      p + g * bk,
+                                      p + c + g * bk};
     for_column_groups<B>(bk, op);
   }
 }
@@ -301,7 +335,7 @@ template <std::size_t B, pass Kind, bool Relu>
 /// Share u of pass a, for rows of B values (0: any).
 template <std::size_t B>
 [[gnu::always_inline]] inline void unit_of_block(const args& a, std::size_t u, std::size_t units) {
-  const bool masked = a.y != nullptr;
+  const bool masked = a.relu_scale != nullptr;
   switch (a.kind) {
     case pass::sums: return sums_unit<B>(a, u, units);
     case pass::gradient_sums:
@@ -380,8 +414,8 @@ LOOM_DECL void batch_norm_rows_sums(const float* x, const batch_norm_rows_layout
     std::fill_n(sums, 2 * c, 0.0);
     return;
   }
-  bn_rows::run({bn_rows::pass::sums, l, x, nullptr, nullptr, false, nullptr, nullptr, nullptr, nullptr, nullptr, partials,
-                nullptr});
+  bn_rows::run({bn_rows::pass::sums, l, x, nullptr, nullptr, nullptr, false, nullptr, nullptr, nullptr, nullptr, nullptr,
+                partials, nullptr});
   bn_rows::add_shares(partials, l, sums);
   // From sums about x0 (each channel's first value) to sums about 0.
   for (std::size_t k = 0; k < c; ++k) {
@@ -394,25 +428,28 @@ LOOM_DECL void batch_norm_rows_sums(const float* x, const batch_norm_rows_layout
 LOOM_DECL void batch_norm_rows_normalize(const float* x, const batch_norm_rows_layout& l, const float* mean,
                                          const float* scale, const float* shift, float* y, bool relu,
                                          std::uint16_t* y16) {
-  bn_rows::run({bn_rows::pass::normalize, l, x, nullptr, nullptr, relu, mean, scale, shift, nullptr, y, nullptr, y16});
+  bn_rows::run(
+      {bn_rows::pass::normalize, l, x, nullptr, nullptr, nullptr, relu, mean, scale, shift, nullptr, y, nullptr, y16});
 }
 
-LOOM_DECL void batch_norm_rows_gradient_sums(const float* x, const float* dy, const float* y,
-                                             const batch_norm_rows_layout& l, const float* mean, double* partials,
-                                             double* sums) {
+LOOM_DECL void batch_norm_rows_gradient_sums(const float* x, const float* dy, const batch_norm_rows_layout& l,
+                                             const float* mean, const float* relu_scale, const float* relu_shift,
+                                             double* partials, double* sums) {
   if (l.rows() == 0) {
     std::fill_n(sums, 2 * l.channels, 0.0);
     return;
   }
-  bn_rows::run({bn_rows::pass::gradient_sums, l, x, dy, y, false, mean, nullptr, nullptr, nullptr, nullptr, partials,
-                nullptr});
+  bn_rows::run({bn_rows::pass::gradient_sums, l, x, dy, relu_scale, relu_shift, false, mean, nullptr, nullptr, nullptr,
+                nullptr, partials, nullptr});
   bn_rows::add_shares(partials, l, sums);
 }
 
-LOOM_DECL void batch_norm_rows_input_gradient(const float* x, const float* dy, const float* y,
-                                              const batch_norm_rows_layout& l, const float* mean, const float* a,
-                                              const float* b, const float* d, float* dx, std::uint16_t* dx16) {
-  bn_rows::run({bn_rows::pass::input_gradient, l, x, dy, y, false, mean, a, b, d, dx, nullptr, dx16});
+LOOM_DECL void batch_norm_rows_input_gradient(const float* x, const float* dy, const batch_norm_rows_layout& l,
+                                              const float* mean, const float* relu_scale, const float* relu_shift,
+                                              const float* a, const float* b, const float* d, float* dx,
+                                              std::uint16_t* dx16) {
+  bn_rows::run({bn_rows::pass::input_gradient, l, x, dy, relu_scale, relu_shift, false, mean, a, b, d, dx, nullptr,
+                dx16});
 }
 
 }  // namespace loom::detail
