@@ -13,7 +13,8 @@
 // The ceiling: oneDNN's own rate on the same convolutions — every convolution of the network
 // (the table below) at the row's batch, forward, backward weights and, except for the first
 // (whose input needs no gradient), backward data, run back to back as primitives on the layouts
-// they prefer (format any, no reorders timed), the direct algorithm as loom::cpu, fp32 or bf16
+// they prefer (format any, no reorders timed), by the algorithm loom::cpu picks for it under
+// --conv (loom::conv_algorithm: Winograd or direct, detail::conv2d_winograd_wanted), fp32 or bf16
 // (bf16 sources, weights and destinations, float weight gradients), on the row's threads. The
 // row's `ceiling_fraction` is loom's rate on those convolutions' FLOP (samples/s x the FLOP a
 // sample takes in them) over oneDNN's: how much of a step is the convolutions at oneDNN's speed.
@@ -54,7 +55,7 @@ struct flags {
   std::size_t repeats = 1;
   std::uint64_t seed = 1;
   bool ceiling = true;
-  loom::conv_algorithm conv = loom::conv_algorithm::direct;
+  loom::conv_algorithm conv = loom::conv_algorithm::automatic;
 };
 
 constexpr const char* usage = R"(usage: bench_resnet_throughput [flags]
@@ -67,10 +68,10 @@ constexpr const char* usage = R"(usage: bench_resnet_throughput [flags]
   --warmup X         seconds of warm-up steps before the repeats (default 1)
   --repeats N        timed repeats per row; the median is reported (default 1)
   --seed N           data, initialisation and shuffling seed (default 1)
-  --conv ALG         direct (default) or winograd: loom's fp32 convolution algorithm (loom::conv_algorithm)
-  --no-ceiling       do not measure oneDNN's rate on the network's convolutions (direct ones, whatever --conv)
+  --conv ALG         auto (default), direct or winograd: loom's fp32 convolution algorithm (loom::conv_algorithm)
+  --no-ceiling       do not measure oneDNN's rate on the network's convolutions (by loom's algorithms for --conv)
 Prints `cpu: impl=loom ...` first, then per row on stdout:
-  row: impl=loom model=M batch=B threads=T math=fp32|bf16 conv=direct|winograd samples_per_s=S (median) runs=S1,..
+  row: impl=loom model=M batch=B threads=T math=fp32|bf16 conv=auto|direct|winograd samples_per_s=S (median) runs=S1,..
        steps=N train_loss=L others_cores=O (CPU cores other processes used during the timed runs)
        conv_mflop_per_sample=F ceiling_gflops=C (oneDNN's rate on them) ceiling_fraction=S*F/C
 or, for bf16 on a CPU without avx512_bf16 or AMX,
@@ -101,9 +102,10 @@ flags parse(int argc, char** argv) {
     else if (name == "seed") f.seed = r.number<std::uint64_t>(name, value);
     else if (name == "no-ceiling") f.ceiling = false;
     else if (name == "conv") {
-      if (value == "direct") f.conv = loom::conv_algorithm::direct;
+      if (value == "auto") f.conv = loom::conv_algorithm::automatic;
+      else if (value == "direct") f.conv = loom::conv_algorithm::direct;
       else if (value == "winograd") f.conv = loom::conv_algorithm::winograd;
-      else r.bad("--conv takes direct or winograd, got '" + std::string(value) + "'");
+      else r.bad("--conv takes auto, direct or winograd, got '" + std::string(value) + "'");
     }
     else return false;
     return true;
@@ -194,12 +196,12 @@ void check_table(const char* model, const std::vector<conv_shape>& convs) {
 
 // oneDNN's GFLOP/s on the convolutions' training work at `batch` (see the file comment): the
 // median of 3 timings of about 0.5 s each, after 3 warm-up passes.
-double conv_ceiling(const std::vector<conv_shape>& convs, std::size_t batch, int threads, loom::math_mode math) {
+double conv_ceiling(const std::vector<conv_shape>& convs, std::size_t batch, int threads, loom::math_mode math,
+                    loom::conv_algorithm algorithm) {
   using dims = dnnl::memory::dims;
   using tag = dnnl::memory::format_tag;
   using dt = dnnl::memory::data_type;
   const dt data = math == loom::math_mode::bf16 ? dt::bf16 : dt::f32;
-  const auto direct = dnnl::algorithm::convolution_direct;
   omp_set_num_threads(threads);
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   dnnl::stream stream(eng);
@@ -221,19 +223,39 @@ double conv_ceiling(const std::vector<conv_shape>& convs, std::size_t batch, int
     const dims stride{g.s, g.s}, pad{g.p, g.p};
     const dnnl::memory::desc src({n, g.c, g.h, g.w}, data, tag::any), w({g.oc, g.c, g.k, g.k}, data, tag::any),
         dst({n, g.oc, g.oh(), g.ow()}, data, tag::any), dw({g.oc, g.c, g.k, g.k}, dt::f32, tag::any);
-    const dnnl::convolution_forward::primitive_desc fwd(
-        dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, direct, src, w, dst, stride, pad, pad), eng);
+    // The algorithm loom's plan picks for it (loom::conv_algorithm: Winograd in fp32 where it
+    // pays or is asked for, and where oneDNN has it; direct otherwise).
+    const loom::conv2d_geometry geometry{std::size_t(g.c), std::size_t(g.h),  std::size_t(g.w), std::size_t(g.oc),
+                                         std::size_t(g.k), std::size_t(g.s), std::size_t(g.p)};
+    auto algorithm_of = [&](auto&& make) {
+      if (math == loom::math_mode::fp32 &&
+          loom::detail::conv2d_winograd_wanted(algorithm, geometry, batch, std::size_t(threads)))
+        try {
+          return make(dnnl::algorithm::convolution_winograd);
+        } catch (const dnnl::error& e) {
+          if (e.status != dnnl_unimplemented) throw;
+        }
+      return make(dnnl::algorithm::convolution_direct);
+    };
+    const auto fwd = algorithm_of([&](dnnl::algorithm a) {
+      return dnnl::convolution_forward::primitive_desc(
+          dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, a, src, w, dst, stride, pad, pad), eng);
+    });
     steps.push_back({dnnl::convolution_forward(fwd),
                      {{DNNL_ARG_SRC, filled(fwd.src_desc())}, {DNNL_ARG_WEIGHTS, filled(fwd.weights_desc())},
                       {DNNL_ARG_DST, filled(fwd.dst_desc())}}});
-    const dnnl::convolution_backward_weights::primitive_desc bw(
-        dnnl::convolution_backward_weights::desc(direct, src, dw, dst, stride, pad, pad), eng, fwd);
+    const auto bw = algorithm_of([&](dnnl::algorithm a) {
+      return dnnl::convolution_backward_weights::primitive_desc(
+          dnnl::convolution_backward_weights::desc(a, src, dw, dst, stride, pad, pad), eng, fwd);
+    });
     steps.push_back({dnnl::convolution_backward_weights(bw),
                      {{DNNL_ARG_SRC, filled(bw.src_desc())}, {DNNL_ARG_DIFF_DST, filled(bw.diff_dst_desc())},
                       {DNNL_ARG_DIFF_WEIGHTS, filled(bw.diff_weights_desc())}}});
     if (l == 0) continue;
-    const dnnl::convolution_backward_data::primitive_desc bd(
-        dnnl::convolution_backward_data::desc(direct, src, w, dst, stride, pad, pad), eng, fwd);
+    const auto bd = algorithm_of([&](dnnl::algorithm a) {
+      return dnnl::convolution_backward_data::primitive_desc(
+          dnnl::convolution_backward_data::desc(a, src, w, dst, stride, pad, pad), eng, fwd);
+    });
     steps.push_back({dnnl::convolution_backward_data(bd),
                      {{DNNL_ARG_DIFF_DST, filled(bd.diff_dst_desc())}, {DNNL_ARG_WEIGHTS, filled(bd.weights_desc())},
                       {DNNL_ARG_DIFF_SRC, filled(bd.diff_src_desc())}}});
@@ -300,7 +322,7 @@ int main(int argc, char** argv) {
             const auto convs = model == "resnet18" ? resnet18_convs() : resnet20_convs();
             if (model == "resnet18") check_table<resnet18>(model.c_str(), convs);
             else check_table<resnet20>(model.c_str(), convs);
-            const double c = conv_ceiling(convs, f.batch, threads, math), per_sample = training_flop(convs);
+            const double c = conv_ceiling(convs, f.batch, threads, math, f.conv), per_sample = training_flop(convs);
             char text[160];
             std::snprintf(text, sizeof text, " conv_mflop_per_sample=%.1f ceiling_gflops=%.1f ceiling_fraction=%.3f",
                           per_sample / 1e6, c, r.median * per_sample / 1e9 / c);
@@ -309,7 +331,10 @@ int main(int argc, char** argv) {
           std::printf("row: impl=loom model=%s batch=%zu threads=%d math=%s conv=%s samples_per_s=%.1f runs=%s "
                       "steps=%zu train_loss=%.4f others_cores=%.2f%s\n",
                       model.c_str(), f.batch, threads, loom::to_string(math),
-                      f.conv == loom::conv_algorithm::winograd ? "winograd" : "direct", r.median, runs.c_str(), r.steps,
+                      f.conv == loom::conv_algorithm::winograd ? "winograd"
+                      : f.conv == loom::conv_algorithm::direct ? "direct"
+                                                                : "auto",
+                      r.median, runs.c_str(), r.steps,
                       r.train_loss, r.others_cores, ceiling.c_str());
           std::fflush(stdout);
           if (!std::isfinite(r.train_loss)) {

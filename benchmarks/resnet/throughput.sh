@@ -8,12 +8,13 @@
 # prints the medians of samples/s, loom/eager and loom/compile, the share of oneDNN's own rate on the
 # network's convolutions that loom reaches (%ceiling), the CPU and the versions. bf16
 # rows (loom's math_mode::bf16, PyTorch's CPU autocast) only where the CPU has avx512_bf16 or AMX.
-# --conv winograd runs loom's fp32 convolutions by Winograd where that suits them
-# (loom::conv_algorithm; PyTorch's stay direct); %ceiling is still against oneDNN's direct ones.
+# --conv picks loom's fp32 convolution algorithm (loom::conv_algorithm): auto (the default:
+# Winograd where measured faster, direct elsewhere), direct (PyTorch's, everywhere) or winograd;
+# PyTorch's stay direct; %ceiling is against oneDNN running the algorithms loom picks.
 # Not a timed test: run it by hand (see benchmarks/README.md).
 #
 #   throughput.sh [--model resnet20,resnet18] [--threads 1,2] [--math fp32,bf16] [--rounds 3]
-#                 [--seconds 3] [--warmup 1] [--conv direct|winograd]
+#                 [--seconds 3] [--warmup 1] [--conv auto|direct|winograd]
 #
 # Environment: LOOM_BUILD_DIR (default build/), LOOM_JOBS (build parallelism, default 1),
 # LOOM_DATA_VENV (the PyTorch venv, default ~/.cache/loom/data-bench-venv; made if missing),
@@ -26,7 +27,7 @@ jobs=${LOOM_JOBS:-1}
 # strip_env, die, quiet_wait, build, field, cpu_line, has_cpu_flag, median
 source "$repo/benchmarks/common/lib.sh"
 
-models=resnet20,resnet18 threads=1,2 maths=fp32,bf16 rounds=3 seconds=3 warmup=1 conv=direct
+models=resnet20,resnet18 threads=1,2 maths=fp32,bf16 rounds=3 seconds=3 warmup=1 conv=auto
 while [ $# -gt 0 ]; do
   case $1 in
     --model) models=${2:?}; shift 2 ;;
@@ -36,7 +37,7 @@ while [ $# -gt 0 ]; do
     --seconds) seconds=${2:?}; shift 2 ;;
     --warmup) warmup=${2:?}; shift 2 ;;
     --conv) conv=${2:?}; shift 2 ;;
-    -h|--help) sed -n '3,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '3,21p' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
 done
