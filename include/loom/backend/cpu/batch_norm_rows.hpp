@@ -6,11 +6,11 @@
 // Four passes, each one walk over the activation: the per-channel sums of x and x^2 (forward),
 // the normalisation (with the ReLU after it when fused), the per-channel sums of dy and
 // dy (x - mean) (backward; with a fused ReLU, dy where forward's normalised value was positive,
-// recomputed from x: neither a mask nor forward's output is read), and the input gradient. The sums come out as double totals
-// between the passes, where a synchronized batch norm adds them up over its replicas: one
-// forward, one backward, whatever the group (oneDNN's primitives take the statistics as given
-// or as their own, never both, so synchronized they ran forward twice and corrected the input
-// gradient in a third pass).
+// recomputed from x: neither a mask nor forward's output is read), and the input gradient. The
+// sums come out as double totals between the passes, where a synchronized batch norm adds them
+// up over its replicas: one forward, one backward, whatever the group (oneDNN's primitives take
+// the statistics as given or as their own, never both, so synchronized they ran forward twice
+// and corrected the input gradient in a third pass).
 //
 // Why loom's own: oneDNN 2.6's batch normalization on nhwc ran 1.8-2.5x slower than on its
 // blocked layouts for 32 and 64 channels (one thread), and a bf16 convolution (AMX) writes nhwc.
