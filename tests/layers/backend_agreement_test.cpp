@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -612,4 +613,50 @@ TEST_CASE("conv_algorithm: automatic runs oneDNN's Winograd kernels where they p
   agree("dx", dx, dx_ref);
   agree("dw", dw, dw_ref);
   agree("db", db, db_ref);
+}
+
+namespace {
+// Two blocks, each after a ReLU: in `relu_into_block` each block applies that ReLU's gradient in
+// its own backward (detail::backward_fused_into_next: the ReLU runs none); in `relu_cut` an
+// identity pooling between the ReLU and the block keeps the ReLU's own backward.
+using basic_block = residual_with<layers<conv2d<16, 3, 1, 1, no_bias>, batch_norm, relu, conv2d<16, 3, 1, 1, no_bias>, batch_norm>>;
+using down_block = residual_with<layers<conv2d<32, 3, 2, 1, no_bias>, batch_norm, relu, conv2d<32, 3, 1, 1, no_bias>, batch_norm>,
+                                 shortcut<conv2d<32, 1, 2, 0, no_bias>, batch_norm>>;
+using relu_into_block = network<input<3, 8, 8>, conv2d<16, 3, 1, 1>, relu, basic_block, relu, down_block, relu,
+                                global_avg_pool2d, flatten, linear<5>>;
+using relu_cut = network<input<3, 8, 8>, conv2d<16, 3, 1, 1>, relu, avg_pool2d<1>, basic_block, relu, avg_pool2d<1>,
+                         down_block, relu, global_avg_pool2d, flatten, linear<5>>;
+}  // namespace
+
+TEST_CASE("A residual block applies the gradient of the ReLU before it, bit for bit the ReLU's own backward",
+          "[layers][backend][residual]") {
+  using chain = relu_into_block::chain;
+  // The ReLUs before the blocks run no backward (the one after the convolution is fused into it;
+  // its gradient is the block's to apply), the one after the last block does.
+  static_assert(detail::backward_skipped_in_sequence<chain, 1, cpu>());
+  static_assert(detail::backward_skipped_in_sequence<chain, 3, cpu>());
+  static_assert(!detail::backward_skipped_in_sequence<chain, 5, cpu>());
+  static_assert(!detail::backward_skipped_in_sequence<relu_cut::chain, 1, cpu>());
+  static_assert(!detail::backward_skipped_in_sequence<relu_cut::chain, 4, cpu>());
+  static_assert(relu_into_block::parameter_count == relu_cut::parameter_count);
+  const std::size_t batch = 4;
+  model<relu_into_block, float> fused(5);
+  model<relu_cut, float> cut(5);
+  std::copy(fused.parameters().begin(), fused.parameters().end(), cut.parameters().begin());
+  const auto xd = loom::testing::random_values(batch * relu_into_block::input_shape::size, 131, 1.0, 0.0);
+  const auto dyd = loom::testing::random_values(batch * relu_into_block::output_shape::size, 132, 1.0, 0.0);
+  const std::vector<float> x(xd.begin(), xd.end()), dy(dyd.begin(), dyd.end());
+  run_context ctx;
+  for (int step = 0; step < 2; ++step) {
+    const float* ya = fused.forward(ctx, x.data(), batch);
+    const std::vector<float> a(ya, ya + batch * relu_into_block::output_shape::size);
+    const float* yb = cut.forward(ctx, x.data(), batch);
+    CHECK(bitwise_equal(a, std::vector<float>(yb, yb + a.size())));
+    fused.backward(ctx, dy.data(), batch);
+    cut.backward(ctx, dy.data(), batch);
+    const auto ga = fused.copy_gradients_to_host(), gb = cut.copy_gradients_to_host();
+    CHECK(bitwise_equal(ga, gb));
+    // The ReLUs zero part of the gradient: a mask left out would show in the first layers'.
+    CHECK(max_abs(std::span<const float>(ga.data(), 16 * 27)) > 0);
+  }
 }

@@ -129,6 +129,24 @@ concept applies_fused_relu_gradient = Impl::applies_fused_relu_gradient;
 template <class PrevImpl, class Next>
 inline constexpr bool backward_fused_into_previous = fuses_into_previous<PrevImpl, Next> &&
                                                      applies_fused_relu_gradient<PrevImpl>;
+
+/// A layer implementation that can apply, in its backward, the gradient of a loom::relu right
+/// before it: its input x is that ReLU's output and relu'(.) is x > 0 there, so it writes its
+/// input gradient already taken through the ReLU, in the pass that writes it anyway. It has
+/// apply_input_relu_gradient(), which loom::sequence calls once, at construction, where it leaves
+/// that ReLU's backward out (residual_with: its two branches' input gradients added and masked
+/// in one pass). A concept of its own for nvcc's sake, as can_fuse_relu.
+template <class Impl>
+concept can_apply_input_relu_gradient = requires(Impl& i) { i.apply_input_relu_gradient(); };
+
+/// Whether Relu (a layer between PrevImpl and NextImpl) needs no backward of its own because
+/// NextImpl applies its gradient (can_apply_input_relu_gradient), where PrevImpl does not
+/// already (backward_fused_into_previous). Its gradient is the same bits either way: relu's
+/// backward multiplies by relu'(.) of its output, NextImpl by the same of its input, one buffer.
+template <class PrevImpl, class Relu, class NextImpl>
+inline constexpr bool backward_fused_into_next = std::is_same_v<Relu, relu> &&
+                                                 !backward_fused_into_previous<PrevImpl, Relu> &&
+                                                 can_apply_input_relu_gradient<NextImpl>;
 }  // namespace detail
 
 }  // namespace loom

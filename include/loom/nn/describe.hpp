@@ -65,15 +65,24 @@ constexpr bool fused_in_sequence() {
 }
 
 /// Whether layer K of Chain runs no backward on Backend: a ReLU fused into layer K - 1 whose
-/// backward applies the ReLU's gradient itself (loom::sequence's rule).
+/// backward applies the ReLU's gradient itself, or a ReLU whose gradient layer K + 1 applies
+/// (loom::sequence's rule).
 template <class Chain, std::size_t K, class Backend>
 constexpr bool backward_skipped_in_sequence() {
   if constexpr (K == 0) {
     return false;
   } else {
     using prev = at<K - 1, typename Chain::layers>;
-    return backward_fused_into_previous<
-        typename prev::template impl<typename Chain::template input_of<K - 1>, float, Backend>, at<K, typename Chain::layers>>;
+    using prev_impl = typename prev::template impl<typename Chain::template input_of<K - 1>, float, Backend>;
+    if constexpr (backward_fused_into_previous<prev_impl, at<K, typename Chain::layers>>) {
+      return true;
+    } else if constexpr (K + 1 >= Chain::layer_count) {
+      return false;
+    } else {
+      using next = at<K + 1, typename Chain::layers>;
+      return backward_fused_into_next<prev_impl, at<K, typename Chain::layers>,
+                                      typename next::template impl<typename Chain::template input_of<K + 1>, float, Backend>>;
+    }
   }
 }
 

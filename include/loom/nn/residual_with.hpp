@@ -222,6 +222,10 @@ struct residual_with_layer<Option, type_list<M...>, type_list<S...>> {
 
     /// The network calls this when a loom::relu follows: the sum is written as relu(sum).
     void fuse_relu() { relu_ = true; }
+    /// The network calls this when the block's input is a loom::relu's output whose backward it
+    /// leaves out (detail::backward_fused_into_next): the block's input gradient, its branches'
+    /// two added, is taken through that ReLU in the same pass.
+    void apply_input_relu_gradient() { input_relu_ = true; }
 
     void initialize(T* params, std::uint64_t seed) const {
       main_.initialize(params, seed);
@@ -280,7 +284,7 @@ struct residual_with_layer<Option, type_list<M...>, type_list<S...>> {
         ds = aligned_.data();
       }
       if constexpr (identity) {
-        if (dx) Backend::for_each(batch * In::size, kernels::add<T>{dx, ds, dx});
+        if (dx) add_input_gradients(x, ds, dx, batch);
       } else {
         T* dxs = nullptr;
         if (dx) {
@@ -288,14 +292,22 @@ struct residual_with_layer<Option, type_list<M...>, type_list<S...>> {
           dxs = dx_shortcut_.data();
         }
         shortcut_.backward(ctx, params + main_params, x, ds, dxs, dparams + main_params);
-        if (dx) Backend::for_each(batch * In::size, kernels::add<T>{dx, dxs, dx});
+        if (dx) add_input_gradients(x, dxs, dx, batch);
       }
     }
 
    private:
+    /// dx += the shortcut's input gradient, taken through the ReLU before the block when it
+    /// applies that ReLU's gradient (x: the ReLU's output, in dx's layout).
+    void add_input_gradients(activation<const T, Backend> x, const T* shortcut_dx, T* dx, std::size_t batch) {
+      const std::size_t n = batch * In::size;
+      if (input_relu_) Backend::for_each(n, kernels::add_relu_gradient<T>{dx, shortcut_dx, x.data, dx});
+      else Backend::for_each(n, kernels::add<T>{dx, shortcut_dx, dx});
+    }
+
     mutable sequence<T, Backend, In, M...> main_;
     mutable shortcut_sequence shortcut_;
-    bool relu_ = false;
+    bool relu_ = false, input_relu_ = false;
     buffer<T, space> aligned_, dx_shortcut_;  // (batch, Out): a branch's output or gradient in the other's layout; (batch, In)
     buffer<std::uint16_t, space> bf16_;       // (batch, Out): the output's bf16 copy (bf16 math)
     typename Backend::layout_converter conv_;

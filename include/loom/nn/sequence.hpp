@@ -85,13 +85,26 @@ class sequence {
       return detail::fuses_into_previous<impl_at<K - 1>, at<K, type_list<Layers...>>>;
     }
   }
-  /// ...and its backward too (detail::backward_fused_into_previous): backward leaves it out.
+  /// ...and its backward too (detail::backward_fused_into_previous), or layer K is a ReLU whose
+  /// gradient the layer after it applies (detail::backward_fused_into_next): backward leaves it
+  /// out.
   template <std::size_t K>
   static constexpr bool backward_skipped() {
     if constexpr (K == 0 || !chain::ok) {
       return false;
+    } else if constexpr (detail::backward_fused_into_previous<impl_at<K - 1>, at<K, type_list<Layers...>>>) {
+      return true;
     } else {
-      return detail::backward_fused_into_previous<impl_at<K - 1>, at<K, type_list<Layers...>>>;
+      return relu_gradient_applied_by_next<K>();
+    }
+  }
+  /// Whether layer K (>= 1) is a ReLU whose gradient layer K + 1 applies in its backward.
+  template <std::size_t K>
+  static constexpr bool relu_gradient_applied_by_next() {
+    if constexpr (K == 0 || K + 1 >= layer_count || !chain::ok) {
+      return false;
+    } else {
+      return detail::backward_fused_into_next<impl_at<K - 1>, at<K, type_list<Layers...>>, impl_at<K + 1>>;
     }
   }
   /// The gradient buffer layer K >= 1 writes its input gradient into: the layers that run a
@@ -118,6 +131,8 @@ class sequence {
     if constexpr (chain::ok) each([&](auto i) {
       constexpr std::size_t k = i;
       if constexpr (sequence::template relu_fused<(k + 1 < layer_count ? k + 1 : 0)>()) detail::impl_of<k>(impls_).fuse_relu();
+      if constexpr (k >= 1 && sequence::template relu_gradient_applied_by_next<(k >= 1 ? k - 1 : 0)>())
+        detail::impl_of<k>(impls_).apply_input_relu_gradient();
     });
     // A layer whose output (past a fused ReLU) a convolution reads that takes bf16 copies writes
     // one as it goes under bf16 math; so does a layer whose input gradient such a convolution
@@ -203,7 +218,8 @@ class sequence {
       constexpr std::size_t k = i;
       auto& impl = detail::impl_of<k>(impls_);
       if constexpr (sequence::template backward_skipped<k>()) {
-        hook(k);  // the layer before applies this ReLU's gradient: dy goes to it as it is
+        // The layer before or after applies this ReLU's gradient: dy goes on as it is.
+        hook(k);
         grad16 = nullptr;
         return;
       }

@@ -88,6 +88,17 @@ struct add_with_bf16 {
   }
 };
 
+/// z = (x + y) relu'(r): two gradients of a ReLU's output r added and taken through the ReLU,
+/// the bits of kernels::add then pointwise_backward<relu_op> (which multiplies by r > 0 ? 1 : 0).
+template <class T>
+struct add_relu_gradient {
+  const T* x;
+  const T* y;
+  const T* r;
+  T* z;
+  LOOM_HD void operator()(std::size_t i) const { z[i] = (x[i] + y[i]) * (r[i] > T(0) ? T(1) : T(0)); }
+};
+
 /// Inverted dropout: keeps an element with probability 1 - rate and scales it by 1 / (1 - rate).
 /// The mask is a pure function of (seed, stream, index), so backward recomputes it.
 template <class T>
