@@ -124,6 +124,27 @@ grep "^loomrun" "$work/peer.err"
 [ "$status" -eq 0 ] || { cat "$work/peer.err"; fail "loomrun ended with status $status; the restart after a peer's failure finished"; }
 grep -q "^loomrun: restart 1 of " "$work/peer.err" || fail "loomrun did not restart a job whose ranks failed after a peer's failure"
 
+echo "== mpirun itself crashes (a signal of its own): named as Open MPI's, restarted from the start"
+# What Open MPI 4.1.4's mpirun printed when it segfaulted in its PMIx server as host 1's ranks
+# were killed (cluster.dp.ranks_of_live_host, once): its own crash report under its pid, exit 139.
+standin "$work/mpirun-crash" <<'FAKE'
+if [ "$LOOM_RESTART" = 0 ]; then
+  echo "[h0:$$] *** Process received signal ***" >&2
+  echo "[h0:$$] Signal: Segmentation fault (11)" >&2
+  echo "[h0:$$] [ 2] /usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3/mca_rml_oob.so(orte_rml_oob_send_buffer_nb+0x375)" >&2
+  echo "[h0:$$] *** End of error message ***" >&2
+  kill -SEGV $$
+fi
+for r in 0 1; do echo finished > "$LOOM_STATUS_DIR/rank-$r.status"; done
+exit 0
+FAKE
+"$loomrun" -np 2 --mpirun "$work/mpirun-crash" -- true > "$work/crash.out" 2> "$work/crash.err"
+status=$?
+grep "^loomrun" "$work/crash.err"
+[ "$status" -eq 0 ] || { cat "$work/crash.err"; fail "loomrun ended with status $status; the restart after mpirun's crash finished"; }
+grep -q "^loomrun: restart 1 of [0-9]*: mpirun itself crashed (Segmentation fault (11)), taking every rank with it: Open MPI's failure, not the job's" "$work/crash.err" ||
+  { cat "$work/crash.err"; fail "loomrun did not name mpirun's own crash as the reason of its restart"; }
+
 echo "== a failure recovered in the process, noticed late, and survivors that end without MPI_Finalize: done"
 # What Open MPI 4.1.4 printed with host 1's training processes killed and its daemon alive
 # (cluster.dp.ranks_of_live_host): one killed rank's notice before the survivors' recovery
