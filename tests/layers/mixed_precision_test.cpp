@@ -593,6 +593,111 @@ TEST_CASE("Batch norm's own passes write the bf16 copies of y and dx that the co
   CHECK(zeros > 0);  // the fused ReLU clipped some (and their copies are +0)
 }
 
+TEST_CASE("Batch norm writes a copy alone where asked to, leaving y and dx as they were",
+          "[layers][bf16][batch_norm][rows]") {
+  // The plan on channels-last (its own passes), 16 and 48 channels (a row of one vector, and of
+  // groups): with copy_only the copies are bit for bit those written beside the floats, and y
+  // and dx keep the NaNs put there before.
+  for (const std::size_t c : {std::size_t{16}, std::size_t{48}}) {
+    CAPTURE(c);
+    const std::size_t batch = 3, hw = 5, n = batch * c * hw * hw;
+    const batch_norm_geometry g{c, hw, hw, 3};
+    const cpu_format xf = detail::channels_last_nchw(batch, c, hw, hw);
+    const auto xd = loom::testing::random_values(n, 131, 1.0, 0.0), dyd = loom::testing::random_values(n, 132, 1.0, 0.0);
+    const std::vector<float> x(xd.begin(), xd.end()), dy(dyd.begin(), dyd.end()), w(c, 0.75f), b(c, 0.25f);
+    struct result {
+      std::vector<float> y, dx, dw, db, running;
+      std::vector<std::uint16_t> y16, dx16;
+    };
+    auto run = [&](bool copy_only) {
+      cpu_batch_norm_plan<float> p(g);
+      p.fuse_relu();
+      result r{std::vector<float>(n, std::numeric_limits<float>::quiet_NaN()),
+               std::vector<float>(n, std::numeric_limits<float>::quiet_NaN()), std::vector<float>(c),
+               std::vector<float>(c), std::vector<float>(2 * c, 0.0f), {}, {}};
+      for (std::size_t k = 0; k < c; ++k) r.running[c + k] = 1.0f;
+      p.forward_training(x.data(), xf, w.data(), b.data(), r.y.data(), r.running.data(), r.running.data() + c, 0.1,
+                         batch, nullptr, true, true, copy_only);
+      REQUIRE(p.output_bf16() != nullptr);
+      r.y16.assign(p.output_bf16(), p.output_bf16() + n);
+      p.backward(x.data(), xf, w.data(), b.data(), dy.data(), r.dx.data(), r.dw.data(), r.db.data(), batch, false,
+                 nullptr, r.y.data(), true, copy_only);
+      REQUIRE(p.input_gradient_bf16() != nullptr);
+      r.dx16.assign(p.input_gradient_bf16(), p.input_gradient_bf16() + n);
+      return r;
+    };
+    const result both = run(false), alone = run(true);
+    CHECK(alone.y16 == both.y16);
+    CHECK(alone.dx16 == both.dx16);
+    CHECK(bitwise_equal(alone.dw, both.dw));
+    CHECK(bitwise_equal(alone.db, both.db));
+    CHECK(bitwise_equal(alone.running, both.running));
+    CHECK(std::all_of(alone.y.begin(), alone.y.end(), [](float v) { return std::isnan(v); }));
+    CHECK(std::all_of(alone.dx.begin(), alone.dx.end(), [](float v) { return std::isnan(v); }));
+    CHECK(std::none_of(both.y.begin(), both.y.end(), [](float v) { return std::isnan(v); }));
+    CHECK(std::none_of(both.dx.begin(), both.dx.end(), [](float v) { return std::isnan(v); }));
+  }
+}
+
+TEST_CASE("A bf16 convolution that says it reads only the copies of x and dy reads nothing else of them",
+          "[layers][bf16][channels_last]") {
+  // Channels-last x (as a batch norm before it writes it), and convolutions of either path:
+  // oneDNN's primitives (8x8) and, at 2x2, the weight gradient as a matmul (and at 1x1 from 64
+  // channels, everything as matmuls). Where reads_copies_only says so, x's or dy's float values
+  // turned to NaN change no bit of y, dx, dw.
+  const bool amx = detect_cpu_features().onednn_isa.find("amx") != std::string::npos;
+  for (const conv2d_geometry g : {conv2d_geometry{16, 8, 8, 32, 3, 1, 1, false}, conv2d_geometry{32, 2, 2, 32, 3, 1, 1, false},
+                                  conv2d_geometry{64, 1, 1, 64, 3, 1, 1, false}, conv2d_geometry{16, 8, 8, 32, 3, 1, 1, true}}) {
+    CAPTURE(g.c, g.h, g.oc, g.bias);
+    const std::size_t batch = 4, xn = batch * g.c * g.h * g.w, yn = batch * g.oc * g.oh() * g.ow();
+    const cpu_format xf = detail::channels_last_nchw(batch, g.c, g.h, g.w);
+    const auto xd = loom::testing::random_values(xn, 141, 1.0, 0.0), wd = loom::testing::random_values(g.weight_count(), 142, 0.3, 0.0);
+    const auto dyd = loom::testing::random_values(yn, 143, 1.0, 0.0);
+    const std::vector<float> x(xd.begin(), xd.end()), w(wd.begin(), wd.end()), dy(dyd.begin(), dyd.end());
+    const std::vector<float> b(g.oc, 0.125f);
+    std::vector<std::uint16_t> x16(xn), dy16(yn);
+    for (std::size_t i = 0; i < xn; ++i) x16[i] = detail::bf16_bits(x[i]);
+    for (std::size_t i = 0; i < yn; ++i) dy16[i] = detail::bf16_bits(dy[i]);
+    const std::vector<float> nan_x(xn, std::numeric_limits<float>::quiet_NaN()),
+        nan_dy(yn, std::numeric_limits<float>::quiet_NaN());
+    struct result {
+      std::vector<float> y, dx, dw, db;
+    };
+    auto run = [&](bool poison_x, bool poison_dy) {
+      cpu_conv2d_plan<float> conv(g);
+      result r{std::vector<float>(yn), std::vector<float>(xn), std::vector<float>(g.weight_count()), std::vector<float>(g.oc)};
+      const float* xs = poison_x ? nan_x.data() : x.data();
+      const cpu_format yf =
+          conv.forward(xs, xf, w.data(), g.bias ? b.data() : nullptr, r.y.data(), batch, math_mode::bf16, x16.data());
+      // dy in y's layout: the values are random either way, the layout does not matter here
+      (void)yf;
+      conv.backward(xs, xf, w.data(), poison_dy ? nan_dy.data() : dy.data(), r.dx.data(), r.dw.data(),
+                    g.bias ? r.db.data() : nullptr, batch, false, math_mode::bf16, dy16.data());
+      return r;
+    };
+    cpu_conv2d_plan<float> probe(g);
+    const auto reads = probe.reads_copies_only(batch, xf, math_mode::bf16);
+    CHECK_FALSE(probe.reads_copies_only(batch, xf, math_mode::fp32).input);
+    CHECK_FALSE(probe.reads_copies_only(batch, xf, math_mode::fp32).output_gradient);
+    INFO("oneDNN on AMX: " << amx << "; reads x's copy only: " << reads.input << ", dy's: " << reads.output_gradient);
+    if (amx && !g.bias && g.h == 8) {  // ResNet's convolutions: both, on AMX's channels-last primitives
+      CHECK(reads.input);
+      CHECK(reads.output_gradient);
+    }
+    const result honest = run(false, false);
+    const result poisoned = run(reads.input, reads.output_gradient);
+    CHECK(bitwise_equal(poisoned.y, honest.y));
+    CHECK(bitwise_equal(poisoned.dx, honest.dx));
+    CHECK(bitwise_equal(poisoned.dw, honest.dw));
+    CHECK(bitwise_equal(poisoned.db, honest.db));
+    // and the check is one that can fail: NaN where the floats are read
+    if (!reads.input) {
+      const result x_read = run(true, false);
+      CHECK_FALSE(bitwise_equal(x_read.dw, honest.dw));
+    }
+  }
+}
+
 TEST_CASE("A bf16 convolution given its output gradient's bf16 copy computes what it computes converting it itself",
           "[layers][bf16][channels_last]") {
   const std::size_t batch = 4;

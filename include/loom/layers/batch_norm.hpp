@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "loom/backend/kernels/activation.hpp"
 #include "loom/backend/kernels/normalization.hpp"
@@ -158,6 +159,12 @@ struct batch_norm {
     /// and dx's (input_gradient_bf16), as they go.
     void write_bf16_output() { bf16_output_ = true; }
     void write_bf16_input_gradient() { bf16_gradient_ = true; }
+    /// The network calls these right before a forward (a backward) when that convolution reads
+    /// the copy and nothing else of y (of dx; conv2d's reads_input_copy_only,
+    /// reads_output_gradient_copy_only): where the copy is written, y's (dx's) float values
+    /// then are not. For that pass only.
+    void write_output_copy_only() { output_copy_only_ = true; }
+    void write_input_gradient_copy_only() { gradient_copy_only_ = true; }
     /// The last backward's dx in bf16, or null.
     const std::uint16_t* input_gradient_bf16() const {
       if constexpr (copies) return plan_.input_gradient_bf16();
@@ -181,6 +188,7 @@ struct batch_norm {
         throw error("loom::batch_norm at layer " + std::to_string(index_) +
                     ": its running statistics are not bound (a loom::sequence run without a loom::model must be given "
                     "bind_buffers() first)");
+      [[maybe_unused]] const bool copy_only = std::exchange(output_copy_only_, false);
       if (!ctx.training) {
         y.format = plan_.forward_inference(x.data, x.format, params, params + c_, running_, running_ + c_, y.data, batch);
         return;
@@ -190,7 +198,8 @@ struct batch_norm {
       if constexpr (copies) {
         y.format = plan_.forward_training(x.data, x.format, params, params + c_, y.data, running_, running_ + c_,
                                           momentum, batch, ctx.replicas, bf16_output_ && ctx.math == math_mode::bf16,
-                                          bf16_gradient_ && ctx.math == math_mode::bf16);
+                                          bf16_gradient_ && ctx.math == math_mode::bf16,
+                                          copy_only);
         y.bf16 = plan_.output_bf16();
       } else {
         y.format = plan_.forward_training(x.data, x.format, params, params + c_, y.data, running_, running_ + c_,
@@ -201,6 +210,7 @@ struct batch_norm {
 
     void backward(const run_context& ctx, const T* params, activation<const T, Backend> x, activation<const T, Backend> y,
                   const T* dy, T* dx, T* dparams, std::size_t batch) {
+      [[maybe_unused]] const bool copy_only = std::exchange(gradient_copy_only_, false);
       const T* g = dy;
       if (relu_ && !plan_applies_relu()) {  // relu'(pre) = relu'(relu(pre)): the mask from y
         masked_.reserve_discard(batch * In::size);
@@ -210,7 +220,8 @@ struct batch_norm {
       }
       if constexpr (copies)
         plan_.backward(x.data, x.format, params, params + c_, g, dx, dparams, dparams + c_, batch, ctx.accumulate,
-                       ctx.replicas, y.data, bf16_gradient_ && ctx.math == math_mode::bf16);
+                       ctx.replicas, y.data, bf16_gradient_ && ctx.math == math_mode::bf16,
+                       copy_only);
       else if constexpr (detail::plan_applies_fused_relu<plan_type>)
         plan_.backward(x.data, x.format, params, params + c_, g, dx, dparams, dparams + c_, batch, ctx.accumulate,
                        ctx.replicas, y.data);
@@ -229,6 +240,7 @@ struct batch_norm {
     plan_type plan_;
     bool relu_ = false;
     bool bf16_output_ = false, bf16_gradient_ = false;
+    bool output_copy_only_ = false, gradient_copy_only_ = false;  // the next forward's, backward's
     T* running_ = nullptr;  // (2C + 1): running_mean, running_var, num_batches_tracked
     // dy with the fused ReLU's gradient applied, where the plan's backward does not apply it
     // (its kernel bodies: double, a rank without samples, a backward after evaluation, the GPU).

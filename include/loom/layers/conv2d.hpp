@@ -172,6 +172,21 @@ struct conv2d {
     static constexpr bool reads_bf16_input = detail::reads_bf16_copies<Backend>;
     void take_output_gradient_bf16(const std::uint16_t* dy_bf16) { dy_bf16_ = dy_bf16; }
 
+    /// Whether, under ctx's math on a batch in layout xf, forward given its input's bf16 copy
+    /// and backward given its output gradient's read nothing else of them (the plan's
+    /// reads_copies_only): the layers next to it may then write those copies alone.
+    bool reads_input_copy_only(const run_context& ctx, const typename Backend::format& xf, std::size_t batch) {
+      if constexpr (requires { plan_.reads_copies_only(batch, xf, ctx.math); })
+        return plan_.reads_copies_only(batch, xf, ctx.math).input;
+      else return false;
+    }
+    bool reads_output_gradient_copy_only(const run_context& ctx, const typename Backend::format& xf,
+                                         std::size_t batch) {
+      if constexpr (requires { plan_.reads_copies_only(batch, xf, ctx.math); })
+        return plan_.reads_copies_only(batch, xf, ctx.math).output_gradient;
+      else return false;
+    }
+
     void initialize(T* params, std::uint64_t seed) const {
       const std::size_t fan_in = g_.c * Kernel * Kernel, fan_out = OutChannels * Kernel * Kernel;
       detail::fill_normal(params, g_.weight_count(), Init::stddev(fan_in, fan_out), seed, site_.stream);

@@ -107,6 +107,13 @@ class sequence {
       return detail::backward_fused_into_next<impl_at<K - 1>, at<K, type_list<Layers...>>, impl_at<K + 1>>;
     }
   }
+  /// The layer that reads layer K's output: the next, or past a ReLU fused into layer K the one
+  /// after it (layer_count where there is none).
+  template <std::size_t K>
+  static constexpr std::size_t reader_of_output() {
+    if constexpr (K + 1 < layer_count && relu_fused<(K + 1 < layer_count ? K + 1 : 0)>()) return K + 2;
+    else return K + 1;
+  }
   /// The gradient buffer layer K >= 1 writes its input gradient into: the layers that run a
   /// backward alternate between the two, so none writes where it reads
   /// (detail::gradient_buffers in nn/chain.hpp, which the memory plan counts by too).
@@ -140,9 +147,7 @@ class sequence {
     if constexpr (chain::ok) each([&](auto i) {
       constexpr std::size_t k = i;
       auto& impl = detail::impl_of<k>(impls_);
-      constexpr std::size_t after = k + 1 < layer_count && sequence::template relu_fused<(k + 1 < layer_count ? k + 1 : 0)>()
-                                        ? k + 2
-                                        : k + 1;
+      constexpr std::size_t after = sequence::template reader_of_output<k>();
       if constexpr (after < layer_count && requires { impl.write_bf16_output(); })
         if constexpr (detail::reads_bf16_input<impl_at<(after < layer_count ? after : 0)>>) impl.write_bf16_output();
       if constexpr (k > 0 && requires { impl.write_bf16_input_gradient(); })
@@ -190,6 +195,7 @@ class sequence {
       } else {
         outputs_[k].reserve_discard(batch * chain::template output_of<k>::size);
         activation<T, Backend> y{outputs_[k].data(), {}};
+        write_copy_only_where_read_alone<k>(ctx, x, batch);
         detail::impl_of<k>(impls_).forward(ctx, params + chain::parameter_offsets[k], input(k, x), y, batch);
         out_[k] = outputs_[k].data();
         formats_[k] = y.format;
@@ -236,6 +242,13 @@ class sequence {
       // backward is unchanged.
       activation<const T, Backend> y{out_[k], formats_[k], bf16_[k]};
       if constexpr (requires { impl.take_output_gradient_bf16(grad16); }) impl.take_output_gradient_bf16(grad16);
+      if constexpr (k > 0 && requires { impl.write_input_gradient_copy_only(); }) {
+        constexpr std::size_t before = k > 0 ? k - 1 : 0;
+        auto& reader = detail::impl_of<before>(impls_);
+        if constexpr (requires { reader.reads_output_gradient_copy_only(ctx, formats_[0], batch); })
+          if (reader.reads_output_gradient_copy_only(ctx, input(before, x).format, batch))
+            impl.write_input_gradient_copy_only();
+      }
       impl.backward(ctx, params + chain::parameter_offsets[k], input(k, x), y, grad, out,
                     dparams + chain::parameter_offsets[k], batch);
       hook(k);
@@ -258,6 +271,22 @@ class sequence {
     }
     (std::index_sequence_for<Layers...>{});
   }
+  /// Before layer K's forward: a layer that can write its output's bf16 copy alone (batch norm,
+  /// whose output is in its input's layout) does so when the convolution reading that output
+  /// reads nothing else of it (conv2d's reads_input_copy_only); backward does the same for the
+  /// input gradient a convolution right before reads. No other layer reads these values: the
+  /// fused ReLU between them runs neither pass of its own.
+  template <std::size_t K>
+  void write_copy_only_where_read_alone(const run_context& ctx, activation<const T, Backend> x, std::size_t batch) {
+    auto& impl = detail::impl_of<K>(impls_);
+    constexpr std::size_t after = reader_of_output<K>();
+    if constexpr (after < layer_count && requires { impl.write_output_copy_only(); }) {
+      auto& reader = detail::impl_of<(after < layer_count ? after : 0)>(impls_);
+      if constexpr (requires { reader.reads_input_copy_only(ctx, formats_[0], batch); })
+        if (ctx.training && reader.reads_input_copy_only(ctx, input(K, x).format, batch)) impl.write_output_copy_only();
+    }
+  }
+
   activation<const T, Backend> input(std::size_t k, activation<const T, Backend> x) const {
     if (k == 0) return x;
     return {out_[k - 1], formats_[k - 1], bf16_[k - 1]};

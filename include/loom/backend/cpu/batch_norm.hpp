@@ -126,10 +126,12 @@ class cpu_batch_norm_plan {
   /// in x's layout (returned); the running statistics move toward the batch's by momentum. With
   /// bf16_copy, where loom's own passes run (channels-last, or synchronized: own_rows), y's bf16
   /// copy too: output_bf16() after it (null where none was written). bf16_gradient_copy: the
-  /// backward after it will ask for dx's (both steer own_rows).
+  /// backward after it will ask for dx's (both steer own_rows). copy_only: where the copy is
+  /// written, y's float values are not (nothing reads them: the convolution after reads the
+  /// copy alone, detail::dnnl_conv2d::reads_copies_only); y keeps what it held.
   cpu_format forward_training(const T* x, const cpu_format& xf, const T* w, const T* b, T* y, T* running_mean,
                               T* running_var, double momentum, std::size_t batch, process_group* replicas,
-                              bool bf16_copy = false, bool bf16_gradient_copy = false) {
+                              bool bf16_copy = false, bool bf16_gradient_copy = false, bool copy_only = false) {
     // A rank without samples (a short last batch) takes part in the sums by the kernel bodies.
     // A group of one (one rank, or one survivor of a recovery) has the statistics oneDNN gives.
     const bool group = replicas && replicas->size() > 1;
@@ -144,7 +146,9 @@ class cpu_batch_norm_plan {
     if (mode_ == path::kernels) {
       kernels_.forward_training(x, block(xf, batch), w, b, y, running_mean, running_var, momentum, batch, replicas);
     } else if (mode_ == path::rows) {
-      if constexpr (vendor) rows_forward(x, xf, w, b, y, running_mean, running_var, momentum, batch, replicas, bf16_copy);
+      if constexpr (vendor)
+        rows_forward(x, xf, w, b, bf16_copy && copy_only ? nullptr : y, running_mean, running_var, momentum, batch,
+                     replicas, bf16_copy);
     } else if constexpr (vendor) {
       mean_.reserve_discard(g_.c);
       var_.reserve_discard(g_.c);
@@ -190,13 +194,14 @@ class cpu_batch_norm_plan {
   /// fused ReLU, backward_applies_fused_relu() tells whether dy is the ReLU output's gradient
   /// (then the ReLU's gradient is taken where forward's output was positive: from oneDNN's mask,
   /// or recomputed from x by loom's passes). y, forward's output, is not read. With bf16_copy,
-  /// where loom's own passes run, dx's bf16 copy too: input_gradient_bf16() after it.
+  /// where loom's own passes run, dx's bf16 copy too: input_gradient_bf16() after it; with
+  /// copy_only as well, that copy alone (dx keeps what it held: nothing reads it, as forward's).
   void backward(const T* x, const cpu_format& xf, const T* w, const T* b, const T* dy, T* dx, T* dw, T* db,
                 std::size_t batch, bool accumulate, process_group* replicas, [[maybe_unused]] const T* y,
-                bool bf16_copy = false) {
+                bool bf16_copy = false, bool copy_only = false) {
     input_gradient_bf16_ = nullptr;
     if (mode_ == path::rows) {
-      if constexpr (vendor) rows_backward(x, xf, w, dy, dx, dw, db, batch, accumulate, replicas, bf16_copy);
+      if constexpr (vendor) rows_backward(x, xf, w, dy, dx, dw, db, batch, accumulate, replicas, bf16_copy, copy_only);
       return;
     }
     if (mode_ == path::kernels)
@@ -299,7 +304,7 @@ class cpu_batch_norm_plan {
   /// the group when synchronized, then dx in one pass: w invstd (g - S(g) / N - xhat S(g xhat) / N).
   /// A fused ReLU's gradient comes from x and forward's scale and shift, not from y.
   void rows_backward(const T* x, const cpu_format& xf, const T* w, const T* dy, T* dx, T* dw, T* db, std::size_t batch,
-                     bool accumulate, process_group* replicas, bool bf16_copy) {
+                     bool accumulate, process_group* replicas, bool bf16_copy, bool copy_only) {
     const std::size_t c = g_.c;
     if (synchronized_ && !replicas)
       throw error("loom::batch_norm (" + std::to_string(c) + " channels): a backward without the replicas its "
@@ -333,7 +338,8 @@ class cpu_batch_norm_plan {
       gradient_copy_.reserve_discard(batch * c * g_.spatial());
       dx16 = gradient_copy_.data();
     }
-    detail::batch_norm_rows_input_gradient(x, dy, l, mean_.data(), relu_scale, relu_shift, a, bx, d, dx, dx16);
+    detail::batch_norm_rows_input_gradient(x, dy, l, mean_.data(), relu_scale, relu_shift, a, bx, d,
+                                           dx16 && copy_only ? nullptr : dx, dx16);
     input_gradient_bf16_ = dx16;
   }
 

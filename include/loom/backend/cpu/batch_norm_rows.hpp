@@ -51,7 +51,8 @@ LOOM_DECL void batch_norm_rows_sums(const float* x, const batch_norm_rows_layout
 
 /// y = (x - mean[c]) * scale[c] + shift[c], then max(y, 0) when relu (the ReLU after it, fused);
 /// when y16 is not null, also y16 = y rounded to bf16 (detail::bf16_bits: the copy a bf16
-/// convolution after it reads, activation::bf16).
+/// convolution after it reads, activation::bf16). y null with y16 not: the copy alone (where
+/// nothing reads y's float values). Both null: nothing is written.
 LOOM_DECL void batch_norm_rows_normalize(const float* x, const batch_norm_rows_layout& l, const float* mean,
                                          const float* scale, const float* shift, float* y, bool relu,
                                          std::uint16_t* y16 = nullptr);
@@ -66,7 +67,7 @@ LOOM_DECL void batch_norm_rows_gradient_sums(const float* x, const float* dy, co
                                              double* partials, double* sums);
 
 /// dx = a[c] g + b[c] (x - mean[c]) + d[c], g as above; dx16 (when not null) = dx rounded to
-/// bf16, as y16 above.
+/// bf16, as y16 above, and as there dx null with dx16 not writes the copy alone.
 LOOM_DECL void batch_norm_rows_input_gradient(const float* x, const float* dy, const batch_norm_rows_layout& l,
                                               const float* mean, const float* relu_scale, const float* relu_shift,
                                               const float* a, const float* b, const float* d, float* dx,

@@ -175,6 +175,16 @@ class dnnl_conv2d {
   /// weight gradient for this batch, layout and math mode: "fwd ... bwd_d ... bwd_w ...".
   LOOM_DECL std::string implementations(std::size_t batch, const cpu_format& xf, math_mode math);
 
+  /// Whether this batch, layout and math mode's passes, given the bf16 copies of their operands,
+  /// read those alone: x's (forward's x_bf16: forward and the weight gradient take x in bf16 in
+  /// x's own layout) and dy's (backward's dy_bf16: the input and weight gradients take dy so).
+  /// Then the layer that writes x, or dy, need write the copy alone. Creates the primitives if
+  /// need be; false for both outside bf16 math.
+  struct copy_reads {
+    bool input = false, output_gradient = false;
+  };
+  LOOM_DECL copy_reads reads_copies_only(std::size_t batch, const cpu_format& xf, math_mode math);
+
  private:
   struct entry;  // the primitives of one (batch, layout, math mode), and their scratch
 
@@ -260,6 +270,14 @@ class cpu_conv2d_plan {
     requires std::is_same_v<T, float>
   {
     return run_.implementations(batch, xf, math);
+  }
+
+  /// float: detail::dnnl_conv2d::reads_copies_only — whether forward, given x_bf16, and
+  /// backward, given dy_bf16, read nothing else of x and dy.
+  detail::dnnl_conv2d::copy_reads reads_copies_only(std::size_t batch, const cpu_format& xf, math_mode math)
+    requires std::is_same_v<T, float>
+  {
+    return run_.reads_copies_only(batch, xf, math);
   }
 
  private:

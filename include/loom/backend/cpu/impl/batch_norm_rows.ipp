@@ -227,8 +227,9 @@ struct gradient_columns {
 /// channels from `ch`. normalize: y = normalized(x) with k0, k1 as scale and shift, then
 /// max(y, 0) when Relu. input_gradient: dx = k0 g + k1 (x - mean) + k2, g = dy, or when Relu dy
 /// where forward's normalized(x) > 0 (relu_scale, relu_shift). With Copy, what is written is
-/// written rounded to bf16 at out16 too.
-template <pass Kind, bool Relu, bool Copy>
+/// written rounded to bf16 at out16 too; without Float only there (out is null: nothing reads
+/// the float values).
+template <pass Kind, bool Relu, bool Copy, bool Float>
 struct element_columns {
   const args& a;
   std::size_t at, ch, pitch, r0, r1;
@@ -256,7 +257,7 @@ struct element_columns {
           vf<V> v;
           normalized<V>(v, x, mu[p], k0[p], k1[p]);
           if constexpr (Relu) v = v > 0 ? v : vf<V>{};
-          std::memcpy(a.out + i + p * V, &v, sizeof v);
+          if constexpr (Float) std::memcpy(a.out + i + p * V, &v, sizeof v);
           if constexpr (Copy) store_bf16<V>(a.out16 + i + p * V, v);
         } else {
           vf<V> g;
@@ -267,7 +268,7 @@ struct element_columns {
             g = v > 0 ? g : vf<V>{};
           }
           const vf<V> v = k0[p] * g + k1[p] * (x - mu[p]) + k2[p];
-          std::memcpy(a.out + i + p * V, &v, sizeof v);
+          if constexpr (Float) std::memcpy(a.out + i + p * V, &v, sizeof v);
           if constexpr (Copy) store_bf16<V>(a.out16 + i + p * V, v);
         }
       }
@@ -316,20 +317,21 @@ template <std::size_t B, bool Masked>
 }
 
 /// Share u's rows of a pass over the elements (normalize, input_gradient).
-template <std::size_t B, pass Kind, bool Relu, bool Copy>
+template <std::size_t B, pass Kind, bool Relu, bool Copy, bool Float>
 [[gnu::always_inline]] inline void elementwise_unit(const args& a, std::size_t u, std::size_t units) {
   const batch_norm_rows_layout& l = a.l;
   const std::size_t bk = B ? B : l.block, groups = l.groups();
   for (unit_rows it(l, u, units); it.next();) {
-    const element_columns<Kind, Relu, Copy> op{a, it.run * l.spatial * bk, it.run % groups * bk, bk, it.first, it.last};
+    const element_columns<Kind, Relu, Copy, Float> op{a, it.run * l.spatial * bk, it.run % groups * bk, bk, it.first, it.last};
     for_column_groups<B>(bk, op);
   }
 }
 
 template <std::size_t B, pass Kind, bool Relu>
 [[gnu::always_inline]] inline void elementwise_unit_copy(const args& a, std::size_t u, std::size_t units) {
-  if (a.out16) elementwise_unit<B, Kind, Relu, true>(a, u, units);
-  else elementwise_unit<B, Kind, Relu, false>(a, u, units);
+  if (!a.out16) elementwise_unit<B, Kind, Relu, false, true>(a, u, units);
+  else if (a.out) elementwise_unit<B, Kind, Relu, true, true>(a, u, units);
+  else elementwise_unit<B, Kind, Relu, true, false>(a, u, units);
 }
 
 /// Share u of pass a, for rows of B values (0: any).
@@ -428,6 +430,7 @@ LOOM_DECL void batch_norm_rows_sums(const float* x, const batch_norm_rows_layout
 LOOM_DECL void batch_norm_rows_normalize(const float* x, const batch_norm_rows_layout& l, const float* mean,
                                          const float* scale, const float* shift, float* y, bool relu,
                                          std::uint16_t* y16) {
+  if (!y && !y16) return;
   bn_rows::run(
       {bn_rows::pass::normalize, l, x, nullptr, nullptr, nullptr, relu, mean, scale, shift, nullptr, y, nullptr, y16});
 }
@@ -448,6 +451,7 @@ LOOM_DECL void batch_norm_rows_input_gradient(const float* x, const float* dy, c
                                               const float* mean, const float* relu_scale, const float* relu_shift,
                                               const float* a, const float* b, const float* d, float* dx,
                                               std::uint16_t* dx16) {
+  if (!dx && !dx16) return;
   bn_rows::run({bn_rows::pass::input_gradient, l, x, dy, relu_scale, relu_shift, false, mean, a, b, d, dx, nullptr,
                 dx16});
 }

@@ -725,6 +725,26 @@ LOOM_DECL dnnl_conv2d::entry& dnnl_conv2d::get(std::size_t batch, const cpu_form
   }
 }
 
+LOOM_DECL dnnl_conv2d::copy_reads dnnl_conv2d::reads_copies_only(std::size_t batch, const cpu_format& xf,
+                                                                  math_mode math) {
+  if (math != math_mode::bf16) return {};
+  entry& e = get(batch, xf, math);
+  // The conditions under which forward and backward above take the copies, for every read.
+  dnnl::memory::desc x16 = e.src_given, dy16 = e.y_desc;
+  x16.data.data_type = dnnl_bf16;
+  dy16.data.data_type = dnnl_bf16;
+  copy_reads r;
+  // forward: the primitive on x's copy (the matmul path makes columns from x); the weight
+  // gradient: forward's copy again (x_as reuses it), as the primitive's or the matmul's rows.
+  if (!e.fwd_mm && !(e.src_given == e.fwd_pd.src_desc()) && x16 == e.fwd_pd.src_desc())
+    r.input = e.wgrad ? e.x_rows == x16 : e.bwd_w_pd.src_desc() == x16;
+  // the input gradient and the weight gradient each on dy's copy (diff_dst_for)
+  const bool data = e.dgrad ? e.dy_rows_nhwc == dy16 : e.bwd_data_pd.diff_dst_desc() == dy16;
+  const bool weights = e.wgrad ? e.dy_rows_nhwc == dy16 : e.bwd_w_pd.diff_dst_desc() == dy16;
+  r.output_gradient = data && weights;
+  return r;
+}
+
 LOOM_DECL std::string dnnl_conv2d::implementations(std::size_t batch, const cpu_format& xf, math_mode math) {
   entry& e = get(batch, xf, math);
   return std::string("fwd ") + (e.fwd_mm ? "loom matmul" : e.fwd_pd.impl_info_str()) + " bwd_d " +
