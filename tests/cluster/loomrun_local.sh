@@ -48,6 +48,13 @@ standin() {
     cat; } > "$1"
   chmod +x "$1"
 }
+# run_standin NAME STANDIN: loomrun -np 2 on stand-in mpirun $work/mpirun-STANDIN, its output in
+# $work/NAME.out and .err, its lines shown, its exit status in $status.
+run_standin() {
+  "$loomrun" -np 2 --mpirun "$work/mpirun-$2" -- true > "$work/$1.out" 2> "$work/$1.err"
+  status=$?
+  grep "^loomrun" "$work/$1.err"
+}
 
 echo "== an mpirun that ends with status 1 after the job finished: done, no restart"
 # (Seen once under --enable-recovery after the runtime refused a replacement.) A stand-in for
@@ -58,9 +65,7 @@ for r in 0 1; do echo finished > "$LOOM_STATUS_DIR/rank-$r.status"; done
 echo "fake mpirun: the job finished; exiting with status 1" >&2
 exit 1
 FAKE
-"$loomrun" -np 2 --mpirun "$work/mpirun-status1" -- true > "$work/status1.out" 2> "$work/status1.err"
-status=$?
-grep "^loomrun" "$work/status1.err"
+run_standin status1 status1
 [ "$status" -eq 0 ] || { cat "$work/status1.err"; fail "loomrun ended with status $status after a finished job whose mpirun exited 1"; }
 grep -q "^loomrun: restart" "$work/status1.err" && fail "loomrun restarted a finished job"
 grep -q "but the job finished" "$work/status1.err" || fail "loomrun did not say why it does not restart"
@@ -91,9 +96,7 @@ for r in 0 1; do echo finished > "$LOOM_STATUS_DIR/rank-$r.status"; done
 echo "[vm:1] [[2455,0],0] ACTIVATE JOB [2455,1] STATE NORMALLY TERMINATED AT state_base_fns.c:459" >&2
 exit 0
 FAKE
-"$loomrun" -np 2 --mpirun "$work/mpirun-noroute" -- true > "$work/noroute.out" 2> "$work/noroute.err"
-status=$?
-grep "^loomrun" "$work/noroute.err"
+run_standin noroute noroute
 [ "$status" -eq 0 ] || { cat "$work/noroute.err"; fail "loomrun ended with status $status; the restart finished"; }
 grep -q "^loomrun: restart 1 of .*Open MPI's runtime ended every process itself (no route to a lost daemon)" "$work/noroute.err" ||
   { cat "$work/noroute.err"; fail "loomrun did not restart (or did not say why) after Open MPI's runtime ended the job with status 0"; }
@@ -111,16 +114,12 @@ fi
 for r in 0 1; do echo finished > "$LOOM_STATUS_DIR/rank-$r.status"; done
 exit 0
 FAKE
-"$loomrun" -np 2 --mpirun "$work/mpirun-ownerror" -- true > "$work/own.out" 2> "$work/own.err"
-status=$?
-grep "^loomrun" "$work/own.err"
+run_standin own ownerror
 [ "$status" -eq 1 ] || { cat "$work/own.err"; fail "loomrun ended with status $status after every rank failed by itself, not the program's 1"; }
 grep -q "^loomrun: restart" "$work/own.err" && fail "loomrun restarted a job whose every rank failed by itself"
 grep -q "none lost and none after a peer's failure: the program's own error, not restarting" "$work/own.err" ||
   fail "loomrun did not say why it does not restart"
-FAKE_SUFFIX=" after a peer's failure" "$loomrun" -np 2 --mpirun "$work/mpirun-ownerror" -- true > "$work/peer.out" 2> "$work/peer.err"
-status=$?
-grep "^loomrun" "$work/peer.err"
+FAKE_SUFFIX=" after a peer's failure" run_standin peer ownerror
 [ "$status" -eq 0 ] || { cat "$work/peer.err"; fail "loomrun ended with status $status; the restart after a peer's failure finished"; }
 grep -q "^loomrun: restart 1 of " "$work/peer.err" || fail "loomrun did not restart a job whose ranks failed after a peer's failure"
 
@@ -138,9 +137,7 @@ fi
 for r in 0 1; do echo finished > "$LOOM_STATUS_DIR/rank-$r.status"; done
 exit 0
 FAKE
-"$loomrun" -np 2 --mpirun "$work/mpirun-crash" -- true > "$work/crash.out" 2> "$work/crash.err"
-status=$?
-grep "^loomrun" "$work/crash.err"
+run_standin crash crash
 [ "$status" -eq 0 ] || { cat "$work/crash.err"; fail "loomrun ended with status $status; the restart after mpirun's crash finished"; }
 grep -q "^loomrun: restart 1 of [0-9]*: mpirun itself crashed (Segmentation fault (11)), taking every rank with it: Open MPI's failure, not the job's" "$work/crash.err" ||
   { cat "$work/crash.err"; fail "loomrun did not name mpirun's own crash as the reason of its restart"; }
