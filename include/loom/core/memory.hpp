@@ -64,8 +64,8 @@ inline bool host_huge_pages() noexcept {
 /// Buffers of 1 MiB and more (activations, their gradients and copies, large weights) start on
 /// a 2 MiB boundary, take whole 2 MiB and are asked of Linux as transparent huge pages
 /// (madvise MADV_HUGEPAGE; nothing changes where THP is "never"): loom's passes stream through
-/// them at memory speed, and a 4 KiB page's TLB miss every 1,024 floats cost a bf16 ResNet-20
-/// step 6-9% here (benchmarks/README.md, `resnet`). PyTorch's CPU allocator does the same behind
+/// them at memory speed, and a 4 KiB page's TLB miss every 1,024 floats slowed a bf16 ResNet-20
+/// step by about 10% here (993 -> 1,095 samples/s with them; benchmarks/README.md, `resnet`). PyTorch's CPU allocator does the same behind
 /// THP_MEM_ALLOC_ENABLE=1. LOOM_HUGE_PAGES=0 turns it off (then only 64-byte alignment).
 struct host_space {
   static constexpr const char* name = "host";
